@@ -1,0 +1,83 @@
+"""The Drafter interface: propose a draft tree from the context, learn from what was accepted.
+
+A drafter never touches the target model or its cache. It may keep per-request state
+(keyed by request id) that changes only in ``start``, ``observe`` and ``finish``, and,
+for model drafters, its own KV cache that ``propose`` brings up to date. Returning a
+root-only tree means "no draft this step" (the step is then plain decoding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+import torch
+
+from ..tree import DraftTree
+from ..types import SamplingParams
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    request_id: str
+    tokens: list[int]  # all committed tokens (prompt + generated); tokens[-1] is the root
+    budget: int  # at most this many drafted nodes (root excluded)
+    params: SamplingParams
+    generator: torch.Generator  # the drafter's own per-request generator
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one verification step taught: handed to ``Drafter.observe``."""
+
+    request_id: str
+    tree: DraftTree
+    path: list[int]  # accepted node indices (root excluded)
+    new_tokens: list[int]  # tokens committed this step (accepted + recovered/bonus)
+    logits: torch.Tensor  # [N, V] target logits at every tree node
+    hidden: torch.Tensor | None  # [N, H] target last hidden states, if requested
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: ClassVar[str]
+    needs_hidden_states: ClassVar[bool]  # engine asks the target for hidden states
+    provides_probs: ClassVar[bool]  # trees carry draft_probs when sampling
+
+    def start(self, request_id: str, prompt_ids: list[int]) -> None: ...
+
+    def propose(self, ctx: DraftContext) -> DraftTree: ...
+
+    def observe(self, obs: Observation) -> None: ...
+
+    def finish(self, request_id: str) -> None: ...
+
+    def memory_bytes(self) -> int: ...
+
+
+class StatelessDrafter:
+    """Base for drafters with nothing to set up or learn (they read ``ctx.tokens``)."""
+
+    needs_hidden_states: ClassVar[bool] = False
+    provides_probs: ClassVar[bool] = False
+
+    def start(self, request_id: str, prompt_ids: list[int]) -> None:
+        pass
+
+    def observe(self, obs: Observation) -> None:
+        pass
+
+    def finish(self, request_id: str) -> None:
+        pass
+
+    def memory_bytes(self) -> int:
+        return 0
+
+
+class NoDrafter(StatelessDrafter):
+    """Plain autoregressive decoding through the same engine: the baseline."""
+
+    name: ClassVar[str] = "none"
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        return DraftTree.chain(ctx.tokens[-1], [])

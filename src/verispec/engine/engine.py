@@ -1,0 +1,177 @@
+"""The speculative decoding loop: propose -> verify (one target forward) -> commit ->
+cache rollback -> drafter.observe. With the ``none`` drafter every step verifies an
+empty draft, which is exactly plain autoregressive decoding through the same code."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ..drafters.base import DraftContext, Drafter, Observation
+from ..models.base import CausalLM
+from ..policies.draft_length import DraftLengthPolicy, PolicyName
+from ..sampling import sample, target_probs
+from ..tree import DraftTree
+from ..types import FinishReason, SamplingParams
+from ..verify import verify_tree
+from .request import Request
+
+
+@dataclass(frozen=True)
+class StepResult:
+    new_token_ids: list[int]  # tokens committed this step (after EOS / length cuts)
+    num_drafted: int
+    num_accepted: int
+    finished: FinishReason | None
+
+
+class Engine:
+    """Runs one target with one drafter. ``num_draft_tokens`` is the initial draft budget
+    per step (tree nodes for tree drafters); ``policy`` how it changes."""
+
+    def __init__(
+        self,
+        target: CausalLM,
+        drafter: Drafter,
+        num_draft_tokens: int = 8,
+        policy: PolicyName = "fixed",
+    ):
+        DraftLengthPolicy(num_draft_tokens, policy)  # validate now, not at first request
+        self.target, self.drafter = target, drafter
+        self.num_draft_tokens, self.policy = num_draft_tokens, policy
+        self._ids = itertools.count()
+
+    # ---- request lifecycle -------------------------------------------------------------
+    def add_request(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> Request:
+        """Validate, then prefill: one target forward over the prompt yields the first token."""
+        info = self.target.info
+        if not prompt_ids:
+            raise ValueError("the prompt is empty (a base model needs at least BOS)")
+        if len(prompt_ids) + 1 > info.max_length:
+            raise ValueError(
+                f"prompt has {len(prompt_ids)} tokens; the model's context is {info.max_length}"
+            )
+        if max(prompt_ids) >= info.vocab_size or min(prompt_ids) < 0:
+            raise ValueError(f"prompt token ids must be in [0, {info.vocab_size})")
+        request_id = request_id or f"req-{next(self._ids)}"
+        req = Request(
+            request_id=request_id,
+            prompt_ids=list(prompt_ids),
+            params=params,
+            cache=self.target.new_cache(),
+            policy=DraftLengthPolicy(self.num_draft_tokens, self.policy),
+        )
+        self.drafter.start(request_id, req.prompt_ids)
+        self._prefill(req)
+        return req
+
+    def _prefill(self, req: Request) -> None:
+        t0 = time.perf_counter()
+        device = self.target.info.device
+        ids = torch.tensor([req.prompt_ids], device=device)
+        pos = torch.arange(len(req.prompt_ids), device=device)[None]
+        logits = self.target.forward(ids, pos, req.cache).logits[0, -1:]  # [1, V]
+        first = int(logits.argmax()) if req.params.greedy else sample(
+            target_probs(logits, req.params)[0].cpu(), req.verify_generator
+        )
+        req.stats.target_forwards += 1
+        req.stats.prefill_s = time.perf_counter() - t0
+        self._commit(req, [first])
+
+    def finish(self, req: Request, reason: FinishReason) -> None:
+        if req.finished is None:
+            req.finished = reason
+        self.drafter.finish(req.request_id)
+
+    # ---- one step ----------------------------------------------------------------------
+    def step(self, req: Request) -> StepResult:
+        if req.finished:
+            raise ValueError(f"request {req.request_id} already finished ({req.finished})")
+        t0 = time.perf_counter()
+        tree = self._propose(req)
+        t1 = time.perf_counter()
+        logits, hidden = self._forward_tree(req, tree)
+        acc = verify_tree(tree, logits, req.params, req.verify_generator)
+        new = acc.tokens(tree)
+        self._rollback(req, tree, acc.path)
+        req.stats.record_step(max(tree.depths), tree.num_drafted, len(acc.path))
+        req.policy.update(tree.num_drafted, len(acc.path))
+        self.drafter.observe(Observation(req.request_id, tree, acc.path, new, logits, hidden))
+        committed = self._commit(req, new)
+        req.stats.draft_s += t1 - t0
+        req.stats.decode_s += time.perf_counter() - t0
+        return StepResult(committed, tree.num_drafted, len(acc.path), req.finished)
+
+    def _propose(self, req: Request) -> DraftTree:
+        room = self.target.info.max_length - len(req.tokens)  # cache slots left after root
+        budget = min(req.policy.budget(), req.remaining - 1, room)
+        root = req.tokens[-1]
+        if budget <= 0:
+            return DraftTree.chain(root, [])
+        ctx = DraftContext(req.request_id, req.tokens, budget, req.params, req.draft_generator)
+        tree = self.drafter.propose(ctx)
+        if tree.tokens[0] != root or tree.num_drafted > budget:
+            raise RuntimeError(
+                f"drafter {self.drafter.name} broke its contract: root {tree.tokens[0]} "
+                f"(expected {root}), {tree.num_drafted} nodes (budget {budget})"
+            )
+        return tree
+
+    def _forward_tree(self, req: Request, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One target forward over all tree nodes; returns [N, V] logits and [N, H] hidden."""
+        device = self.target.info.device
+        start = req.cache.length
+        ids = torch.tensor([tree.tokens], device=device)
+        pos = (start + torch.tensor(tree.depths, device=device))[None]
+        mask = None if tree.is_chain else tree.ancestor_mask(device)
+        out = self.target.forward(
+            ids, pos, req.cache, mask, want_hidden=self.drafter.needs_hidden_states
+        )
+        hidden = out.hidden[0] if out.hidden is not None else None
+        return out.logits[0], hidden
+
+    @staticmethod
+    def _rollback(req: Request, tree: DraftTree, path: list[int]) -> None:
+        """Keep root + accepted path in the cache, drop every other tree node."""
+        root_slot = req.cache.length - tree.size
+        req.cache.compact([root_slot + i for i in path], root_slot + 1)
+
+    def _commit(self, req: Request, new: list[int]) -> list[int]:
+        """Append tokens, cut at EOS and max_new_tokens, and mark the request finished."""
+        eos = () if req.params.ignore_eos else self.target.info.eos_token_ids
+        cut, reason = len(new), None
+        for i, t in enumerate(new):
+            if t in eos:
+                cut, reason = i, "eos"
+                break
+        if cut > req.remaining:
+            cut, reason = req.remaining, "length"
+        new = new[:cut]
+        req.tokens.extend(new)
+        req.stats.new_tokens += len(new)
+        if reason is None and req.remaining == 0:
+            reason = "length"
+        if reason is None and len(req.tokens) >= self.target.info.max_length:
+            reason = "context"
+        if reason is not None:
+            self.finish(req, reason)
+        return new
+
+    # ---- convenience -------------------------------------------------------------------
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> Iterator[StepResult]:
+        """Yield the prefill token, then one StepResult per step, until finished."""
+        req = self.add_request(prompt_ids, params, request_id)
+        try:
+            yield StepResult(req.generated, 0, 0, req.finished)
+            while not req.finished:
+                yield self.step(req)
+        finally:
+            self.finish(req, req.finished or "stop")

@@ -1,0 +1,45 @@
+"""Per-request state, kept apart from the model call so a scheduler can step many
+requests in one batched target forward."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..models.base import KVCache
+from ..policies.draft_length import DraftLengthPolicy
+from ..sampling import make_generator
+from ..types import FinishReason, RequestStats, SamplingParams
+
+
+@dataclass
+class Request:
+    """Invariant after prefill and after every step: ``cache.length == len(tokens) - 1``
+    (the newest committed token is the root of the next draft and not cached yet)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    cache: KVCache
+    policy: DraftLengthPolicy
+    tokens: list[int] = field(default_factory=list)  # committed: prompt + generated
+    finished: FinishReason | None = None
+    stats: RequestStats = field(default_factory=RequestStats)
+    verify_generator: torch.Generator = field(init=False)
+    draft_generator: torch.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens = list(self.prompt_ids)
+        self.stats.prompt_tokens = len(self.prompt_ids)
+        self.verify_generator = make_generator(self.params.seed, salt=0)
+        self.draft_generator = make_generator(self.params.seed, salt=1)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[len(self.prompt_ids) :]
+
+    @property
+    def remaining(self) -> int:
+        """New tokens still allowed by max_new_tokens."""
+        return self.params.max_new_tokens - len(self.generated)

@@ -1,0 +1,94 @@
+"""The model-backend interface: one forward over new tokens, a KV cache that rolls back.
+
+Glossary (used across verispec):
+  committed  tokens that are part of the output (prompt + generated).
+  cached     committed tokens whose keys/values are in the KV cache. After every engine
+             step ``cache.length == len(committed) - 1``: the newest committed token is
+             not cached yet; it is the root of the next draft tree.
+  slot       a cache position. Tokens fed in one forward occupy slots
+             ``cache.length ... cache.length + N - 1`` in input order.
+
+A backend never knows about drafts or acceptance. The engine asks it for logits over a
+flattened tree (``tree_mask``) and then tells the cache which slots to keep (``compact``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+class ModelError(ValueError):
+    """A model could not be found or loaded; the message names what was expected."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Static facts about a loaded model that the engine and drafters need."""
+
+    name: str
+    vocab_size: int
+    max_length: int  # longest supported sequence (prompt + generation)
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    hidden_size: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class ModelOutput:
+    logits: torch.Tensor  # [B, N, V] float32
+    hidden: torch.Tensor | None  # [B, N, H] last hidden state (after final norm), if asked
+
+
+@runtime_checkable
+class KVCache(Protocol):
+    """Per-request (or per-batch) key/value store addressed by slot.
+
+    Invariants: slots ``0 .. length-1`` hold keys/values of tokens in sequence order;
+    nothing past ``length`` is ever attended to.
+    """
+
+    @property
+    def length(self) -> int: ...
+
+    def truncate(self, new_length: int) -> int:
+        """Drop slots ``new_length..``; returns how many were dropped (0 if already shorter)."""
+        ...
+
+    def compact(self, src_slots: list[int], dst_start: int) -> None:
+        """Move slots ``src_slots`` (ascending) to ``dst_start, dst_start+1, ...``, then
+        truncate to ``dst_start + len(src_slots)``. Used to keep an accepted tree path."""
+        ...
+
+
+@runtime_checkable
+class CausalLM(Protocol):
+    """A decoder-only LM backend (target or draft).
+
+    ``forward`` runs ``N`` new tokens per row. ``positions`` are absolute positions
+    (RoPE). ``tree_mask`` ([N, N] bool, True = may attend) says which new tokens see which
+    other new tokens; every new token also sees all cached slots. ``tree_mask=None``
+    means causal. The keys/values of the new tokens are appended to the cache.
+    """
+
+    info: ModelInfo
+
+    def new_cache(self, max_length: int | None = None) -> KVCache: ...
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [1, N] long
+        positions: torch.Tensor,  # [1, N] long
+        cache: KVCache,
+        tree_mask: torch.Tensor | None = None,  # [N, N] bool
+        want_hidden: bool = False,
+    ) -> ModelOutput: ...
+
+
+def causal_tree_mask(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[n, n] lower-triangular bool mask: a chain where token i sees tokens 0..i."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()

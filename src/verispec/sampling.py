@@ -1,0 +1,52 @@
+"""Logits -> the target distribution. The single source of truth for what "sampling from the
+target" means: plain decoding, every verifier and every drafter call these functions, so
+logit processing is identical on all paths (temperature, then top-k, then top-p, as in
+transformers and vLLM)."""
+
+from __future__ import annotations
+
+import torch
+
+from .types import SamplingParams
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[N, V] raw logits -> [N, V] float32 logits after temperature, top-k and top-p
+    (filtered entries are -inf). Not for greedy decoding (temperature 0)."""
+    logits = logits.float() / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [N, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)  # [N, V]
+        # drop a token when the mass before it already reaches top_p (keeps at least one)
+        drop_sorted = (cum - sorted_logits.softmax(-1)) >= params.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[N, V] logits -> [N, V] probabilities the engine samples from (one-hot when greedy)."""
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return process_logits(logits, params).softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """Draw one token from a [V] distribution with a request's own generator."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def uniform(generator: torch.Generator) -> float:
+    """One U(0, 1) draw from a request's generator (acceptance tests)."""
+    return float(torch.rand((), generator=generator).item())
+
+
+def make_generator(seed: int, salt: int = 0) -> torch.Generator:
+    """A CPU generator per request (and per role: salt 0 verifier, 1 drafter), so requests
+    never share randomness and output is reproducible from the seed alone."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed((seed * 1_000_003 + salt) % (2**63))
+    return g

@@ -1,0 +1,132 @@
+"""Frozen configuration and result types passed between the engine, CLI, server and bench."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["eos", "length", "stop", "context"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. ``temperature == 0`` is greedy decoding.
+
+    top_k = 0 and top_p = 1.0 disable those filters. ``stop`` strings end generation
+    and are cut from the text (as in the OpenAI API).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class RequestStats:
+    """Speculation statistics of one request (definitions follow Spec-Bench and vLLM).
+
+    target_forwards   target forward passes, prefill included.
+    steps             decode steps (= target forwards after prefill); each verifies one draft.
+    drafted           draft tokens sent to the target (tree nodes, root excluded).
+    accepted          draft tokens accepted (excluding the recovered/bonus token).
+    tau               mean tokens committed per decode step, bonus included:
+                      (accepted + steps) / steps. Plain decoding has tau = 1.
+    alpha             acceptance rate accepted / drafted (0 when nothing was drafted).
+    accepted_at[i]    how many steps accepted a token at draft position i (depth i+1);
+                      per-position acceptance = accepted_at[i] / steps_with_depth[i].
+    """
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_at: list[int] = field(default_factory=list)
+    drafted_at: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    draft_s: float = 0.0
+    drafter_memory_bytes: int = 0
+
+    def record_step(self, depth_drafted: int, num_drafted: int, num_accepted: int) -> None:
+        self.steps += 1
+        self.target_forwards += 1
+        self.drafted += num_drafted
+        self.accepted += num_accepted
+        grow = max(depth_drafted, num_accepted) - len(self.drafted_at)
+        if grow > 0:
+            self.drafted_at.extend([0] * grow)
+            self.accepted_at.extend([0] * grow)
+        for i in range(depth_drafted):
+            self.drafted_at[i] += 1
+        for i in range(num_accepted):
+            self.accepted_at[i] += 1
+
+    @property
+    def tau(self) -> float:
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def wall_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens per second of wall time, prefill included."""
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "target_forwards": self.target_forwards,
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "tau": round(self.tau, 4),
+            "alpha": round(self.alpha, 4),
+            "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance],
+            "prefill_s": round(self.prefill_s, 4),
+            "decode_s": round(self.decode_s, 4),
+            "draft_s": round(self.draft_s, 4),
+            "wall_s": round(self.wall_s, 4),
+            "tokens_per_second": round(self.tokens_per_second, 2),
+            "drafter_memory_bytes": self.drafter_memory_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    stats: RequestStats
