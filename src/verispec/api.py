@@ -1,0 +1,211 @@
+"""Python API: load a model and a drafter, then ``generate`` or ``stream``.
+
+    from verispec import load_model, SpecDecoder, SamplingParams
+    model = load_model("smollm2-135m-instruct")
+    dec = SpecDecoder(model, drafter="prompt-lookup")
+    out = dec.generate("Summarize: ...", SamplingParams(max_new_tokens=128))
+    print(out.text, out.stats.tau)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from .drafters.base import Drafter
+from .engine import Engine
+from .models.base import CausalLM, ModelError
+from .models.catalog import DEFAULT_MODEL
+from .models.loading import materialize, resolve_model
+from .registry import make_drafter
+from .types import FinishReason, GenerationOutput, RequestStats, SamplingParams
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+Prompt = str | list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    name: str
+    backend: CausalLM
+    tokenizer: Any  # a transformers PreTrainedTokenizerBase
+    hf_dir: Path
+    has_chat_template: bool
+    backend_kind: str
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; use float32 or bfloat16")
+    return DTYPES[name]
+
+
+def _load_backend(hf_dir: Path, name: str, dtype: torch.dtype, backend: str, device: str,
+                  num_layers: int | None = None) -> tuple[CausalLM, str]:
+    if backend not in ("auto", "hf", "native"):
+        raise ValueError(f"unknown backend {backend!r}; use auto, hf or native")
+    if backend in ("auto", "native"):
+        try:
+            from .models.native import NativeLlama  # noqa: PLC0415  (optional until it lands)
+        except ImportError:
+            NativeLlama = None
+        if NativeLlama is not None:
+            kw = {"num_layers": num_layers} if num_layers else {}
+            return NativeLlama.from_hf_dir(hf_dir, dtype=dtype, device=device, **kw), "native"
+        if backend == "native":
+            raise ModelError("the native backend is not available in this build")
+    from .models.hf import HFCausalLM
+
+    if num_layers:
+        from transformers import AutoModelForCausalLM
+
+        m = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, num_hidden_layers=num_layers)
+        return HFCausalLM(m.to(device), f"{name}[:{num_layers}]"), "hf"
+    return HFCausalLM.from_dir(hf_dir, dtype=dtype, device=device, name=name), "hf"
+
+
+def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32",
+               backend: str = "hf", device: str = "cpu") -> LoadedModel:
+    """Resolve a catalog name or path, materialize it once as an HF dir, load a backend."""
+    from transformers import AutoTokenizer
+
+    source = resolve_model(name_or_path)
+    hf_dir = materialize(source)
+    model, kind = _load_backend(hf_dir, source.name, _dtype(dtype), backend, device)
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    return LoadedModel(source.name, model, tokenizer, hf_dir, chat, kind)
+
+
+def load_draft_model(target: LoadedModel, spec: str) -> CausalLM:
+    """``truncated:N`` = the target's first N layers with its norm and head (an untrained
+    layer-skip draft); anything else is a model name or path sharing the target's vocab."""
+    info = target.backend.info
+    if spec.startswith("truncated:"):
+        n = int(spec.split(":", 1)[1])
+        if n < 1:
+            raise ValueError("truncated:N needs N >= 1")
+        dtype = info.dtype
+        return _load_backend(target.hf_dir, target.name, dtype, target.backend_kind, str(info.device), n)[0]
+    draft = load_model(spec, dtype=str(info.dtype).removeprefix("torch."), backend=target.backend_kind,
+                       device=str(info.device))
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise ValueError(f"draft model {spec} does not share the target's tokenizer")
+    return draft.backend
+
+
+def encode_prompt(model: LoadedModel, prompt: Prompt, chat: bool | None = None) -> list[int]:
+    """Token ids of a prompt. ``chat`` (default: when the model has a chat template) wraps a
+    string as one user message; a list of messages always uses the chat template. An
+    empty string on a base model means BOS alone."""
+    tok = model.tokenizer
+    use_chat = isinstance(prompt, list) or (model.has_chat_template if chat is None else chat)
+    if use_chat:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        if not messages or any(not str(m.get("content", "")).strip() for m in messages):
+            raise ValueError("chat messages must be non-empty")
+        if not model.has_chat_template:
+            raise ValueError(f"model {model.name} has no chat template; pass a plain prompt")
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    ids = tok(prompt, add_special_tokens=True)["input_ids"]
+    bos = model.backend.info.bos_token_id
+    if bos is not None and (not ids or ids[0] != bos) and not prompt:
+        ids = [bos]
+    if not ids:
+        raise ValueError("the prompt is empty and the model has no BOS token")
+    return list(ids)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One streamed increment: new text and token ids; ``finished`` on the last chunk."""
+
+    delta: str
+    token_ids: list[int]
+    finished: FinishReason | None
+    stats: RequestStats
+
+
+class SpecDecoder:
+    """A target, a drafter and an engine; generates text losslessly."""
+
+    def __init__(self, model: LoadedModel, drafter: str | Drafter = "prompt-lookup",
+                 drafter_options: dict[str, Any] | None = None, num_draft_tokens: int = 8,
+                 policy: Literal["fixed", "heuristic"] = "fixed"):
+        self.model = model
+        self.drafter = make_drafter(drafter, model, drafter_options) if isinstance(drafter, str) else drafter
+        self.engine = Engine(model.backend, self.drafter, num_draft_tokens, policy)
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None,
+               chat: bool | None = None) -> Iterator[Chunk]:
+        """Yield text deltas as tokens are committed; the last chunk has ``finished`` set."""
+        params = params or SamplingParams()
+        req = self.engine.add_request(encode_prompt(self.model, prompt, chat), params)
+        detok = _Detokenizer(self.model.tokenizer, params.stop)
+        try:
+            new_ids = req.generated
+            while True:
+                delta, new_ids, stopped = detok.push(new_ids, final=req.finished is not None)
+                if stopped:
+                    self.engine.finish(req, "stop")
+                    req.finished = "stop"
+                    req.stats.new_tokens = len(detok.ids)
+                yield Chunk(delta, new_ids, req.finished, req.stats)
+                if req.finished:
+                    return
+                new_ids = self.engine.step(req).new_token_ids
+        finally:
+            self.engine.finish(req, req.finished or "stop")
+
+    def generate(self, prompt: Prompt, params: SamplingParams | None = None,
+                 chat: bool | None = None) -> GenerationOutput:
+        text, ids, reason, stats = [], [], None, RequestStats()
+        for chunk in self.stream(prompt, params, chat):
+            text.append(chunk.delta)
+            ids.extend(chunk.token_ids)
+            reason, stats = chunk.finished, chunk.stats
+        stats.drafter_memory_bytes = self.drafter.memory_bytes()
+        return GenerationOutput("".join(text), ids, reason or "length", stats)
+
+
+class _Detokenizer:
+    """Incremental detokenization with stop strings: emits only text that can no longer
+    change (holds back an incomplete UTF-8 character or a possible stop-string prefix)."""
+
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...]):
+        self.tok, self.stop = tokenizer, stop
+        self.ids: list[int] = []
+        self.emitted = 0  # characters of text already emitted
+
+    def push(self, new_ids: list[int], final: bool) -> tuple[str, list[int], bool]:
+        start = len(self.ids)
+        self.ids.extend(new_ids)
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        hits = [text.find(s, max(0, self.emitted - len(s))) for s in self.stop]
+        hits = [h for h in hits if h >= 0]
+        if hits:
+            cut = min(hits)
+            self._trim_ids(cut)
+            delta, self.emitted = text[self.emitted:cut], cut
+            return delta, self.ids[start:], True
+        hold = max((len(s) - 1 for s in self.stop), default=0)
+        safe = len(text) - hold
+        while safe > self.emitted and text[safe - 1] == "\ufffd":
+            safe -= 1
+        if final:
+            safe = len(text)
+        delta = text[self.emitted:safe] if safe > self.emitted else ""
+        self.emitted = max(self.emitted, safe)
+        return delta, list(new_ids), False
+
+    def _trim_ids(self, cut: int) -> None:
+        """Keep the fewest ids whose text reaches the stop string's start."""
+        for m in range(len(self.ids) + 1):
+            if len(self.tok.decode(self.ids[:m], skip_special_tokens=True)) >= cut:
+                del self.ids[m:]
+                return

@@ -1,0 +1,661 @@
+"""Find a model by name or path, and materialize it once as a cached Hugging Face directory.
+
+Every backend loads from the same kind of directory (``config.json``, ``model.safetensors``
+with HF Llama parameter names, tokenizer files incl. chat template, ``generation_config.json``),
+so each source format is converted exactly once:
+
+    source = resolve_model("stories260k")      # catalog name, HF dir, .gguf or llama2.c .bin
+    hf_dir = materialize(source)               # ~/.cache/verispec/stories260K-llama2c-<hash>/
+    model = LlamaForCausalLM.from_pretrained(hf_dir)
+
+Conversions write into a temporary directory beside the cache entry and ``rename`` it into
+place only after the weights and tokenizer were checked, so an interrupted conversion never
+leaves a half-written entry. The entry name hashes the converter version and the source files
+(size, mtime, first MiB), so a changed file or converter gets a fresh entry.
+
+Both foreign formats store Q/K projections for *interleaved* RoPE (rotate pairs ``(2i, 2i+1)``);
+HF Llama rotates halves (``rotate_half``), so their rows are permuted back per head
+(:func:`rope_interleaved_to_half`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import mmap
+import os
+import re
+import shutil
+import struct
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import torch
+
+from verispec.models.base import ModelError
+from verispec.models.catalog import CATALOG, CatalogEntry, PackageFile
+
+if TYPE_CHECKING:  # transformers/tokenizers/gguf are imported inside functions: `verispec models` stays instant
+    from transformers import LlamaConfig, PreTrainedTokenizerBase
+
+CONVERTER_VERSION = 1  # bump when the cached directory layout or a conversion changes
+_HASH_PREFIX_BYTES = 1 << 20
+_PROBE_TEXT = 'Once upon a time, Lily said: "héllo  wörld" 42!\n\tThe end. ✓'
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What a user named, resolved to files on disk (nothing loaded yet)."""
+
+    name: str  # catalog name or the path given
+    kind: Literal["hf_dir", "gguf", "llama2c"]
+    path: Path  # dir, .gguf file, or llama2.c .bin
+    tokenizer_path: Path | None = None  # llama2.c tokenizer .bin
+    chat: bool = False  # has a chat template (instruct model)
+
+
+def _one_line(err: BaseException) -> str:
+    """First line of an exception's text, for ModelError messages that stay one line."""
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+# --------------------------------------------------------------------------- resolving
+
+
+def resolve_model(name_or_path: str, *, tokenizer_path: str | Path | None = None) -> ModelSource:
+    """Resolve a catalog name, an HF model dir, a ``.gguf`` file or a llama2.c ``.bin``.
+
+    ``tokenizer_path`` names a llama2.c tokenizer explicitly; otherwise ``tokenizer.bin`` or
+    ``tok*.bin`` beside the checkpoint is used (the one whose size matches the model's vocab).
+    """
+    entry = CATALOG.get(name_or_path)
+    if entry is not None:
+        return _resolve_catalog(name_or_path, entry)
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        what = "no such file or directory" if os.sep in name_or_path or path.suffix else "unknown model"
+        raise ModelError(
+            f"{what} {name_or_path!r}: expected a catalog name ({', '.join(CATALOG)}), "
+            "a Hugging Face model directory, a .gguf file or a llama2.c .bin checkpoint"
+        )
+    if path.is_dir():
+        return _resolve_hf_dir(name_or_path, path)
+    if path.suffix == ".gguf":
+        meta = read_gguf_metadata(path)
+        return ModelSource(name_or_path, "gguf", path, chat="tokenizer.chat_template" in meta)
+    if path.suffix == ".bin":
+        header = read_llama2c_header(path)
+        tok = Path(tokenizer_path).expanduser() if tokenizer_path else _find_llama2c_tokenizer(path, header.vocab_size)
+        read_llama2c_vocab(tok, header.vocab_size)  # fail now, not halfway through a conversion
+        return ModelSource(name_or_path, "llama2c", path, tokenizer_path=tok)
+    raise ModelError(
+        f"unsupported model file {path}: expected a .gguf file, a llama2.c .bin checkpoint "
+        "or a Hugging Face model directory"
+    )
+
+
+def _resolve_catalog(name: str, entry: CatalogEntry) -> ModelSource:
+    loc = entry.location
+    if isinstance(loc, PackageFile):
+        return ModelSource(name, entry.kind, _locate_package_file(name, loc), chat=entry.chat)
+    model = _find_shared_file(loc.model)
+    tok = _find_shared_file(loc.tokenizer) if loc.tokenizer else None
+    return ModelSource(name, entry.kind, model, tokenizer_path=tok, chat=entry.chat)
+
+
+def _locate_package_file(name: str, loc: PackageFile) -> Path:
+    """The file inside an installed distribution; the package itself is never imported."""
+    try:
+        dist = importlib.metadata.distribution(loc.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelError(f"model {name!r} needs the pip package {loc.distribution}: run `{loc.install}`") from None
+    path = Path(str(dist.locate_file(loc.file)))
+    if not path.is_file():
+        raise ModelError(f"model {name!r}: {loc.file} is missing from {loc.distribution}; run `{loc.install}`")
+    return path
+
+
+def _find_shared_file(rel: str) -> Path:
+    """``shared/<rel>`` in the nearest ancestor of this file or of the CWD that has it.
+
+    The repo keeps large read-only assets in a ``shared/`` directory next to the checkout
+    (``/work/shared`` beside ``/work/main``); walking up works from any checkout or worktree.
+    """
+    starts = [Path(__file__).resolve().parent, Path.cwd().resolve()]
+    for start in starts:
+        for directory in (start, *start.parents):
+            candidate = directory / "shared" / rel
+            if candidate.is_file():
+                return candidate
+    raise ModelError(f"cannot find shared/{rel}: expected a 'shared/' directory above {starts[0]} or {starts[1]}")
+
+
+def _resolve_hf_dir(name: str, path: Path) -> ModelSource:
+    if not (path / "config.json").is_file():
+        raise ModelError(f"directory {path} has no config.json: expected a Hugging Face model directory")
+    chat = (path / "chat_template.jinja").is_file() or '"chat_template"' in _read_text(path / "tokenizer_config.json")
+    return ModelSource(name, "hf_dir", path, chat=chat)
+
+
+def _read_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.is_file() else ""
+
+
+def list_models() -> list[tuple[str, str]]:
+    """(name, description) of every catalog model, for ``verispec models``."""
+    return [(name, entry.description) for name, entry in CATALOG.items()]
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+def default_cache_dir() -> Path:
+    """``$VERISPEC_CACHE`` if set, else ``~/.cache/verispec``."""
+    return Path(os.environ.get("VERISPEC_CACHE") or Path.home() / ".cache" / "verispec").expanduser()
+
+
+def materialize(source: ModelSource, cache_dir: Path | None = None) -> Path:
+    """An HF directory for ``source``: ``hf_dir`` as is, other formats converted once and cached."""
+    if source.kind == "hf_dir":
+        return source.path
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    final = root / cache_entry_name(source)
+    if final.is_dir():  # entries only ever appear complete (atomic rename below)
+        return final
+    convert = _convert_gguf if source.kind == "gguf" else _convert_llama2c
+    return _build_atomically(final, lambda out: convert(source, out))
+
+
+def cache_entry_name(source: ModelSource) -> str:
+    """``<stem>-<kind>-<16 hex>``; the hash covers the converter version and every source file."""
+    digest = hashlib.sha256(f"verispec-convert-v{CONVERTER_VERSION}:{source.kind}".encode())
+    for path in (source.path, source.tokenizer_path):
+        if path is None:
+            continue
+        stat = path.stat()
+        digest.update(f"|{path.name}:{stat.st_size}:{stat.st_mtime_ns}:".encode())
+        with path.open("rb") as f:
+            digest.update(f.read(_HASH_PREFIX_BYTES))
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", source.path.stem)
+    return f"{stem}-{source.kind}-{digest.hexdigest()[:16]}"
+
+
+def _build_atomically(final: Path, build: Callable[[Path], None]) -> Path:
+    """Run ``build`` into a temp dir beside ``final``, then rename it into place.
+
+    ``rename`` of a directory is atomic on POSIX, so readers see either no entry or a
+    complete one; if another process finished first, its entry is kept and ours dropped.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# --------------------------------------------------------------------------- writing an HF dir
+
+
+def rope_interleaved_to_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder Q/K rows per head from interleaved RoPE pairs to HF's ``rotate_half`` layout.
+
+    Within each head, rows ``(x0, y0, x1, y1, ...)`` become ``(x0, x1, ..., y0, y1, ...)``; this
+    is ``permute`` in transformers' ``convert_llama_weights_to_hf.py`` and the inverse of
+    ``LlamaModel.permute`` in llama.cpp's ``convert_hf_to_gguf.py``.
+    Example, one head of dim 4: rows [a0, b0, a1, b1] -> [a0, a1, b0, b1].
+    """
+    out_dim, in_dim = w.shape  # [n_heads * head_dim, in]
+    return w.reshape(n_heads, out_dim // n_heads // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
+
+
+def _llama_config(**fields: object) -> LlamaConfig:
+    """A LlamaConfig with float32 weights; ``rope_theta`` moves into ``rope_parameters`` (transformers 5)."""
+    from transformers import LlamaConfig
+
+    theta = fields.pop("rope_theta")
+    return LlamaConfig(
+        **fields, rope_parameters={"rope_type": "default", "rope_theta": theta}, dtype="float32"
+    )
+
+
+def _check_weights(config: LlamaConfig, weights: dict[str, torch.Tensor]) -> None:
+    """Names and shapes must be exactly what ``LlamaForCausalLM(config)`` expects (meta device, no memory)."""
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+    got = {name: tuple(t.shape) for name, t in weights.items()}
+    if got != expected:
+        diff = sorted(set(got.items()) ^ set(expected.items()))[:3]
+        raise ModelError(f"conversion produced unexpected weights (first differences: {diff})")
+
+
+def _write_hf_dir(
+    out: Path, config: LlamaConfig, weights: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase,
+    eos_ids: list[int],
+) -> None:
+    """config.json + model.safetensors (float32) + tokenizer files + generation_config.json."""
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
+
+    _check_weights(config, weights)
+    config.save_pretrained(out)
+    save_file({k: v.contiguous() for k, v in weights.items()}, out / "model.safetensors", metadata={"format": "pt"})
+    GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=eos_ids, pad_token_id=config.pad_token_id
+    ).save_pretrained(out)
+    tokenizer.model_max_length = config.max_position_embeddings
+    tokenizer.save_pretrained(out)
+    _check_saved_tokenizer(tokenizer, out)
+
+
+def _check_saved_tokenizer(tokenizer: PreTrainedTokenizerBase, out: Path) -> None:
+    """The saved tokenizer must encode like the in-memory one and decode back to the text."""
+    from transformers import AutoTokenizer
+
+    reloaded = AutoTokenizer.from_pretrained(out)
+    ids = tokenizer.encode(_PROBE_TEXT, add_special_tokens=False)
+    if reloaded.encode(_PROBE_TEXT, add_special_tokens=False) != ids:
+        raise ModelError(f"saved tokenizer in {out} encodes differently from the source tokenizer")
+    if reloaded.decode(ids) != _PROBE_TEXT:
+        raise ModelError(f"saved tokenizer in {out} does not decode {_PROBE_TEXT!r} back")
+    if bool(tokenizer.chat_template) != bool(reloaded.chat_template):
+        raise ModelError(f"saved tokenizer in {out} lost its chat template")
+
+
+# --------------------------------------------------------------------------- llama2.c
+
+
+@dataclass(frozen=True)
+class Llama2cHeader:
+    """The 7 int32 at the start of a llama2.c checkpoint (legacy format)."""
+
+    dim: int
+    hidden_dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    vocab_size: int
+    seq_len: int
+    shared_classifier: bool  # llama2.c: a positive vocab_size on disk means wcls == token_embedding
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def tensor_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(name, shape) of every float32 tensor in file order (llama2.c ``memory_map_weights``)."""
+        L, D, F, V, S = self.n_layers, self.dim, self.hidden_dim, self.vocab_size, self.seq_len
+        kv_dim = self.n_kv_heads * self.head_dim
+        shapes = [
+            ("token_embedding", (V, D)), ("rms_att", (L, D)), ("wq", (L, D, D)), ("wk", (L, kv_dim, D)),
+            ("wv", (L, kv_dim, D)), ("wo", (L, D, D)), ("rms_ffn", (L, D)), ("w1", (L, F, D)),
+            ("w2", (L, D, F)), ("w3", (L, F, D)), ("rms_final", (D,)),
+            ("freq_cis_real", (S, self.head_dim // 2)), ("freq_cis_imag", (S, self.head_dim // 2)),
+        ]  # fmt: skip
+        return shapes if self.shared_classifier else [*shapes, ("wcls", (V, D))]
+
+
+_LLAMA2C_HEADER = struct.Struct("<7i")
+
+
+def read_llama2c_header(path: Path) -> Llama2cHeader:
+    """Parse and sanity-check the header; the file size must match the tensors it implies."""
+    expected = "a llama2.c checkpoint (7 int32 header + float32 weights)"
+    with path.open("rb") as f:
+        raw = f.read(_LLAMA2C_HEADER.size)
+    if len(raw) < _LLAMA2C_HEADER.size:
+        raise ModelError(f"{path} is too short: expected {expected}")
+    dim, hidden, layers, heads, kv_heads, vocab, seq = _LLAMA2C_HEADER.unpack(raw)
+    sizes_ok = all(0 < v < 1 << 20 for v in (dim, hidden, layers, heads, kv_heads, abs(vocab), seq))
+    if not sizes_ok or dim % heads or heads % kv_heads or (dim // heads) % 2:
+        raise ModelError(f"{path} has an implausible header {(dim, hidden, layers, heads, kv_heads, vocab, seq)}: "
+                         f"expected {expected}")  # fmt: skip
+    header = Llama2cHeader(dim, hidden, layers, heads, kv_heads, abs(vocab), seq, shared_classifier=vocab > 0)
+    n_floats = sum(int(np.prod(shape)) for _, shape in header.tensor_shapes())
+    size = path.stat().st_size
+    if size != _LLAMA2C_HEADER.size + 4 * n_floats:
+        raise ModelError(f"{path} has {size} bytes, its header implies {_LLAMA2C_HEADER.size + 4 * n_floats}: "
+                         f"expected {expected} (truncated or corrupt?)")  # fmt: skip
+    return header
+
+
+def read_llama2c_weights(path: Path, header: Llama2cHeader) -> dict[str, torch.Tensor]:
+    """All tensors of a llama2.c checkpoint under HF Llama names, Q/K permuted for rotate_half."""
+    flat = torch.from_numpy(np.fromfile(path, dtype="<f4", offset=_LLAMA2C_HEADER.size))  # [n_floats]
+    raw: dict[str, torch.Tensor] = {}
+    offset = 0
+    for name, shape in header.tensor_shapes():
+        n = int(np.prod(shape))
+        raw[name] = flat[offset : offset + n].reshape(shape)  # a view; copied once below
+        offset += n
+    weights = {"model.embed_tokens.weight": raw["token_embedding"], "model.norm.weight": raw["rms_final"]}
+    for i in range(header.n_layers):
+        p = f"model.layers.{i}."
+        weights |= {
+            p + "input_layernorm.weight": raw["rms_att"][i],
+            p + "self_attn.q_proj.weight": rope_interleaved_to_half(raw["wq"][i], header.n_heads),
+            p + "self_attn.k_proj.weight": rope_interleaved_to_half(raw["wk"][i], header.n_kv_heads),
+            p + "self_attn.v_proj.weight": raw["wv"][i],
+            p + "self_attn.o_proj.weight": raw["wo"][i],
+            p + "post_attention_layernorm.weight": raw["rms_ffn"][i],
+            p + "mlp.gate_proj.weight": raw["w1"][i],
+            p + "mlp.down_proj.weight": raw["w2"][i],
+            p + "mlp.up_proj.weight": raw["w3"][i],
+        }
+    if not header.shared_classifier:
+        weights["lm_head.weight"] = raw["wcls"]
+    return {k: v.clone() for k, v in weights.items()}  # own storage each: safetensors refuses shared tensors
+
+
+def read_llama2c_vocab(path: Path, vocab_size: int | None = None) -> list[tuple[bytes, float]]:
+    """(piece bytes, score) per token id from a llama2.c ``tokenizer.bin``.
+
+    Format: int32 max_token_length, then per token float32 score, int32 length, bytes.
+    """
+    expected = "a llama2.c tokenizer (int32 max length, then per token: float32 score, int32 length, bytes)"
+    data = path.read_bytes() if path.is_file() else None
+    if data is None or len(data) < 4:
+        raise ModelError(f"{path} is missing or too short: expected {expected}")
+    (max_len,) = struct.unpack_from("<i", data, 0)
+    pieces: list[tuple[bytes, float]] = []
+    offset = 4
+    while offset < len(data):
+        if offset + 8 > len(data):
+            raise ModelError(f"{path} ends inside token {len(pieces)}: expected {expected}")
+        score, n = struct.unpack_from("<fi", data, offset)
+        if not 0 < n <= max(max_len, 0) or offset + 8 + n > len(data):
+            raise ModelError(f"{path}: token {len(pieces)} has length {n} (max {max_len}): expected {expected}")
+        pieces.append((data[offset + 8 : offset + 8 + n], score))
+        offset += 8 + n
+    if vocab_size is not None and len(pieces) != vocab_size:
+        raise ModelError(f"{path} has {len(pieces)} tokens, the model expects {vocab_size}: expected its own tokenizer")
+    return pieces
+
+
+def _find_llama2c_tokenizer(model: Path, vocab_size: int) -> Path:
+    """``tokenizer.bin`` or ``tok*.bin`` beside ``model`` whose token count is ``vocab_size``."""
+    candidates = sorted({model.parent / "tokenizer.bin", *model.parent.glob("tok*.bin")} - {model})
+    matching = []
+    for candidate in candidates:
+        if candidate.is_file():
+            try:
+                read_llama2c_vocab(candidate, vocab_size)
+                matching.append(candidate)
+            except ModelError:
+                continue
+    if len(matching) != 1:
+        found = f"found {[p.name for p in matching]}" if matching else "found none"
+        raise ModelError(f"no unique llama2.c tokenizer for {model} ({found}): expected one tokenizer.bin or "
+                         f"tok*.bin with {vocab_size} tokens beside it, or pass tokenizer_path")  # fmt: skip
+    return matching[0]
+
+
+_LLAMA2C_SPECIALS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2; the .bin spells 1 and 2 as "\n<s>\n", "\n</s>\n"
+
+
+def llama2c_hf_pieces(pieces: list[tuple[bytes, float]]) -> list[str]:
+    """Token strings in HF sentencepiece style: spaces as ``▁``, specials renamed, bytes ``<0xXX>``."""
+    if len(pieces) < 259 or any(pieces[3 + b][0] != f"<0x{b:02X}>".encode() for b in range(256)):
+        raise ModelError("unsupported llama2.c tokenizer: expected byte-fallback pieces <0x00>..<0xFF> at ids 3..258")
+    try:
+        text = [raw.decode("utf-8").replace(" ", "▁") for raw, _ in pieces[3:]]
+    except UnicodeDecodeError as err:
+        raise ModelError(f"llama2.c tokenizer has a non-UTF-8 piece ({_one_line(err)})") from None
+    strings = [*_LLAMA2C_SPECIALS, *text]
+    if len(set(strings)) != len(strings):
+        raise ModelError("llama2.c tokenizer has duplicate pieces: expected each piece once")
+    return strings
+
+
+def llama2c_merges(strings: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """BPE merges equivalent to llama2.c's greedy ``encode``.
+
+    llama2.c repeatedly merges the adjacent pair whose concatenation is the highest-scoring
+    vocab piece (leftmost on ties). A BPE whose merge ranks follow the merged piece's score
+    does the same; every split of a piece into two vocab pieces is a merge. Only when two
+    different pairs spell the same piece in one text can the tie order differ (rare).
+    Example: pieces "▁t"(-0) "he"(-1) "▁the"(-6) give merges ("▁","t"), ("h","e"), ("▁t","he").
+    """
+    normal = {s: i for i, s in enumerate(strings) if i >= 259}  # not specials, not byte tokens
+    ranked = []
+    for piece, piece_id in normal.items():
+        for k in range(1, len(piece)):
+            left, right = piece[:k], piece[k:]
+            if left in normal and right in normal:
+                ranked.append((-scores[piece_id], piece_id, k, left, right))
+    return [(left, right) for *_, left, right in sorted(ranked)]
+
+
+def build_llama2c_tokenizer(pieces: list[tuple[bytes, float]]) -> PreTrainedTokenizerBase:
+    """A ``PreTrainedTokenizerFast`` that encodes like llama2.c (BOS, dummy-prefix space, byte fallback)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    strings = llama2c_hf_pieces(pieces)
+    bpe = models.BPE(
+        vocab={s: i for i, s in enumerate(strings)},
+        merges=llama2c_merges(strings, [score for _, score in pieces]),
+        unk_token="<unk>",
+        byte_fallback=True,
+        fuse_unk=True,
+    )
+    tok = Tokenizer(bpe)
+    # llama2.c encode prepends one dummy " " to non-empty text and merges across spaces (no pre-split).
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in _LLAMA2C_SPECIALS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", clean_up_tokenization_spaces=False
+    )
+
+
+def _convert_llama2c(source: ModelSource, out: Path) -> None:
+    if source.tokenizer_path is None:
+        raise ModelError(f"llama2.c model {source.path} has no tokenizer: expected tokenizer_path")
+    header = read_llama2c_header(source.path)
+    tokenizer = build_llama2c_tokenizer(read_llama2c_vocab(source.tokenizer_path, header.vocab_size))
+    config = _llama_config(
+        vocab_size=header.vocab_size, hidden_size=header.dim, intermediate_size=header.hidden_dim,
+        num_hidden_layers=header.n_layers, num_attention_heads=header.n_heads,
+        num_key_value_heads=header.n_kv_heads, head_dim=header.head_dim,
+        max_position_embeddings=header.seq_len, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=header.shared_classifier, bos_token_id=1, eos_token_id=2, pad_token_id=None,
+    )  # fmt: skip
+    # llama2.c's `run` stops when the model emits BOS (stories are BOS-delimited), so 1 ends text too.
+    _write_hf_dir(out, config, read_llama2c_weights(source.path, header), tokenizer, eos_ids=[2, 1])
+
+
+# --------------------------------------------------------------------------- GGUF
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_GGUF_EXPECTED = "a GGUF v2/v3 file (magic 'GGUF')"
+
+
+def read_gguf_metadata(path: Path, arrays: frozenset[str] = frozenset()) -> dict[str, object]:
+    """Key/value metadata of a GGUF file without touching tensor data.
+
+    Arrays named in ``arrays`` are decoded to lists; others are skipped and given as their
+    length, which keeps a peek (e.g. "has a chat template?") at well under a second.
+    """
+    try:
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            if buf[:4] != b"GGUF":
+                raise ModelError(f"{path} has no GGUF magic: expected {_GGUF_EXPECTED}")
+            version, _n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+            if version not in (2, 3):
+                raise ModelError(f"{path} is GGUF version {version}: expected {_GGUF_EXPECTED}")
+            meta: dict[str, object] = {}
+            offset = 24
+            for _ in range(n_kv):
+                key, offset = _gguf_string(buf, offset)
+                (vtype,) = struct.unpack_from("<I", buf, offset)
+                meta[key], offset = _gguf_value(buf, offset + 4, vtype, decode=key in arrays)
+            return meta
+    except ModelError:
+        raise
+    except (struct.error, ValueError, UnicodeDecodeError, OverflowError) as err:
+        raise ModelError(f"{path} is truncated or corrupt ({_one_line(err)}): expected {_GGUF_EXPECTED}") from None
+
+
+def _gguf_string(buf: mmap.mmap, offset: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<Q", buf, offset)
+    if offset + 8 + n > len(buf):
+        raise ValueError(f"string of {n} bytes runs past the end of the file")
+    return buf[offset + 8 : offset + 8 + n].decode("utf-8"), offset + 8 + n
+
+
+def _gguf_value(buf: mmap.mmap, offset: int, vtype: int, decode: bool = True) -> tuple[object, int]:
+    """One value at ``offset`` -> (value, next offset); an undecoded array yields its length."""
+    if vtype in _GGUF_SCALARS:
+        fmt = _GGUF_SCALARS[vtype]
+        return struct.unpack_from(fmt, buf, offset)[0], offset + struct.calcsize(fmt)
+    if vtype == _GGUF_STRING:
+        return _gguf_string(buf, offset)
+    if vtype != _GGUF_ARRAY:
+        raise ValueError(f"unknown value type {vtype}")
+    item_type, count = struct.unpack_from("<IQ", buf, offset)
+    offset += 12
+    if not decode and item_type in _GGUF_SCALARS:  # fixed-size items: skip in one step
+        return count, offset + count * struct.calcsize(_GGUF_SCALARS[item_type])
+    items = []
+    for _ in range(count):
+        item, offset = _gguf_value(buf, offset, item_type, decode)
+        if decode:
+            items.append(item)
+    return (items if decode else count), offset
+
+
+_GGUF_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GGUF_LAYER_NAMES = {  # llama.cpp blk.{i}.<name>.weight -> HF model.layers.{i}.<name>.weight
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# Texts llama.cpp treats as end-of-generation besides EOS (llama-vocab.cpp, special_eog_ids).
+_EOG_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>")
+_GGUF_CONTROL = 3  # tokenizer.ggml.token_type value for control tokens
+
+
+def _f32(value: object) -> float:
+    """Shortest decimal that rounds to the same float32 (GGUF stores 1e-5 as 9.99999974e-06)."""
+    return float(str(np.float32(value)))
+
+
+def _gguf_config(path: Path, meta: dict[str, object], tensor_names: set[str]) -> LlamaConfig:
+    """LlamaConfig from llama.cpp's ``llama.*`` metadata keys."""
+    if meta.get("general.architecture") != "llama":
+        raise ModelError(f"{path} has architecture {meta.get('general.architecture')!r}: expected 'llama'")
+    if meta.get("llama.rope.scaling.type", "none") not in ("none", None) or "rope_freqs.weight" in tensor_names:
+        raise ModelError(f"{path} uses RoPE scaling: expected plain RoPE (scaling is not supported yet)")
+    hidden, heads = int(meta["llama.embedding_length"]), int(meta["llama.attention.head_count"])
+    head_dim = int(meta.get("llama.attention.key_length", hidden // heads))
+    if int(meta.get("llama.rope.dimension_count", head_dim)) != head_dim:
+        raise ModelError(f"{path} applies RoPE to part of each head: expected full-head RoPE")
+    return _llama_config(
+        vocab_size=int(meta.get("llama.vocab_size") or len(meta["tokenizer.ggml.tokens"])),
+        hidden_size=hidden, intermediate_size=int(meta["llama.feed_forward_length"]),
+        num_hidden_layers=int(meta["llama.block_count"]), num_attention_heads=heads,
+        num_key_value_heads=int(meta.get("llama.attention.head_count_kv", heads)), head_dim=head_dim,
+        max_position_embeddings=int(meta["llama.context_length"]),
+        rms_norm_eps=_f32(meta["llama.attention.layer_norm_rms_epsilon"]),
+        rope_theta=_f32(meta.get("llama.rope.freq_base", 10000.0)),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+    )  # fmt: skip
+
+
+def _gguf_eos_ids(meta: dict[str, object]) -> list[int]:
+    """EOS plus the control tokens llama.cpp also ends generation on (e.g. ``<|im_end|>``)."""
+    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type")
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    ids = [int(eos)] if eos is not None else []
+    for i, text in enumerate(tokens):
+        is_control = types is None or types[i] == _GGUF_CONTROL
+        if text in _EOG_TEXTS and is_control and i not in ids:
+            ids.append(i)
+    return ids
+
+
+def _gguf_hf_name(name: str) -> str:
+    if name in _GGUF_GLOBAL_NAMES:
+        return _GGUF_GLOBAL_NAMES[name]
+    match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
+    if match is None or match.group(2) not in _GGUF_LAYER_NAMES:
+        raise ModelError(f"unexpected GGUF tensor {name!r}: expected a plain llama-architecture model")
+    return f"model.layers.{match.group(1)}.{_GGUF_LAYER_NAMES[match.group(2)]}.weight"
+
+
+def _gguf_weights(tensors: list, config: LlamaConfig) -> dict[str, torch.Tensor]:
+    """Dequantize every tensor to float32 under its HF name; Q/K rows back to rotate_half order."""
+    from gguf.quants import dequantize
+
+    weights = {}
+    for t in tensors:
+        name = _gguf_hf_name(t.name)
+        try:
+            array = dequantize(t.data, t.tensor_type)  # [out, in] (numpy order), or [dim] for norms
+        except NotImplementedError as err:
+            raise ModelError(f"GGUF tensor {t.name}: {_one_line(err)}") from None
+        w = torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
+        if name.endswith("q_proj.weight"):
+            w = rope_interleaved_to_half(w, config.num_attention_heads)
+        elif name.endswith("k_proj.weight"):
+            w = rope_interleaved_to_half(w, config.num_key_value_heads)
+        weights[name] = w
+    return weights
+
+
+def _gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """transformers' own GGUF tokenizer conversion (vocab, merges, specials, chat template)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except (ValueError, KeyError, OSError) as err:
+        raise ModelError(f"cannot build a tokenizer from {path} ({_one_line(err)}): expected a GGUF tokenizer") from None
+
+
+def _convert_gguf(source: ModelSource, out: Path) -> None:
+    from gguf import GGUFReader
+
+    meta = read_gguf_metadata(source.path, arrays=frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.token_type"}))
+    try:
+        tensors = GGUFReader(source.path).tensors
+    except (ValueError, KeyError, IndexError, struct.error) as err:
+        raise ModelError(f"{source.path} is truncated or corrupt ({_one_line(err)}): expected {_GGUF_EXPECTED}") from None
+    config = _gguf_config(source.path, meta, {t.name for t in tensors})
+    tokenizer = _gguf_tokenizer(source.path)
+    if "tokenizer.chat_template" in meta and not tokenizer.chat_template:
+        raise ModelError(f"{source.path}: the GGUF chat template did not reach the tokenizer")
+    _write_hf_dir(out, config, _gguf_weights(tensors, config), tokenizer, eos_ids=_gguf_eos_ids(meta))

@@ -1,0 +1,655 @@
+"""Native PyTorch Llama runtime (gpt-fast style) with a static, rollback-able KV cache.
+
+Design
+------
+* Plain tensors, no ``nn.Module`` tree: weights are loaded from an HF-format directory
+  (``config.json`` + ``*.safetensors``) into frozen dataclasses; q/k/v and gate/up are fused
+  into one matrix each so a layer runs four matmuls. Llama, Llama-3 RoPE scaling, GQA, tied
+  embeddings and Qwen2-style q/k/v biases are supported.
+* Static cache: one preallocated tensor pair ``k, v [layers, rows, kv_heads, slots, head_dim]``
+  (a ``NativeCachePool``); a request's ``NativeCache`` is a handle on one row plus an int
+  length. ``truncate`` changes the int; ``compact`` index-copies the accepted slots.
+  ``forward_batch`` runs several handles of one pool in a single forward (ragged lengths are
+  masks), so a batched server needs no other model code.
+* Every forward writes the new tokens' K/V at slots ``length .. length+N-1`` first and then
+  attends over a window of the cache with an explicit boolean mask (cached slots visible, new
+  tokens per ``tree_mask``, everything past ``length+N`` invisible).
+
+Batch invariance (why speculative greedy output is bit-identical to plain decoding)
+-----------------------------------------------------------------------------------
+A token's logits must not depend on how many other tokens share its forward or where it
+sits. Two things break that in a naive runtime: GEMM kernels round differently for different
+row counts (MKL fp32 here: M=1 is a GEMV, M=2..3 and M>=4 are three different kernels), and
+attention reduces over a key axis whose length is ``length+N``. With ``batch_invariant=True``:
+
+1. Every decode/verify forward (N <= ``max_rows``) is padded with dummy rows to at least
+   ``min_rows`` rows. ``min_rows`` is calibrated at load time on the model's own weight
+   shapes: the smallest m such that every row count in [m, max_rows] gives bitwise the same
+   row results, and a row's result does not depend on its index (fp32/MKL here: 4; the CPU
+   bf16 and int8 kernels are row-invariant at any M: 1, i.e. no padding).
+2. Attention (``invariant_attention``) cuts the key window into fixed ``attn_chunk``-sized
+   chunks; every chunk is one fixed-shape matmul; masked slots become exact zeros
+   (``exp(-inf) = 0``) and the global row max is order-free, so a longer window only adds
+   exact zeros at the end of the per-chunk and cross-chunk sums.
+3. RMSNorm, RoPE, softmax pieces and the MLP are row-local.
+
+Forwards of more than ``max_rows`` tokens (prefill) take the fast path (no padding, SDPA over
+the exact window). Plain and speculative decoding share the same prefill, and with the
+engine's invariant ``cache.length == len(committed) - 1`` the first decode step (root token
+± drafts) always runs on the invariant path, so it is identical in both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from verispec.models.base import ModelError, ModelInfo, ModelOutput
+from verispec.models.quant import Int8Weight, int8_linear, quantize_int8
+
+Weight = torch.Tensor | Int8Weight
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "smollm")
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency-dependent RoPE scaling (or plain 'linear')."""
+
+    kind: Literal["llama3", "linear"]
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclass(frozen=True)
+class LlamaArgs:
+    """Architecture, read from an HF ``config.json``."""
+
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    max_position: int
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def group(self) -> int:  # query heads per kv head
+        return self.n_heads // self.n_kv_heads
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict) -> LlamaArgs:
+        _check_supported(cfg)
+        heads = cfg["num_attention_heads"]
+        rope = cfg.get("rope_parameters") or {}  # transformers >= 5 nests theta + scaling here
+        eos = cfg.get("eos_token_id")
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            dim=cfg["hidden_size"],
+            n_layers=cfg["num_hidden_layers"],
+            n_heads=heads,
+            n_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            intermediate_size=cfg["intermediate_size"],
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            rope_scaling=_rope_scaling(cfg.get("rope_scaling") or rope),
+            max_position=cfg.get("max_position_embeddings", 2048),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+        )
+
+
+def _check_supported(cfg: dict) -> None:
+    kind = cfg.get("model_type")
+    if kind not in SUPPORTED_MODEL_TYPES:
+        raise ModelError(f"native runtime supports model_type in {SUPPORTED_MODEL_TYPES}, got {kind!r}")
+    if cfg.get("hidden_act", "silu") != "silu" or cfg.get("mlp_bias"):
+        raise ModelError("native runtime supports only a bias-free SiLU-gated MLP")
+    if cfg.get("sliding_window") and cfg.get("use_sliding_window", kind == "mistral"):
+        raise ModelError("native runtime does not support sliding-window attention")
+
+
+def _rope_scaling(rs: dict) -> RopeScaling | None:
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind == "linear":
+        return RopeScaling("linear", float(rs["factor"]))
+    if kind == "llama3":
+        return RopeScaling(
+            "llama3",
+            float(rs["factor"]),
+            float(rs.get("low_freq_factor", 1.0)),
+            float(rs.get("high_freq_factor", 4.0)),
+            int(rs.get("original_max_position_embeddings", 8192)),
+        )
+    raise ModelError(f"native runtime: unsupported rope scaling {kind!r} (supported: llama3, linear)")
+
+
+@dataclass(frozen=True)
+class NativeOptions:
+    """Runtime choices (not architecture). ``min_rows=None`` means calibrate at load time."""
+
+    dtype: torch.dtype = torch.bfloat16  # weights + activations (int8: activations)
+    quant: Literal["none", "int8"] = "none"  # int8 = weight-only per-channel, bf16 activations
+    batch_invariant: bool = True
+    max_rows: int = 64  # largest forward on the invariant path; larger ones are prefill
+    min_rows: int | None = None  # invariant forwards are padded to at least this many rows
+    attn_chunk: int = 128  # key-chunk size of invariant attention
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    attn_norm: torch.Tensor  # [dim]
+    wqkv: Weight  # [(n_heads + 2 * n_kv_heads) * head_dim, dim]
+    bqkv: torch.Tensor | None  # [(n_heads + 2 * n_kv_heads) * head_dim] (Qwen2)
+    wo: Weight  # [dim, n_heads * head_dim]
+    mlp_norm: torch.Tensor  # [dim]
+    w13: Weight  # [2 * intermediate, dim]  (gate; up)
+    w2: Weight  # [dim, intermediate]
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"no *.safetensors in {path}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+def _take(state: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name not in state:
+        raise ModelError(f"missing tensor {name!r} in checkpoint")
+    return state[name]
+
+
+def _layer_weights(state: dict, i: int, prep) -> LayerWeights:
+    p = f"model.layers.{i}."
+    qkv = [p + f"self_attn.{n}_proj" for n in "qkv"]
+    biases = [state.get(n + ".bias") for n in qkv]
+    if state.get(p + "self_attn.o_proj.bias") is not None:
+        raise ModelError("native runtime: o_proj bias is not supported")
+    return LayerWeights(
+        attn_norm=prep(_take(state, p + "input_layernorm.weight")),
+        wqkv=prep(torch.cat([_take(state, n + ".weight") for n in qkv]), linear=True),
+        bqkv=prep(torch.cat(biases)) if all(b is not None for b in biases) else None,
+        wo=prep(_take(state, p + "self_attn.o_proj.weight"), linear=True),
+        mlp_norm=prep(_take(state, p + "post_attention_layernorm.weight")),
+        w13=prep(torch.cat([_take(state, p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]), linear=True),
+        w2=prep(_take(state, p + "mlp.down_proj.weight"), linear=True),
+    )
+
+
+def _weight_preparer(opts: NativeOptions, device: torch.device):
+    def prep(t: torch.Tensor, linear: bool = False) -> Weight:
+        t = t.to(device=device, dtype=opts.dtype).contiguous()
+        return quantize_int8(t, opts.dtype) if linear and opts.quant == "int8" else t
+
+    return prep
+
+
+def weight_nbytes(w: Weight | None) -> int:
+    if w is None:
+        return 0
+    return w.nbytes if isinstance(w, Int8Weight) else w.numel() * w.element_size()
+
+
+# ----------------------------------------------------------------------------- math
+
+
+def linear(x: torch.Tensor, w: Weight, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ w[N, K].T (+ b) -> [..., N]."""
+    y = int8_linear(x, w) if isinstance(w, Int8Weight) else F.linear(x, w)
+    return y if b is None else y + b
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """Row-local RMSNorm in fp32 (as HF Llama), x [..., H] -> [..., H] in x.dtype."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return w * x32.to(x.dtype)
+
+
+def rope_inv_freq(args: LlamaArgs) -> torch.Tensor:
+    """[head_dim / 2] fp32 inverse frequencies, with Llama-3 / linear scaling applied."""
+    d = args.head_dim
+    inv = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    rs = args.rope_scaling
+    if rs is None:
+        return inv
+    if rs.kind == "linear":
+        return inv / rs.factor
+    low_wavelen = rs.original_max_position / rs.low_freq_factor
+    high_wavelen = rs.original_max_position / rs.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / rs.factor, inv)
+    smooth = (rs.original_max_position / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(args: LlamaArgs, n_pos: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables [n_pos, head_dim / 2] fp32."""
+    freqs = torch.outer(torch.arange(n_pos, dtype=torch.float32), rope_inv_freq(args))
+    return freqs.cos().to(device), freqs.sin().to(device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (HF layout). x [B, N, heads, D]; cos, sin [B, N, D/2] fp32."""
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)  # [B, N, heads, D/2] each
+    c, s = cos.unsqueeze(2), sin.unsqueeze(2)
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Softmax attention whose per-row result is independent of the window length.
+
+    q [B, Hkv, M, D] (already scaled); k, v [B, Hkv, W, D] with W % chunk == 0;
+    mask [B, 1, M, W] bool. Every reduction over keys runs over fixed ``chunk``-sized
+    pieces (one fixed-shape matmul per chunk); masked keys are exact zeros, so extra
+    trailing chunks change nothing. Returns [B, Hkv, M, D] in q.dtype, computed in fp32.
+    """
+    b, h, m, d = q.shape
+    n_chunks = k.shape[2] // chunk
+    kc = k.float().view(b, h, n_chunks, chunk, d)  # [B, Hkv, C, chunk, D]
+    vc = v.float().view(b, h, n_chunks, chunk, d)
+    scores = q.float().unsqueeze(2) @ kc.transpose(-1, -2)  # [B, Hkv, C, M, chunk]
+    mask_c = mask.view(b, 1, m, n_chunks, chunk).transpose(2, 3)  # [B, 1, C, M, chunk]
+    scores = scores.masked_fill(~mask_c, float("-inf"))
+    row_max = scores.amax(dim=(2, 4), keepdim=True)  # [B, Hkv, 1, M, 1] order-free
+    p = torch.exp(scores - row_max)  # masked -> exactly 0
+    out = (p @ vc).sum(dim=2)  # [B, Hkv, M, D]
+    denom = p.sum(dim=-1).sum(dim=2)  # [B, Hkv, M]
+    return (out / denom.unsqueeze(-1)).to(q.dtype)
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Fast path: q [B, Hkv, M, D] (already scaled), k, v [B, Hkv, W, D], mask [B, 1, M, W]."""
+    return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=1.0)
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+class NativeCachePool:
+    """Preallocated K/V for ``rows`` requests: k, v [layers, rows, kv_heads, capacity, head_dim].
+
+    Invariants: ``capacity >= max_length + slack`` (dummy rows of padded forwards are written
+    past a request's length, never past capacity) and ``capacity % attn_chunk == 0``; a row is
+    handed out by ``acquire`` at most once until ``release``.
+    """
+
+    def __init__(self, owner: NativeLlama, rows: int, max_length: int):
+        args, opts = owner.args, owner.options
+        if rows < 1 or not 1 <= max_length <= owner.info.max_length:
+            raise ValueError(f"cache pool: need rows >= 1 and 1 <= max_length <= {owner.info.max_length}, got {rows}, {max_length}")
+        self.owner = owner
+        self.max_length = max_length
+        self.capacity = _round_up(max_length + opts.max_rows, opts.attn_chunk)
+        shape = (args.n_layers, rows, args.n_kv_heads, self.capacity, args.head_dim)
+        # zeros, not empty: masked slots are multiplied by an exact 0 and must not be NaN
+        self.k = torch.zeros(shape, dtype=owner.kv_dtype, device=owner.info.device)
+        self.v = torch.zeros(shape, dtype=owner.kv_dtype, device=owner.info.device)
+        self._free = list(range(rows))
+
+    @property
+    def rows(self) -> int:
+        return self.k.shape[1]
+
+    def acquire(self) -> NativeCache:
+        if not self._free:
+            raise ValueError(f"cache pool: all {self.rows} rows are in use")
+        return NativeCache(self, self._free.pop(0))
+
+    def release(self, cache: NativeCache) -> None:
+        if cache.pool is not self or cache.row in self._free:
+            raise ValueError(f"cache pool: row {cache.row} is not acquired from this pool")
+        cache.truncate(0)
+        self._free.append(cache.row)
+        self._free.sort()
+
+
+class NativeCache:
+    """A request's view on one pool row. Slots ``0 .. length-1`` hold K/V in sequence order."""
+
+    def __init__(self, pool: NativeCachePool, row: int):
+        self.pool = pool
+        self.row = row
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def max_length(self) -> int:
+        return self.pool.max_length
+
+    def truncate(self, new_length: int) -> int:
+        if new_length < 0:
+            raise ValueError(f"truncate: new_length must be >= 0, got {new_length}")
+        dropped = max(0, self._length - new_length)
+        self._length = min(self._length, new_length)
+        return dropped
+
+    def compact(self, src_slots: list[int], dst_start: int) -> None:
+        src = [int(s) for s in src_slots]
+        if any(b <= a for a, b in zip(src, src[1:])) or (src and (src[0] < 0 or src[-1] >= self._length)):
+            raise ValueError(f"compact: src_slots must be ascending, within [0, {self._length}), got {src}")
+        if not 0 <= dst_start <= (src[0] if src else self._length):
+            raise ValueError(f"compact: dst_start {dst_start} must be in [0, first src slot]")
+        if src and src != list(range(dst_start, dst_start + len(src))):
+            idx = torch.tensor(src, device=self.pool.k.device)
+            dst = slice(dst_start, dst_start + len(src))
+            for kv in (self.pool.k, self.pool.v):  # [layers, rows, Hkv, slots, D]
+                kv[:, self.row, :, dst] = kv[:, self.row].index_select(2, idx)
+        self._length = dst_start + len(src)
+
+    def _advance(self, n: int) -> None:
+        self._length += n
+
+    def check_integrity(self) -> None:
+        assert 0 <= self._length <= self.pool.max_length, self._length
+        assert self.row not in self.pool._free, f"row {self.row} is used after release"
+
+
+# ----------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Per-forward attention metadata shared by all layers."""
+
+    pool: NativeCachePool
+    rows: tuple[int, ...]  # pool row of each batch row
+    row_index: torch.Tensor  # [B] long
+    starts: tuple[int, ...]  # cache length of each row = first written slot
+    slots: torch.Tensor  # [B, Np] long, slots written by this forward
+    window: int  # W: slots 0..W-1 are read
+    mask: torch.Tensor  # [B, 1, G * Np, W] bool
+    cos: torch.Tensor  # [B, Np, D/2] fp32
+    sin: torch.Tensor  # [B, Np, D/2] fp32
+    invariant: bool
+
+
+class NativeLlama:
+    """``CausalLM`` backend: Llama-family decoder on plain tensors with a static cache."""
+
+    def __init__(self, args: LlamaArgs, embed: torch.Tensor, layers: tuple[LayerWeights, ...],
+                 norm: torch.Tensor, lm_head: Weight, options: NativeOptions, info: ModelInfo):
+        if options.max_rows < 1 or options.attn_chunk < 1:
+            raise ValueError(f"max_rows and attn_chunk must be >= 1, got {options}")
+        self.args, self.info = args, info
+        self.embed, self.layers, self.norm, self.lm_head = embed, layers, norm, lm_head
+        self._cos, self._sin = rope_tables(args, info.max_length, info.device)
+        self._heads = torch.arange(args.n_kv_heads, device=info.device)
+        self.options = options
+        if options.min_rows is None or not options.batch_invariant:
+            rows = calibrate_min_rows(self._linear_weights(), options.max_rows) if options.batch_invariant else 1
+            self.options = replace(options, min_rows=rows)
+        if not 1 <= self.options.min_rows <= options.max_rows:
+            raise ValueError(f"min_rows must be in [1, max_rows={options.max_rows}], got {self.options.min_rows}")
+
+    # ---- construction
+
+    @classmethod
+    def from_hf_dir(cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
+                    max_length: int | None = None, **options) -> NativeLlama:
+        """Load ``config.json`` + ``*.safetensors``. ``options``: fields of ``NativeOptions``."""
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{path} is not an HF model directory (no config.json)")
+        cfg = json.loads((path / "config.json").read_text())
+        state = _read_safetensors(path)
+        return cls.from_state_dict(cfg, state, NativeOptions(dtype=dtype, **options), device,
+                                   max_length, name=cfg.get("_name_or_path") or path.name)
+
+    @classmethod
+    def from_state_dict(cls, cfg: dict, state: dict[str, torch.Tensor], options: NativeOptions,
+                        device: str | torch.device = "cpu", max_length: int | None = None,
+                        name: str = "native-llama") -> NativeLlama:
+        """Build from an HF config dict and an HF-named state dict."""
+        args = LlamaArgs.from_hf_config(cfg)
+        device = torch.device(device)
+        prep = _weight_preparer(options, device)
+        embed = prep(_take(state, "model.embed_tokens.weight"))
+        head = None if cfg.get("tie_word_embeddings", "lm_head.weight" not in state) else _take(state, "lm_head.weight")
+        info = ModelInfo(name=name, vocab_size=args.vocab_size, max_length=max_length or args.max_position,
+                         bos_token_id=args.bos_token_id, eos_token_ids=args.eos_token_ids, hidden_size=args.dim,
+                         dtype=options.dtype, device=device)
+        layers = tuple(_layer_weights(state, i, prep) for i in range(args.n_layers))
+        lm_head = prep(state["model.embed_tokens.weight"] if head is None else head, linear=True)
+        return cls(args, embed, layers, prep(_take(state, "model.norm.weight")), lm_head, options, info)
+
+    def _linear_weights(self) -> list[Weight]:
+        first = self.layers[0]
+        return [first.wqkv, first.wo, first.w13, first.w2, self.lm_head]
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.options.dtype
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights read per decode step (embedding rows excluded)."""
+        per_layer = [weight_nbytes(w) for lw in self.layers for w in (lw.attn_norm, lw.wqkv, lw.bqkv, lw.wo, lw.mlp_norm, lw.w13, lw.w2)]
+        return sum(per_layer) + weight_nbytes(self.norm) + weight_nbytes(self.lm_head)
+
+    # ---- caches
+
+    def new_cache(self, max_length: int | None = None) -> NativeCache:
+        return self.new_cache_pool(1, max_length).acquire()
+
+    def new_cache_pool(self, rows: int, max_length: int | None = None) -> NativeCachePool:
+        return NativeCachePool(self, rows, max_length or self.info.max_length)
+
+    # ---- forward
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: NativeCache,
+                tree_mask: torch.Tensor | None = None, want_hidden: bool = False) -> ModelOutput:
+        """input_ids, positions [1, N]; tree_mask [N, N] bool or None (causal)."""
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"forward: input_ids must be [1, N], got {tuple(input_ids.shape)}")
+        masks = None if tree_mask is None else tree_mask.unsqueeze(0)
+        return self.forward_batch(input_ids, positions, [cache], masks, want_hidden)
+
+    @torch.inference_mode()
+    def forward_batch(self, input_ids: torch.Tensor, positions: torch.Tensor, caches: list[NativeCache],
+                      tree_masks: torch.Tensor | None = None, want_hidden: bool = False,
+                      num_tokens: list[int] | None = None) -> ModelOutput:
+        """One forward over B requests of one pool. input_ids, positions [B, N];
+        tree_masks [B, N, N] bool or None (causal). ``num_tokens[b] <= N`` real tokens in
+        row b (the rest is padding: not cached, logits meaningless); default all N."""
+        n_real = list(num_tokens) if num_tokens is not None else [input_ids.shape[1]] * len(caches)
+        self._validate(input_ids, positions, caches, tree_masks, n_real)
+        n = input_ids.shape[1]
+        invariant = self.options.batch_invariant and n <= self.options.max_rows
+        n_pad = max(n, self.options.min_rows) if invariant else n
+        ids, pos, tree = _pad_inputs(input_ids, positions, tree_masks, n_real, n_pad)
+        plan = self._plan(caches, pos, tree, invariant)
+        hidden = self._run(ids, plan)  # [B, Np, H]
+        logits = linear(hidden, self.lm_head).float()  # all Np rows: the row count is part of invariance
+        for cache, k in zip(caches, n_real):
+            cache._advance(k)
+        return ModelOutput(logits[:, :n], hidden[:, :n].float() if want_hidden else None)
+
+    def _validate(self, ids, pos, caches, tree, n_real) -> None:
+        b, n = ids.shape if ids.dim() == 2 else (0, 0)
+        if ids.dim() != 2 or n < 1 or b != len(caches) or b < 1 or ids.is_floating_point():
+            raise ValueError(f"forward: input_ids must be integer [B={len(caches)}, N>=1], got {tuple(ids.shape)}")
+        if pos.shape != ids.shape:
+            raise ValueError(f"forward: positions {tuple(pos.shape)} must match input_ids {tuple(ids.shape)}")
+        if tree is not None and (tree.shape != (b, n, n) or tree.dtype != torch.bool):
+            raise ValueError(f"forward: tree_mask must be bool [N={n}, N] per row, got {tuple(tree.shape)} {tree.dtype}")
+        if len(n_real) != b or not all(1 <= k <= n for k in n_real):
+            raise ValueError(f"forward: num_tokens must be {b} values in [1, {n}], got {n_real}")
+        pool = caches[0].pool if isinstance(caches[0], NativeCache) else None
+        if pool is None or pool.owner is not self or any(not isinstance(c, NativeCache) or c.pool is not pool for c in caches):
+            raise ValueError("forward: caches must be NativeCache handles of one pool created by this model")
+        if len({c.row for c in caches}) != b:
+            raise ValueError("forward: a cache appears twice in one batch")
+        for c, k in zip(caches, n_real):
+            if c.length + k > c.max_length:
+                raise ValueError(f"forward: cache overflow: length {c.length} + {k} new tokens > max_length {c.max_length}")
+        if int(pos.min()) < 0 or int(pos.max()) >= self._cos.shape[0]:
+            raise ValueError(f"forward: positions must be in [0, {self._cos.shape[0]}), got [{int(pos.min())}, {int(pos.max())}]")
+
+    def _plan(self, caches: list[NativeCache], pos: torch.Tensor, tree: torch.Tensor, invariant: bool) -> _Plan:
+        b, n_pad = pos.shape
+        dev = self.info.device
+        starts = tuple(c.length for c in caches)
+        end = max(starts) + n_pad
+        window = min(_round_up(end, self.options.attn_chunk), caches[0].pool.capacity) if invariant else end
+        lengths = torch.tensor(starts, device=dev)[:, None]  # [B, 1]
+        mask = window_mask(tree, lengths, window)  # [B, Np, W]
+        g = self.args.group
+        return _Plan(
+            pool=caches[0].pool, rows=tuple(c.row for c in caches),
+            row_index=torch.tensor([c.row for c in caches], device=dev), starts=starts,
+            slots=lengths + torch.arange(n_pad, device=dev), window=window,
+            mask=mask[:, None].expand(b, g, n_pad, window).reshape(b, 1, g * n_pad, window),
+            cos=self._cos[pos], sin=self._sin[pos], invariant=invariant,
+        )
+
+    def _run(self, ids: torch.Tensor, plan: _Plan) -> torch.Tensor:
+        """ids [B, Np] -> final-normed hidden [B, Np, H]."""
+        eps = self.args.norm_eps
+        x = F.embedding(ids, self.embed)  # [B, Np, H]
+        for i, lw in enumerate(self.layers):
+            x = x + self._attention(rms_norm(x, lw.attn_norm, eps), lw, i, plan)
+            x = x + self._mlp(rms_norm(x, lw.mlp_norm, eps), lw)
+        return rms_norm(x, self.norm, eps)
+
+    def _mlp(self, h: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
+        gate, up = linear(h, lw.w13).chunk(2, dim=-1)  # [B, Np, I] each
+        return linear(F.silu(gate) * up, lw.w2)
+
+    def _attention(self, h: torch.Tensor, lw: LayerWeights, layer: int, plan: _Plan) -> torch.Tensor:
+        a = self.args
+        b, n, _ = h.shape
+        d, hkv = a.head_dim, a.n_kv_heads
+        q, k, v = linear(h, lw.wqkv, lw.bqkv).split([a.n_heads * d, hkv * d, hkv * d], dim=-1)
+        q = apply_rope(q.view(b, n, a.n_heads, d), plan.cos, plan.sin)  # [B, Np, Hq, D]
+        k = apply_rope(k.view(b, n, hkv, d), plan.cos, plan.sin)  # [B, Np, Hkv, D]
+        self._write_kv(layer, k, v.view(b, n, hkv, d), plan)
+        kw, vw = self._read_kv(layer, plan)  # [B, Hkv, W, D]
+        # fold the query heads sharing a kv head into rows: [B, Hkv, G * Np, D]
+        qg = q.view(b, n, hkv, a.group, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, a.group * n, d) * d**-0.5
+        if plan.invariant:
+            o = invariant_attention(qg, kw, vw, plan.mask, self.options.attn_chunk)
+        else:
+            o = sdpa_attention(qg, kw, vw, plan.mask)
+        o = o.view(b, hkv, a.group, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, a.n_heads * d)
+        return linear(o, lw.wo)
+
+    def _write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor, plan: _Plan) -> None:
+        """k, v [B, Np, Hkv, D] -> pool slots ``plan.slots`` of rows ``plan.rows``."""
+        kc, vc = plan.pool.k[layer], plan.pool.v[layer]  # [P, Hkv, S, D]
+        if len(plan.rows) == 1:
+            r, s, n = plan.rows[0], plan.starts[0], k.shape[1]
+            kc[r, :, s:s + n] = k[0].transpose(0, 1)
+            vc[r, :, s:s + n] = v[0].transpose(0, 1)
+            return
+        idx = (plan.row_index[:, None, None], self._heads[None, :, None], plan.slots[:, None, :])  # [B, Hkv, Np]
+        kc.index_put_(idx, k.transpose(1, 2).to(kc.dtype))
+        vc.index_put_(idx, v.transpose(1, 2).to(vc.dtype))
+
+    def _read_kv(self, layer: int, plan: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
+        kc, vc = plan.pool.k[layer, :, :, :plan.window], plan.pool.v[layer, :, :, :plan.window]
+        if len(plan.rows) == 1:
+            r = plan.rows[0]
+            return kc[r:r + 1], vc[r:r + 1]  # views, no copy
+        return kc.index_select(0, plan.row_index), vc.index_select(0, plan.row_index)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _pad_inputs(ids: torch.Tensor, pos: torch.Tensor, tree: torch.Tensor | None, n_real: list[int],
+                n_pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pad [B, N] inputs to [B, Np] with dummy rows; return ids, positions, tree [B, Np, Np].
+
+    A dummy row (padding, or tokens past ``n_real[b]``) is token 0 at the row's last real
+    position; it sees the cached slots and itself, and no real token sees it.
+    """
+    b, n = ids.shape
+    dev = ids.device
+    if tree is None:
+        tree = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(b, n, n)
+    real = torch.arange(n_pad, device=dev)[None, :] < torch.tensor(n_real, device=dev)[:, None]  # [B, Np]
+    full = torch.zeros(b, n_pad, n_pad, dtype=torch.bool, device=dev)
+    full[:, :n, :n] = tree
+    full &= real[:, :, None] & real[:, None, :]
+    full |= torch.eye(n_pad, dtype=torch.bool, device=dev) & ~real[:, :, None]
+    last = pos.gather(1, torch.tensor(n_real, device=dev)[:, None] - 1)  # [B, 1]
+    pos_p = torch.where(real, F.pad(pos, (0, n_pad - n)), last)
+    ids_p = torch.where(real, F.pad(ids, (0, n_pad - n)), 0)
+    return ids_p.long(), pos_p.long(), full
+
+
+def window_mask(tree: torch.Tensor, lengths: torch.Tensor, window: int) -> torch.Tensor:
+    """Visibility of slots 0..W-1 for each new token: [B, Np, W] bool.
+
+    Slot s is visible to new token i of row b iff s < length_b (cached) or s = length_b + j
+    with tree[b, i, j] (new token j is an ancestor of i). Example: length 2, chain of 2,
+    W = 5 -> rows [1 1 1 0 0], [1 1 1 1 0].
+    """
+    b, n, _ = tree.shape
+    rel = torch.arange(window, device=tree.device)[None, :] - lengths  # [B, W] slot - length
+    new = (rel >= 0) & (rel < n)
+    from_tree = tree.gather(2, rel.clamp(0, n - 1)[:, None, :].expand(b, n, window))  # [B, Np, W]
+    return (rel < 0)[:, None, :] | (from_tree & new[:, None, :])
+
+
+def calibrate_min_rows(weights: list[Weight], max_rows: int, seed: int = 0) -> int:
+    """Smallest m such that ``linear`` gives bitwise-equal rows for every row count in
+    [m, max_rows] and a row's result does not depend on its index; the max over ``weights``.
+
+    Raises ModelError if rows depend on their index (padding cannot fix that).
+    """
+    need = 1
+    g = torch.Generator().manual_seed(seed)
+    for w in weights:
+        dtype = w.scales.dtype if isinstance(w, Int8Weight) else w.dtype
+        dev = w.q.device if isinstance(w, Int8Weight) else w.device
+        x = torch.randn(max_rows, w.shape[1], generator=g).to(dev, dtype)  # [max_rows, K]
+        ref = linear(x, w)  # [max_rows, N]
+        m = max_rows
+        while m > need and torch.equal(linear(x[: m - 1], w), ref[: m - 1]):
+            m -= 1
+        shift = max_rows // 2 + 1
+        if max_rows > 1 and not torch.equal(linear(x.roll(shift, 0), w), ref.roll(shift, 0)):
+            raise ModelError(f"batch_invariant: rows of a {tuple(w.shape)} {dtype} matmul depend on their index on {dev}")
+        need = max(need, m)
+    return need

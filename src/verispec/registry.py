@@ -1,0 +1,53 @@
+"""Drafter registry: name -> factory. An explicit dict, no import-time side effects; a new
+method plugs in by adding one entry (the engine never changes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .drafters.base import Drafter, NoDrafter
+from .drafters.draft_model import DraftModelDrafter
+from .drafters.prompt_lookup import PromptLookupDrafter
+
+if TYPE_CHECKING:
+    from .api import LoadedModel
+
+DrafterFactory = Callable[["LoadedModel", dict[str, Any]], Drafter]
+
+
+def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
+    from .api import load_draft_model
+
+    min_conf = float(opts.pop("min_confidence", 0.0))
+    draft = load_draft_model(target, str(opts.pop("model", "truncated:4")))
+    return DraftModelDrafter(draft, min_confidence=min_conf)
+
+
+def _prompt_lookup(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
+    return PromptLookupDrafter(
+        max_ngram=int(opts.pop("max_ngram", 3)),
+        min_ngram=int(opts.pop("min_ngram", 1)),
+        num_candidates=int(opts.pop("num_candidates", 1)),
+    )
+
+
+DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
+    "none": (lambda target, opts: NoDrafter(), "plain autoregressive decoding (the baseline)"),
+    "prompt-lookup": (_prompt_lookup, "n-gram match over prompt + output (options: max_ngram, min_ngram, num_candidates)"),
+    "draft": (_draft_model, "a small LM with the target's tokenizer (options: model=<name|path|truncated:N>, min_confidence)"),
+}
+
+
+def make_drafter(name: str, target: "LoadedModel", options: dict[str, Any] | None = None) -> Drafter:
+    """Build a drafter by name; unknown names and unknown options raise ValueError."""
+    if name not in DRAFTERS:
+        raise ValueError(f"unknown drafter {name!r}; choose one of: {', '.join(DRAFTERS)}")
+    opts = dict(options or {})
+    try:
+        drafter = DRAFTERS[name][0](target, opts)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"drafter {name}: {e}") from None
+    if opts:
+        raise ValueError(f"drafter {name} has no option(s) {', '.join(sorted(opts))}")
+    return drafter

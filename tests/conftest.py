@@ -1,0 +1,32 @@
+"""Shared fixtures. Tests pin torch to 2 threads (CI machines have 2 cores)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from verispec.models.hf import HFCausalLM
+
+torch.set_num_threads(2)
+
+
+def tiny_llama(seed: int, vocab: int = 96, layers: int = 2) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, bos_token_id=1, eos_token_id=2)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # sharper logits than the default init: fewer near-ties
+        model.lm_head.weight.mul_(20)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def toy_target() -> HFCausalLM:
+    return HFCausalLM(tiny_llama(0), "toy-target")
+
+
+@pytest.fixture(scope="session")
+def toy_draft() -> HFCausalLM:
+    return HFCausalLM(tiny_llama(1), "toy-draft")

@@ -1,0 +1,53 @@
+"""Test-only drafters and helpers (kept out of the package)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from verispec.drafters.base import DraftContext, StatelessDrafter
+from verispec.engine import Engine
+from verispec.tree import DraftTree
+from verispec.types import SamplingParams
+
+
+class OracleDrafter(StatelessDrafter):
+    """Knows the plain-decoding output; drafts ``correct`` right tokens, then wrong ones."""
+
+    name: ClassVar[str] = "oracle"
+
+    def __init__(self, reference: list[int], correct: int, vocab: int):
+        self.reference, self.correct, self.vocab = reference, correct, vocab
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        pos = len(ctx.tokens)
+        truth = self.reference[pos: pos + ctx.budget]
+        drafts = [t if i < self.correct else (t + 1) % self.vocab for i, t in enumerate(truth)]
+        return DraftTree.chain(ctx.tokens[-1], drafts)
+
+
+class RandomDrafter(StatelessDrafter):
+    """Random chains and trees (nearly always rejected): exercises rollback paths."""
+
+    name: ClassVar[str] = "random"
+
+    def __init__(self, vocab: int, seed: int = 0, tree: bool = False):
+        self.vocab, self.tree, self.g = vocab, tree, torch.Generator().manual_seed(seed)
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        n = ctx.budget
+        toks = torch.randint(0, self.vocab, (n,), generator=self.g).tolist()
+        if not self.tree:
+            return DraftTree.chain(ctx.tokens[-1], toks)
+        parents = [-1] + [int(torch.randint(0, i + 1, (), generator=self.g)) for i in range(n)]
+        return DraftTree(tokens=(ctx.tokens[-1], *toks), parents=tuple(parents))
+
+
+def run(target, drafter, prompt, params: SamplingParams, k: int = 6, policy: str = "fixed"):
+    """Generate to completion; returns (generated ids, stats)."""
+    engine = Engine(target, drafter, k, policy)
+    req = engine.add_request(prompt, params)
+    while not req.finished:
+        engine.step(req)
+    return req.generated, req.stats
