@@ -42,7 +42,7 @@ from verispec.models.catalog import CATALOG, CatalogEntry, PackageFile
 if TYPE_CHECKING:  # transformers/tokenizers/gguf are imported inside functions: `verispec models` stays instant
     from transformers import LlamaConfig, PreTrainedTokenizerBase
 
-CONVERTER_VERSION = 1  # bump when the cached directory layout or a conversion changes
+CONVERTER_VERSION = 2  # bump when the cached directory layout or a conversion changes
 _HASH_PREFIX_BYTES = 1 << 20
 _PROBE_TEXT = 'Once upon a time, Lily said: "héllo  wörld" 42!\n\tThe end. ✓'
 
@@ -90,7 +90,9 @@ def resolve_model(name_or_path: str, *, tokenizer_path: str | Path | None = None
         return ModelSource(name_or_path, "gguf", path, chat="tokenizer.chat_template" in meta)
     if path.suffix == ".bin":
         header = read_llama2c_header(path)
-        tok = Path(tokenizer_path).expanduser() if tokenizer_path else _find_llama2c_tokenizer(path, header.vocab_size)
+        tok = (
+            Path(tokenizer_path).expanduser() if tokenizer_path else _find_llama2c_tokenizer(path, header.vocab_size)
+        )
         read_llama2c_vocab(tok, header.vocab_size)  # fail now, not halfway through a conversion
         return ModelSource(name_or_path, "llama2c", path, tokenizer_path=tok)
     raise ModelError(
@@ -138,7 +140,8 @@ def _find_shared_file(rel: str) -> Path:
 def _resolve_hf_dir(name: str, path: Path) -> ModelSource:
     if not (path / "config.json").is_file():
         raise ModelError(f"directory {path} has no config.json: expected a Hugging Face model directory")
-    chat = (path / "chat_template.jinja").is_file() or '"chat_template"' in _read_text(path / "tokenizer_config.json")
+    template_file = (path / "chat_template.jinja").is_file()
+    chat = template_file or '"chat_template"' in _read_text(path / "tokenizer_config.json")
     return ModelSource(name, "hf_dir", path, chat=chat)
 
 
@@ -177,10 +180,13 @@ def cache_entry_name(source: ModelSource) -> str:
     for path in (source.path, source.tokenizer_path):
         if path is None:
             continue
-        stat = path.stat()
-        digest.update(f"|{path.name}:{stat.st_size}:{stat.st_mtime_ns}:".encode())
-        with path.open("rb") as f:
-            digest.update(f.read(_HASH_PREFIX_BYTES))
+        try:
+            stat = path.stat()
+            with path.open("rb") as f:
+                head = f.read(_HASH_PREFIX_BYTES)
+        except OSError as err:
+            raise ModelError(f"cannot read {path} ({_one_line(err)}): expected an existing model file") from None
+        digest.update(f"|{path.name}:{stat.st_size}:{stat.st_mtime_ns}:".encode() + head)
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", source.path.stem)
     return f"{stem}-{source.kind}-{digest.hexdigest()[:16]}"
 
@@ -195,6 +201,7 @@ def _build_atomically(final: Path, build: Callable[[Path], None]) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         build(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; a cache entry is read by whoever loads the model
         try:
             os.rename(tmp, final)
         except OSError:
@@ -225,9 +232,7 @@ def _llama_config(**fields: object) -> LlamaConfig:
     from transformers import LlamaConfig
 
     theta = fields.pop("rope_theta")
-    return LlamaConfig(
-        **fields, rope_parameters={"rope_type": "default", "rope_theta": theta}, dtype="float32"
-    )
+    return LlamaConfig(**fields, rope_parameters={"rope_type": "default", "rope_theta": theta}, dtype="float32")
 
 
 def _check_weights(config: LlamaConfig, weights: dict[str, torch.Tensor]) -> None:
@@ -461,7 +466,9 @@ def build_llama2c_tokenizer(pieces: list[tuple[bytes, float]]) -> PreTrainedToke
     tok.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )  # llama2.c `run` encodes prompts with bos=1
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in _LLAMA2C_SPECIALS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", clean_up_tokenization_spaces=False
@@ -643,17 +650,19 @@ def _gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     try:
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except (ValueError, KeyError, OSError) as err:
-        raise ModelError(f"cannot build a tokenizer from {path} ({_one_line(err)}): expected a GGUF tokenizer") from None
+        why = _one_line(err)
+        raise ModelError(f"cannot build a tokenizer from {path} ({why}): expected a GGUF tokenizer") from None
 
 
 def _convert_gguf(source: ModelSource, out: Path) -> None:
     from gguf import GGUFReader
 
-    meta = read_gguf_metadata(source.path, arrays=frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.token_type"}))
+    meta = read_gguf_metadata(source.path, frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.token_type"}))
     try:
         tensors = GGUFReader(source.path).tensors
     except (ValueError, KeyError, IndexError, struct.error) as err:
-        raise ModelError(f"{source.path} is truncated or corrupt ({_one_line(err)}): expected {_GGUF_EXPECTED}") from None
+        why = _one_line(err)
+        raise ModelError(f"{source.path} is truncated or corrupt ({why}): expected {_GGUF_EXPECTED}") from None
     config = _gguf_config(source.path, meta, {t.name for t in tensors})
     tokenizer = _gguf_tokenizer(source.path)
     if "tokenizer.chat_template" in meta and not tokenizer.chat_template:
