@@ -45,7 +45,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -151,8 +151,10 @@ class NativeOptions:
     quant: Literal["none", "int8"] = "none"  # int8 = weight-only per-channel, bf16 activations
     batch_invariant: bool = True
     max_rows: int = 64  # largest forward on the invariant path; larger ones are prefill
-    min_rows: int | None = None  # invariant forwards are padded to at least this many rows
+    min_rows: int | None = None  # invariant forwards are padded to at least this many token rows
+    attn_min_rows: int | None = None  # invariant attention pads its query rows to at least this
     attn_chunk: int = 128  # key-chunk size of invariant attention
+    calibrated_threads: int | None = None  # torch thread count the calibration ran with (set by the model)
 
 
 # ----------------------------------------------------------------------------- weights
@@ -267,26 +269,120 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
 
 
-def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Softmax attention whose per-row result is independent of the window length.
+def pairwise_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum over ``dim`` as a binary tree over absolute indices (zero-padded to even at each
+    level). Appending zeros never changes the result (a zero subtree sums to exactly 0 and
+    ``x + 0 == x``), unlike ``torch.sum``, whose grouping depends on the length.
+    Example: [a, b, c] -> [(a+b), (c+0)] -> [(a+b)+c]."""
+    dim = dim % x.dim()
+    while x.shape[dim] > 1:
+        if x.shape[dim] % 2:
+            pad = [0, 0] * (x.dim() - dim - 1) + [0, 1]
+            x = F.pad(x, pad)
+        x = x.unflatten(dim, (-1, 2)).sum(dim + 1)  # a sum of two is one rounding: order-free
+    return x.squeeze(dim)
 
-    q [B, Hkv, M, D] (already scaled); k, v [B, Hkv, W, D] with W % chunk == 0;
-    mask [B, 1, M, W] bool. Every reduction over keys runs over fixed ``chunk``-sized
-    pieces (one fixed-shape matmul per chunk); masked keys are exact zeros, so extra
-    trailing chunks change nothing. Returns [B, Hkv, M, D] in q.dtype, computed in fp32.
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [..., M, K] @ b [..., K, N] (same batch dims) as one contiguous 3-D ``torch.bmm``.
+
+    One canonical call: torch picks different kernels for broadcast or strided operands
+    (batched GEMM vs a loop of addmm), and those round differently."""
+    batch = a.shape[:-2]
+    out = torch.bmm(a.reshape(-1, *a.shape[-2:]).contiguous(), b.reshape(-1, *b.shape[-2:]).contiguous())
+    return out.view(*batch, *out.shape[-2:])
+
+
+def _pad_rows(x: torch.Tensor, dim: int, rows: int) -> torch.Tensor:
+    """Zero-pad ``dim`` of x up to ``rows`` (matmul kernels may round differently for few rows)."""
+    missing = rows - x.shape[dim]
+    if missing <= 0:
+        return x
+    return F.pad(x, [0, 0] * (x.dim() - dim % x.dim() - 1) + [0, missing])
+
+
+def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_shared: int, tail_idx: torch.Tensor,
+                        tail_mask: torch.Tensor, chunk: int, min_rows: int = 1) -> torch.Tensor:
+    """Attention whose result for a query row depends only on that row's own key sequence.
+
+    q [B, Hkv, G, Np, D] (already scaled); k, v [B, Hkv, S, D] cache rows. Keys are cut into
+    chunks of ``chunk`` absolute slots. The first ``n_shared`` chunks hold only cached slots
+    and are shared by all rows; the remaining (tail) chunks are laid out per new token as in
+    sequential decoding: ``tail_idx`` [B, Np, T] gives the slot at each virtual position
+    (cached slots, then the token's root-to-node path), ``tail_mask`` [B, Np, T] which are real.
+    Per chunk: fixed-shape matmuls (query rows padded to ``min_rows``), exact zeros for
+    masked keys; across chunks: ``pairwise_sum``. Returns [B, Hkv, G, Np, D] in q.dtype.
     """
-    b, h, m, d = q.shape
-    n_chunks = k.shape[2] // chunk
-    kc = k.float().view(b, h, n_chunks, chunk, d)  # [B, Hkv, C, chunk, D]
-    vc = v.float().view(b, h, n_chunks, chunk, d)
-    scores = q.float().unsqueeze(2) @ kc.transpose(-1, -2)  # [B, Hkv, C, M, chunk]
-    mask_c = mask.view(b, 1, m, n_chunks, chunk).transpose(2, 3)  # [B, 1, C, M, chunk]
-    scores = scores.masked_fill(~mask_c, float("-inf"))
-    row_max = scores.amax(dim=(2, 4), keepdim=True)  # [B, Hkv, 1, M, 1] order-free
-    p = torch.exp(scores - row_max)  # masked -> exactly 0
-    out = (p @ vc).sum(dim=2)  # [B, Hkv, M, D]
-    denom = p.sum(dim=-1).sum(dim=2)  # [B, Hkv, M]
-    return (out / denom.unsqueeze(-1)).to(q.dtype)
+    scores_sh, v_sh = _shared_chunks(q, k, v, n_shared, chunk, min_rows)  # [B, Hkv, G, Np, nS, chunk]
+    scores_t, v_t = _tail_chunks(q, k, v, tail_idx, tail_mask, chunk, min_rows)  # [B, Hkv, G, Np, nT, chunk]
+    scores = torch.cat([scores_sh, scores_t], dim=4)  # [B, Hkv, G, Np, nC, chunk]
+    p = torch.exp(scores - scores.amax(dim=(4, 5), keepdim=True))  # amax is order-free; masked -> 0
+    out = torch.cat([_weigh_shared(p[:, :, :, :, :n_shared], v_sh, min_rows),
+                     _weigh_tail(p[:, :, :, :, n_shared:], v_t, min_rows)], dim=4)  # [B, Hkv, G, Np, nC, D]
+    parts = torch.cat([out, p.sum(-1, keepdim=True)], dim=-1)  # [B, Hkv, G, Np, nC, D + 1]
+    total = pairwise_sum(parts, dim=4)  # [B, Hkv, G, Np, D + 1]
+    return (total[..., :-1] / total[..., -1:]).to(q.dtype)
+
+
+def _shared_chunks(q, k, v, n_shared, chunk, min_rows):
+    """Scores of all rows against the shared chunks -> [B, Hkv, G, Np, nS, chunk], and v chunks."""
+    b, h, g, n, d = q.shape
+    kc = k[:, :, :n_shared * chunk].float().view(b, h, n_shared, chunk, d)  # [B, Hkv, nS, chunk, D]
+    vc = v[:, :, :n_shared * chunk].float().view(b, h, n_shared, chunk, d)
+    rows = _pad_rows(q.float().reshape(b, h, 1, g * n, d), 3, min_rows)  # [B, Hkv, 1, M, D]
+    rows = rows.expand(b, h, n_shared, *rows.shape[3:])  # [B, Hkv, nS, M, D]
+    scores = bmm(rows, kc.transpose(-1, -2))[:, :, :, :g * n]  # [B, Hkv, nS, G * Np, chunk]
+    return scores.view(b, h, n_shared, g, n, chunk).permute(0, 1, 3, 4, 2, 5), vc
+
+
+def _tail_chunks(q, k, v, tail_idx, tail_mask, chunk, min_rows):
+    """Scores of each token against its own tail layout -> [B, Hkv, G, Np, nT, chunk], and v."""
+    b, h, g, n, d = q.shape
+    t = tail_idx.shape[2]
+    idx = tail_idx.reshape(b, 1, n * t, 1).expand(b, h, n * t, d)
+    kt = k.gather(2, idx).float().view(b, h, n, t // chunk, chunk, d)  # [B, Hkv, Np, nT, chunk, D]
+    vt = v.gather(2, idx).float().view(b, h, n, t // chunk, chunk, d)
+    rows = _pad_rows(q.float().transpose(2, 3), 3, min_rows).unsqueeze(3)  # [B, Hkv, Np, 1, Gp, D]
+    rows = rows.expand(b, h, n, t // chunk, *rows.shape[4:])  # [B, Hkv, Np, nT, Gp, D]
+    scores = bmm(rows, kt.transpose(-1, -2))[:, :, :, :, :g]  # [B, Hkv, Np, nT, G, chunk]
+    mask = tail_mask.view(b, 1, n, t // chunk, 1, chunk)
+    return scores.masked_fill(~mask, float("-inf")).permute(0, 1, 4, 2, 3, 5), vt
+
+
+def _weigh_shared(p, v_sh, min_rows):
+    """p [B, Hkv, G, Np, nS, chunk] @ v [B, Hkv, nS, chunk, D] -> [B, Hkv, G, Np, nS, D]."""
+    b, h, g, n, ns, c = p.shape
+    rows = _pad_rows(p.permute(0, 1, 4, 2, 3, 5).reshape(b, h, ns, g * n, c), 3, min_rows)  # [B, Hkv, nS, M, chunk]
+    out = bmm(rows, v_sh)[:, :, :, :g * n]  # [B, Hkv, nS, G * Np, D]
+    return out.view(b, h, ns, g, n, v_sh.shape[-1]).permute(0, 1, 3, 4, 2, 5)
+
+
+def _weigh_tail(p, v_t, min_rows):
+    """p [B, Hkv, G, Np, nT, chunk] @ v [B, Hkv, Np, nT, chunk, D] -> [B, Hkv, G, Np, nT, D]."""
+    g = p.shape[2]
+    rows = _pad_rows(p.permute(0, 1, 3, 4, 2, 5), 4, min_rows)  # [B, Hkv, Np, nT, Gp, chunk]
+    return bmm(rows, v_t)[:, :, :, :, :g].permute(0, 1, 4, 2, 3, 5)
+
+
+def tail_layout(tree: torch.Tensor, lengths: torch.Tensor, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token key layout of slots ``start .. start+size-1`` as sequential decoding sees it.
+
+    tree [B, Np, Np] bool (ancestor-or-self), lengths [B, 1] (cache length before the
+    forward). Virtual position w < length is slot w; w = length + r is the r-th node on the
+    token's root-to-node path (slot length + that node's index). Returns slot indices and
+    validity, both [B, Np, size]. Example: length 2, tree nodes 0 <- 1, 0 <- 2, start 0,
+    size 4: token 2 sees slots [0, 1, 2, 4] (its parent 0 sits at slot 2, itself at slot 4).
+    """
+    b, n, _ = tree.shape
+    r = torch.arange(start, start + size, device=tree.device)[None, None, :] - lengths[:, :, None]  # [B, 1, size]
+    rank = tree.long().cumsum(-1) - 1  # [B, Np, Np]: position of node j on token i's path
+    path = torch.zeros(b, n, n + 1, dtype=torch.long, device=tree.device)  # [B, Np, Np + 1]
+    path.scatter_(2, torch.where(tree, rank, n), torch.arange(n, device=tree.device).expand(b, n, n))
+    depth = tree.sum(-1, keepdim=True)  # [B, Np, 1] path length
+    on_path = (r >= 0) & (r < depth)  # [B, Np, size]
+    node = path.gather(2, r.clamp(0, n - 1).expand(b, n, size))
+    slots = torch.where(r < 0, r + lengths[:, :, None], torch.where(on_path, lengths[:, :, None] + node, 0))
+    return slots, (r < 0) | on_path
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -396,10 +492,13 @@ class _Plan:
     starts: tuple[int, ...]  # cache length of each row = first written slot
     slots: torch.Tensor  # [B, Np] long, slots written by this forward
     window: int  # W: slots 0..W-1 are read
-    mask: torch.Tensor  # [B, 1, G * Np, W] bool
     cos: torch.Tensor  # [B, Np, D/2] fp32
     sin: torch.Tensor  # [B, Np, D/2] fp32
     invariant: bool
+    mask: torch.Tensor | None = None  # fast path: [B, 1, G * Np, W] bool
+    n_shared: int = 0  # invariant path: chunks shared by all rows
+    tail_idx: torch.Tensor | None = None  # invariant path: [B, Np, T] slot per virtual position
+    tail_valid: torch.Tensor | None = None  # invariant path: [B, Np, T] bool
 
 
 class NativeLlama:
@@ -413,12 +512,8 @@ class NativeLlama:
         self.embed, self.layers, self.norm, self.lm_head = embed, layers, norm, lm_head
         self._cos, self._sin = rope_tables(args, info.max_length, info.device)
         self._heads = torch.arange(args.n_kv_heads, device=info.device)
-        self.options = options
-        if options.min_rows is None or not options.batch_invariant:
-            rows = calibrate_min_rows(self._linear_weights(), options.max_rows) if options.batch_invariant else 1
-            self.options = replace(options, min_rows=rows)
-        if not 1 <= self.options.min_rows <= options.max_rows:
-            raise ValueError(f"min_rows must be in [1, max_rows={options.max_rows}], got {self.options.min_rows}")
+        self._requested = options
+        self.options = self._resolve_options(options)
 
     # ---- construction
 
@@ -430,6 +525,7 @@ class NativeLlama:
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} is not an HF model directory (no config.json)")
         cfg = json.loads((path / "config.json").read_text())
+        LlamaArgs.from_hf_config(cfg)  # unsupported architectures fail before reading weights
         state = _read_safetensors(path)
         return cls.from_state_dict(cfg, state, NativeOptions(dtype=dtype, **options), device,
                                    max_length, name=cfg.get("_name_or_path") or path.name)
@@ -451,9 +547,35 @@ class NativeLlama:
         lm_head = prep(state["model.embed_tokens.weight"] if head is None else head, linear=True)
         return cls(args, embed, layers, prep(_take(state, "model.norm.weight")), lm_head, options, info)
 
-    def _linear_weights(self) -> list[Weight]:
-        first = self.layers[0]
-        return [first.wqkv, first.wo, first.w13, first.w2, self.lm_head]
+    def _resolve_options(self, opts: NativeOptions) -> NativeOptions:
+        if not opts.batch_invariant:
+            return replace(opts, min_rows=1, attn_min_rows=1)
+        if opts.min_rows is not None and not 1 <= opts.min_rows <= opts.max_rows:
+            raise ValueError(f"min_rows must be in [1, max_rows={opts.max_rows}], got {opts.min_rows}")
+        if opts.min_rows is None or opts.attn_min_rows is None:
+            return self._calibrate(opts)
+        return opts
+
+    def _check_threads(self) -> None:
+        """MKL rounds differently per thread count (fp32, 2 threads: M=5..7 and 9..11 differ
+        from M>=12; 1 thread: M>=4 agree), so a calibration holds for one thread count."""
+        if self.options.calibrated_threads not in (None, torch.get_num_threads()):
+            self.options = self._resolve_options(self._requested)
+
+    def _calibrate(self, opts: NativeOptions) -> NativeOptions:
+        """Fill ``min_rows`` / ``attn_min_rows`` for this device, dtype and weights (module docstring)."""
+        a, first, dev = self.args, self.layers[0], self.info.device
+        if opts.min_rows is None:
+            probes = [RowProbe(name, lambda x, w=_row_slice(w, 256): linear(x, w), w.shape[1], opts.dtype)
+                      for name, w in [("wqkv", first.wqkv), ("wo", first.wo), ("w13", first.w13),
+                                      ("w2", first.w2), ("lm_head", self.lm_head)]]
+            probes.append(RowProbe("rms_norm", lambda x: rms_norm(x, first.attn_norm, a.norm_eps), a.dim, opts.dtype))
+            opts = replace(opts, min_rows=calibrate_min_rows(probes, opts.max_rows, dev))
+        if opts.attn_min_rows is None:
+            probes = attention_probes(a.n_kv_heads, a.head_dim, opts.attn_chunk, dev)
+            opts = replace(opts, attn_min_rows=calibrate_min_rows(probes, a.group * opts.max_rows, dev))
+        check_window_invariance(a, opts.attn_chunk, dev, opts.attn_min_rows)
+        return replace(opts, calibrated_threads=torch.get_num_threads())
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -492,6 +614,7 @@ class NativeLlama:
         tree_masks [B, N, N] bool or None (causal). ``num_tokens[b] <= N`` real tokens in
         row b (the rest is padding: not cached, logits meaningless); default all N."""
         n_real = list(num_tokens) if num_tokens is not None else [input_ids.shape[1]] * len(caches)
+        self._check_threads()
         self._validate(input_ids, positions, caches, tree_masks, n_real)
         n = input_ids.shape[1]
         invariant = self.options.batch_invariant and n <= self.options.max_rows
@@ -527,20 +650,23 @@ class NativeLlama:
 
     def _plan(self, caches: list[NativeCache], pos: torch.Tensor, tree: torch.Tensor, invariant: bool) -> _Plan:
         b, n_pad = pos.shape
-        dev = self.info.device
+        dev, chunk = self.info.device, self.options.attn_chunk
         starts = tuple(c.length for c in caches)
-        end = max(starts) + n_pad
-        window = min(_round_up(end, self.options.attn_chunk), caches[0].pool.capacity) if invariant else end
         lengths = torch.tensor(starts, device=dev)[:, None]  # [B, 1]
+        common = dict(pool=caches[0].pool, rows=tuple(c.row for c in caches),
+                      row_index=torch.tensor([c.row for c in caches], device=dev), starts=starts,
+                      slots=lengths + torch.arange(n_pad, device=dev), cos=self._cos[pos], sin=self._sin[pos])
+        if invariant:
+            n_shared = min(starts) // chunk
+            size = _round_up(max(starts) + n_pad, chunk) - n_shared * chunk
+            idx, valid = tail_layout(tree, lengths, n_shared * chunk, size)  # [B, Np, T]
+            return _Plan(**common, window=n_shared * chunk + size, invariant=True, n_shared=n_shared,
+                         tail_idx=idx, tail_valid=valid)
+        window = max(starts) + n_pad
         mask = window_mask(tree, lengths, window)  # [B, Np, W]
         g = self.args.group
-        return _Plan(
-            pool=caches[0].pool, rows=tuple(c.row for c in caches),
-            row_index=torch.tensor([c.row for c in caches], device=dev), starts=starts,
-            slots=lengths + torch.arange(n_pad, device=dev), window=window,
-            mask=mask[:, None].expand(b, g, n_pad, window).reshape(b, 1, g * n_pad, window),
-            cos=self._cos[pos], sin=self._sin[pos], invariant=invariant,
-        )
+        mask = mask[:, None].expand(b, g, n_pad, window).reshape(b, 1, g * n_pad, window)
+        return _Plan(**common, window=window, invariant=False, mask=mask)
 
     def _run(self, ids: torch.Tensor, plan: _Plan) -> torch.Tensor:
         """ids [B, Np] -> final-normed hidden [B, Np, H]."""
@@ -564,13 +690,13 @@ class NativeLlama:
         k = apply_rope(k.view(b, n, hkv, d), plan.cos, plan.sin)  # [B, Np, Hkv, D]
         self._write_kv(layer, k, v.view(b, n, hkv, d), plan)
         kw, vw = self._read_kv(layer, plan)  # [B, Hkv, W, D]
-        # fold the query heads sharing a kv head into rows: [B, Hkv, G * Np, D]
-        qg = q.view(b, n, hkv, a.group, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, a.group * n, d) * d**-0.5
+        q = q.view(b, n, hkv, a.group, d).permute(0, 2, 3, 1, 4) * d**-0.5  # [B, Hkv, G, Np, D]
         if plan.invariant:
-            o = invariant_attention(qg, kw, vw, plan.mask, self.options.attn_chunk)
-        else:
-            o = sdpa_attention(qg, kw, vw, plan.mask)
-        o = o.view(b, hkv, a.group, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, a.n_heads * d)
+            o = invariant_attention(q, kw, vw, plan.n_shared, plan.tail_idx, plan.tail_valid,
+                                    self.options.attn_chunk, self.options.attn_min_rows)
+        else:  # query heads sharing a kv head are folded into rows: [B, Hkv, G * Np, D]
+            o = sdpa_attention(q.reshape(b, hkv, a.group * n, d), kw, vw, plan.mask)
+        o = o.reshape(b, hkv, a.group, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, a.n_heads * d)
         return linear(o, lw.wo)
 
     def _write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor, plan: _Plan) -> None:
@@ -632,24 +758,74 @@ def window_mask(tree: torch.Tensor, lengths: torch.Tensor, window: int) -> torch
     return (rel < 0)[:, None, :] | (from_tree & new[:, None, :])
 
 
-def calibrate_min_rows(weights: list[Weight], max_rows: int, seed: int = 0) -> int:
-    """Smallest m such that ``linear`` gives bitwise-equal rows for every row count in
-    [m, max_rows] and a row's result does not depend on its index; the max over ``weights``.
+@dataclass(frozen=True)
+class RowProbe:
+    """A row-wise function to calibrate: ``fn(x [M, width]) -> [M, ...]``."""
+
+    name: str
+    fn: Callable[[torch.Tensor], torch.Tensor]
+    width: int
+    dtype: torch.dtype
+
+
+def calibrate_min_rows(probes: list[RowProbe], max_rows: int, device: torch.device, seed: int = 0) -> int:
+    """Smallest m such that every probe gives bitwise-equal rows for every row count in
+    [m, max_rows], and a row's result does not depend on its index. Probes are raw matmuls:
+    a different kernel shows up in almost every output element, so random data suffices.
 
     Raises ModelError if rows depend on their index (padding cannot fix that).
     """
     need = 1
     g = torch.Generator().manual_seed(seed)
-    for w in weights:
-        dtype = w.scales.dtype if isinstance(w, Int8Weight) else w.dtype
-        dev = w.q.device if isinstance(w, Int8Weight) else w.device
-        x = torch.randn(max_rows, w.shape[1], generator=g).to(dev, dtype)  # [max_rows, K]
-        ref = linear(x, w)  # [max_rows, N]
+    for p in probes:
+        x = torch.randn(max_rows, p.width, generator=g).to(device, p.dtype)  # [max_rows, width]
+        ref = p.fn(x)
         m = max_rows
-        while m > need and torch.equal(linear(x[: m - 1], w), ref[: m - 1]):
+        while m > need and torch.equal(p.fn(x[: m - 1]), ref[: m - 1]):
             m -= 1
         shift = max_rows // 2 + 1
-        if max_rows > 1 and not torch.equal(linear(x.roll(shift, 0), w), ref.roll(shift, 0)):
-            raise ModelError(f"batch_invariant: rows of a {tuple(w.shape)} {dtype} matmul depend on their index on {dev}")
+        if max_rows > 1 and not torch.equal(p.fn(x.roll(shift, 0)), ref.roll(shift, 0)):
+            raise ModelError(f"batch_invariant: rows of {p.name} ({p.dtype}) depend on their index on {device}")
         need = max(need, m)
     return need
+
+
+def attention_probes(n_kv_heads: int, head_dim: int, chunk: int, device: torch.device) -> list[RowProbe]:
+    """The two fp32 matmuls of ``invariant_attention`` (q @ k.T and p @ v) as row probes."""
+    g = torch.Generator().manual_seed(2)
+    kc = torch.randn(1, n_kv_heads, 2, chunk, head_dim, generator=g).to(device)  # [1, Hkv, C, chunk, D]
+
+    def rows(y: torch.Tensor) -> torch.Tensor:  # [1, Hkv, C, M, X] -> [M, Hkv * C * X]
+        return y.permute(3, 0, 1, 2, 4).reshape(y.shape[3], -1)
+
+    def qk(x: torch.Tensor) -> torch.Tensor:  # x [M, D]
+        return rows(bmm(x.expand(1, n_kv_heads, 2, *x.shape), kc.transpose(-1, -2)))
+
+    def pv(x: torch.Tensor) -> torch.Tensor:  # x [M, chunk]
+        return rows(bmm(x.expand(1, n_kv_heads, 2, *x.shape), kc))
+
+    return [RowProbe("attention q@k", qk, head_dim, torch.float32), RowProbe("attention p@v", pv, chunk, torch.float32)]
+
+
+def check_window_invariance(args: LlamaArgs, chunk: int, device: torch.device, min_rows: int) -> None:
+    """A chunk must give the same result as a shared or a tail chunk, and trailing masked
+    chunks must change nothing: compare three splittings of the same 2-chunk sequence."""
+    g = torch.Generator().manual_seed(1)
+    b, h, d, n = 1, args.n_kv_heads, args.head_dim, 2
+    q = torch.randn(b, h, args.group, n, d, generator=g).to(device)
+    k, v = (torch.randn(b, h, 4 * chunk, d, generator=g).to(device) for _ in range(2))
+    tree = torch.eye(n, dtype=torch.bool, device=device)[None]
+    length = 2 * chunk - 1  # the two tokens sit at slots 2*chunk - 1 and 2*chunk
+    outs = []
+    for shared, size in ((0, 3 * chunk), (1, 2 * chunk), (1, 3 * chunk)):
+        idx, valid = tail_layout(tree, torch.tensor([[length]], device=device), shared * chunk, size)
+        outs.append(invariant_attention(q, k, v, shared, idx, valid, chunk, min_rows))
+    if not all(torch.equal(outs[0], o) for o in outs[1:]):
+        raise ModelError(f"batch_invariant: chunked attention is not exact under re-splitting on {device}")
+
+
+def _row_slice(w: Weight, n: int) -> Weight:
+    """The first n output features of a weight (probing cost stays small for big matrices)."""
+    if isinstance(w, Int8Weight):
+        return replace(w, q=w.q[:n], scales=w.scales[:n])
+    return w[:n]

@@ -1,0 +1,391 @@
+"""Native Llama runtime: agreement with transformers, bit-exact speculation (batch
+invariance), static-cache rollback, batched forwards and input validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from verispec.models.base import CausalLM, KVCache, ModelError, causal_tree_mask
+from verispec.models.native import NativeLlama, window_mask
+
+VOCAB = 256
+# a branching tree: node i's parent; node 0 is the root (last committed token)
+PARENTS = [-1, 0, 0, 1, 1, 2, 3, 5]
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """[N, N] bool: True where column j is node i itself or one of its ancestors."""
+    n = len(parents)
+    mask = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] |= mask[p]
+    return mask
+
+
+def path_to(parents: list[int], i: int) -> list[int]:
+    path = []
+    while i >= 0:
+        path.append(i)
+        i = parents[i]
+    return path[::-1]
+
+
+def tiny_config(kind: str):
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    if kind == "llama":
+        return LlamaConfig(**common, tie_word_embeddings=False)
+    if kind == "llama3-tied":
+        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+        return LlamaConfig(**common, tie_word_embeddings=True, rope_parameters=rope)
+    if kind == "qwen2-bias":
+        return Qwen2Config(**common, tie_word_embeddings=False)
+    raise ValueError(kind)
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    """HF dirs of tiny random models (and the transformers reference models)."""
+    out = {}
+    for i, kind in enumerate(("llama", "llama3-tied", "qwen2-bias")):
+        torch.manual_seed(i)
+        cfg = tiny_config(kind)
+        model = (Qwen2ForCausalLM if kind.startswith("qwen2") else LlamaForCausalLM)(cfg).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0, 0.5)  # HF initializes biases to zero: make them matter
+        path = tmp_path_factory.mktemp(kind)
+        model.save_pretrained(path)
+        out[kind] = (path, model)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tiny_dirs):
+    return tiny_dirs["llama"][0]
+
+
+def tokens(n: int, seed: int = 0, vocab: int = VOCAB) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def prefill(model: NativeLlama, ids: torch.Tensor):
+    cache = model.new_cache()
+    model.forward(ids, torch.arange(ids.shape[1])[None], cache)
+    return cache
+
+
+def feed_one_by_one(model, cache, toks: list[int]) -> list[torch.Tensor]:
+    """Logits of each token fed alone; returns [V] float32 per token."""
+    out = []
+    for t in toks:
+        pos = torch.tensor([[cache.length]])
+        out.append(model.forward(torch.tensor([[t]]), pos, cache).logits[0, 0])
+    return out
+
+
+def assert_chain_bitwise(model: NativeLlama, vocab: int, prefix_len: int = 12, k: int = 8) -> None:
+    ids = tokens(prefix_len + k, vocab=vocab)
+    cache = prefill(model, ids[:, :prefix_len])
+    chain = ids[0, prefix_len:].tolist()
+    seq = feed_one_by_one(model, cache, chain)
+    cache.truncate(prefix_len)
+    out = model.forward(ids[:, prefix_len:], torch.arange(prefix_len, prefix_len + k)[None], cache,
+                        tree_mask=causal_tree_mask(k), want_hidden=True)
+    for j in range(k):
+        assert torch.equal(out.logits[0, j], seq[j]), f"token {j} of the chain differs"
+    assert out.hidden.shape == (1, k, model.info.hidden_size)
+
+
+def assert_tree_bitwise(model: NativeLlama, vocab: int, prefix_len: int = 12) -> None:
+    n = len(PARENTS)
+    ids = tokens(prefix_len + n, seed=1, vocab=vocab)
+    cache = prefill(model, ids[:, :prefix_len])
+    node_tokens = ids[0, prefix_len:]
+    mask = ancestor_mask(PARENTS)
+    depths = mask.sum(1) - 1
+    out = model.forward(node_tokens[None], (prefix_len + depths)[None], cache, tree_mask=mask)
+    for i in range(n):
+        cache.truncate(prefix_len)
+        seq = feed_one_by_one(model, cache, node_tokens[path_to(PARENTS, i)].tolist())
+        assert torch.equal(out.logits[0, i], seq[-1]), f"tree node {i} differs from its path"
+
+
+# ----------------------------------------------------------------------------- protocol + reference
+
+
+def test_implements_protocols(tiny_path):
+    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32)
+    assert isinstance(model, CausalLM)
+    assert isinstance(model.new_cache(64), KVCache)
+    assert model.info.vocab_size == VOCAB and model.info.hidden_size == 64
+    assert model.info.max_length == 512
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama3-tied", "qwen2-bias"])
+@pytest.mark.parametrize("batch_invariant", [True, False])
+def test_fp32_matches_transformers(tiny_dirs, kind, batch_invariant):
+    path, hf = tiny_dirs[kind]
+    model = NativeLlama.from_hf_dir(path, dtype=torch.float32, batch_invariant=batch_invariant, max_length=256)
+    ids = tokens(40, seed=3)
+    with torch.no_grad():
+        ref = hf(ids).logits  # [1, 40, V]
+    cache = model.new_cache()
+    first = model.forward(ids[:, :30], torch.arange(30)[None], cache)  # prompt
+    rest = model.forward(ids[:, 30:], torch.arange(30, 40)[None], cache)  # a verify-sized forward
+    torch.testing.assert_close(torch.cat([first.logits, rest.logits], 1), ref, atol=1e-4, rtol=1e-4)
+    assert cache.length == 40
+
+
+def test_prefill_path_matches_transformers(tiny_dirs):
+    """Forwards longer than max_rows take the SDPA prefill path."""
+    path, hf = tiny_dirs["llama"]
+    model = NativeLlama.from_hf_dir(path, dtype=torch.float32, max_rows=16)
+    ids = tokens(50, seed=4)
+    with torch.no_grad():
+        ref = hf(ids).logits
+    out = model.forward(ids, torch.arange(50)[None], model.new_cache())
+    torch.testing.assert_close(out.logits, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_close_to_transformers(tiny_dirs):
+    path, hf = tiny_dirs["llama"]
+    model = NativeLlama.from_hf_dir(path)  # bf16 default
+    assert model.info.dtype == torch.bfloat16
+    ids = tokens(20, seed=5)
+    with torch.no_grad():
+        ref = hf(ids).logits
+    out = model.forward(ids, torch.arange(20)[None], model.new_cache())
+    assert out.logits.dtype == torch.float32
+    torch.testing.assert_close(out.logits, ref, atol=0.1, rtol=0.05)
+
+
+def test_hidden_is_final_normed_state(tiny_dirs):
+    path, hf = tiny_dirs["llama"]
+    model = NativeLlama.from_hf_dir(path, dtype=torch.float32)
+    ids = tokens(10, seed=6)
+    with torch.no_grad():
+        ref = hf(ids, output_hidden_states=True).hidden_states[-1]  # after the final norm
+    out = model.forward(ids, torch.arange(10)[None], model.new_cache(), want_hidden=True)
+    torch.testing.assert_close(out.hidden, ref, atol=1e-5, rtol=1e-5)
+    assert model.forward(ids[:, :1], torch.tensor([[10]]), model.new_cache()).hidden is None
+
+
+# ----------------------------------------------------------------------------- batch invariance
+
+
+@pytest.mark.parametrize("dtype,quant", [(torch.float32, "none"), (torch.bfloat16, "none"), (torch.bfloat16, "int8")])
+def test_chain_is_bitwise_equal_to_sequential(tiny_path, dtype, quant):
+    model = NativeLlama.from_hf_dir(tiny_path, dtype=dtype, quant=quant)
+    assert_chain_bitwise(model, VOCAB)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tree_is_bitwise_equal_to_paths(tiny_path, dtype):
+    model = NativeLlama.from_hf_dir(tiny_path, dtype=dtype)
+    assert_tree_bitwise(model, VOCAB)
+
+
+def test_invariance_across_attention_chunks(tiny_path):
+    """Small chunks: the verify window spans more chunks than some sequential steps did."""
+    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32, attn_chunk=8)
+    assert_chain_bitwise(model, VOCAB, prefix_len=5, k=8)  # slots 5..12 cross the boundary at 8
+    assert_tree_bitwise(model, VOCAB, prefix_len=13)
+
+
+def test_calibrated_rows_and_thread_change(tiny_path):
+    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32)
+    opts = model.options
+    assert opts.calibrated_threads == torch.get_num_threads()
+    assert 1 <= opts.min_rows <= opts.max_rows and opts.attn_min_rows >= 1
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert_chain_bitwise(model, VOCAB)  # recalibrates for 1 thread
+        assert model.options.calibrated_threads == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_batch_invariant_off_is_not_padded(tiny_path):
+    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32, batch_invariant=False)
+    assert model.options.min_rows == 1 and model.options.calibrated_threads is None
+
+
+def test_window_mask_example():
+    tree = causal_tree_mask(2)[None]  # [1, 2, 2]
+    mask = window_mask(tree, torch.tensor([[2]]), 5)
+    assert mask[0].int().tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]]
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+def greedy(model, cache, first: int, steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    toks, logits, tok = [], [], first
+    for _ in range(steps):
+        out = model.forward(torch.tensor([[tok]]), torch.tensor([[cache.length]]), cache).logits[0, 0]
+        logits.append(out)
+        tok = int(out.argmax())
+        toks.append(tok)
+    return toks, logits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_truncate_and_regenerate(tiny_path, dtype):
+    model = NativeLlama.from_hf_dir(tiny_path, dtype=dtype)
+    ids = tokens(10, seed=7)
+    cache = prefill(model, ids[:, :9])
+    toks1, logits1 = greedy(model, cache, int(ids[0, 9]), 6)
+    assert cache.length == 15
+    assert cache.truncate(9) == 6 and cache.length == 9
+    assert cache.truncate(20) == 0 and cache.length == 9
+    toks2, logits2 = greedy(model, cache, int(ids[0, 9]), 6)
+    assert toks1 == toks2
+    assert all(torch.equal(a, b) for a, b in zip(logits1, logits2))
+
+
+def test_compact_keeps_accepted_path(tiny_path):
+    """Verify a tree, keep one root-to-leaf path, continue: same logits as never branching."""
+    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32)
+    prefix_len, n = 12, len(PARENTS)
+    ids = tokens(prefix_len + n + 1, seed=8)
+    node_tokens, nxt = ids[0, prefix_len:prefix_len + n], ids[0, -1:]
+    mask = ancestor_mask(PARENTS)
+    cache = prefill(model, ids[:, :prefix_len])
+    model.forward(node_tokens[None], (prefix_len + mask.sum(1) - 1)[None], cache, tree_mask=mask)
+    path = path_to(PARENTS, 7)  # [0, 2, 5, 7]
+    cache.compact([prefix_len + i for i in path], prefix_len)
+    assert cache.length == prefix_len + len(path)
+    after = model.forward(nxt[None], torch.tensor([[cache.length]]), cache).logits[0, 0]
+
+    ref_cache = prefill(model, ids[:, :prefix_len])
+    ref = feed_one_by_one(model, ref_cache, node_tokens[path].tolist() + nxt.tolist())[-1]
+    assert torch.equal(after, ref)
+
+
+def test_cache_validation(tiny_path):
+    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32)
+    cache = prefill(model, tokens(6))
+    with pytest.raises(ValueError, match="ascending"):
+        cache.compact([3, 2], 0)
+    with pytest.raises(ValueError, match="ascending"):
+        cache.compact([6], 0)  # slot 6 is not cached
+    with pytest.raises(ValueError, match="dst_start"):
+        cache.compact([2, 3], 3)
+    with pytest.raises(ValueError, match="new_length"):
+        cache.truncate(-1)
+    cache.compact([], 4)
+    assert cache.length == 4
+    cache.check_integrity()
+
+
+def test_pool_rows(tiny_path):
+    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32)
+    pool = model.new_cache_pool(2, 64)
+    a, b = pool.acquire(), pool.acquire()
+    with pytest.raises(ValueError, match="in use"):
+        pool.acquire()
+    pool.release(a)
+    with pytest.raises(ValueError, match="not acquired"):
+        pool.release(a)
+    c = pool.acquire()
+    assert c.row == a.row and c.length == 0 and b.row != c.row
+
+
+# ----------------------------------------------------------------------------- batched forward
+
+
+def test_forward_batch_matches_single_requests(tiny_path):
+    """Two requests with different cache lengths in one forward: bitwise the same logits as
+    running them alone (and the padding tokens of the shorter one are not cached)."""
+    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32)
+    pool = model.new_cache_pool(2, 128)
+    prompts = [tokens(9, seed=10), tokens(21, seed=11)]
+    caches = [pool.acquire(), pool.acquire()]
+    for c, p in zip(caches, prompts):
+        model.forward(p, torch.arange(p.shape[1])[None], c)
+    drafts = torch.cat([tokens(4, seed=12), tokens(4, seed=13)])  # [2, 4]
+    masks = torch.stack([causal_tree_mask(4), ancestor_mask([-1, 0, 0, 1])])
+    positions = torch.stack([9 + torch.arange(4), 21 + masks[1].sum(1) - 1])
+    out = model.forward_batch(drafts, positions, caches, masks, num_tokens=[3, 4])
+    assert [c.length for c in caches] == [12, 25]
+
+    for b, p in enumerate(prompts):
+        single = prefill(model, p)
+        n = 3 if b == 0 else 4
+        ref = model.forward(drafts[b:b + 1, :n], positions[b:b + 1, :n], single, masks[b, :n, :n]).logits
+        assert torch.equal(out.logits[b, :n], ref[0]), f"request {b} differs in a batch"
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def test_forward_validation(tiny_path):
+    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32, max_length=16)
+    other = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32, max_length=16, min_rows=1, attn_min_rows=1)
+    cache = model.new_cache()
+    one, pos = torch.tensor([[1]]), torch.tensor([[0]])
+    with pytest.raises(ValueError, match="input_ids"):
+        model.forward(torch.tensor([1, 2]), torch.tensor([0, 1]), cache)
+    with pytest.raises(ValueError, match="positions"):
+        model.forward(one, torch.tensor([[0, 1]]), cache)
+    with pytest.raises(ValueError, match="tree_mask"):
+        model.forward(one, pos, cache, tree_mask=torch.ones(2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="one pool created by this model"):
+        other.forward(one, pos, cache)
+    with pytest.raises(ValueError, match="positions must be in"):
+        model.forward(one, torch.tensor([[10_000]]), cache)
+    with pytest.raises(ValueError, match="overflow"):
+        model.forward(tokens(17), torch.arange(17)[None], cache)
+    assert cache.length == 0  # failed forwards leave the cache alone
+
+
+def test_load_errors(tmp_path, tiny_path):
+    with pytest.raises(ModelError, match="config.json"):
+        NativeLlama.from_hf_dir(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(ModelError, match="model_type"):
+        NativeLlama.from_hf_dir(tmp_path)
+    (tmp_path / "config.json").write_text((tiny_path / "config.json").read_text())
+    with pytest.raises(ModelError, match="safetensors"):
+        NativeLlama.from_hf_dir(tmp_path)
+
+
+# ----------------------------------------------------------------------------- real SmolLM2
+
+
+@pytest.fixture(scope="module")
+def smollm_dir():
+    from verispec.models.loading import materialize, resolve_model
+
+    try:
+        return materialize(resolve_model("smollm2-135m-instruct"))
+    except ModelError as err:
+        pytest.skip(f"SmolLM2 not available: {err}")
+
+
+@pytest.mark.real
+def test_real_smollm2_bf16_bitwise(smollm_dir):
+    model = NativeLlama.from_hf_dir(smollm_dir, max_length=512)
+    assert_chain_bitwise(model, 49152, prefix_len=24)
+    assert_tree_bitwise(model, 49152, prefix_len=24)
+
+
+@pytest.mark.real
+def test_real_smollm2_fp32_matches_transformers(smollm_dir):
+    model = NativeLlama.from_hf_dir(smollm_dir, dtype=torch.float32, max_length=512)
+    hf = LlamaForCausalLM.from_pretrained(smollm_dir, dtype=torch.float32).eval()
+    ids = tokens(24, seed=9, vocab=49152)
+    with torch.no_grad():
+        ref = hf(ids).logits
+    cache = model.new_cache()
+    first = model.forward(ids[:, :16], torch.arange(16)[None], cache)
+    rest = model.forward(ids[:, 16:], torch.arange(16, 24)[None], cache)
+    torch.testing.assert_close(torch.cat([first.logits, rest.logits], 1), ref, atol=2e-3, rtol=1e-3)
+    assert_chain_bitwise(model, 49152, prefix_len=24)
