@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from verispec.models.base import CausalLM, KVCache, ModelError, causal_tree_mask
-from verispec.models.native import NativeLlama, window_mask
+from verispec.models.native import NativeLlama, invariant_attention, pairwise_sum, tail_layout, window_mask
 
 VOCAB = 256
 # a branching tree: node i's parent; node 0 is the root (last committed token)
@@ -70,6 +70,20 @@ def tiny_path(tiny_dirs):
     return tiny_dirs["llama"][0]
 
 
+@pytest.fixture(scope="module")
+def load(tiny_dirs):
+    """Memoized ``NativeLlama.from_hf_dir`` (calibration is the slow part of loading)."""
+    models = {}
+
+    def get(kind: str = "llama", **options) -> NativeLlama:
+        key = (kind, tuple(sorted((k, str(v)) for k, v in options.items())))
+        if key not in models:
+            models[key] = NativeLlama.from_hf_dir(tiny_dirs[kind][0], **options)
+        return models[key]
+
+    return get
+
+
 def tokens(n: int, seed: int = 0, vocab: int = VOCAB) -> torch.Tensor:
     return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
 
@@ -103,24 +117,32 @@ def assert_chain_bitwise(model: NativeLlama, vocab: int, prefix_len: int = 12, k
 
 
 def assert_tree_bitwise(model: NativeLlama, vocab: int, prefix_len: int = 12) -> None:
+    """Each node's logits from one tree forward == feeding its root-to-node path one token
+    at a time (depth-first: feed a node, recurse into its children, roll back one slot)."""
     n = len(PARENTS)
     ids = tokens(prefix_len + n, seed=1, vocab=vocab)
     cache = prefill(model, ids[:, :prefix_len])
-    node_tokens = ids[0, prefix_len:]
+    node_tokens = ids[0, prefix_len:].tolist()
     mask = ancestor_mask(PARENTS)
-    depths = mask.sum(1) - 1
-    out = model.forward(node_tokens[None], (prefix_len + depths)[None], cache, tree_mask=mask)
-    for i in range(n):
-        cache.truncate(prefix_len)
-        seq = feed_one_by_one(model, cache, node_tokens[path_to(PARENTS, i)].tolist())
-        assert torch.equal(out.logits[0, i], seq[-1]), f"tree node {i} differs from its path"
+    out = model.forward(ids[:, prefix_len:], (prefix_len + mask.sum(1) - 1)[None], cache, tree_mask=mask)
+    cache.truncate(prefix_len)
+
+    def visit(i: int) -> None:
+        seq = feed_one_by_one(model, cache, [node_tokens[i]])[0]
+        assert torch.equal(out.logits[0, i], seq), f"tree node {i} differs from its path"
+        for child in (c for c, p in enumerate(PARENTS) if p == i):
+            visit(child)
+        cache.truncate(cache.length - 1)
+
+    visit(0)
+    assert cache.length == prefix_len
 
 
 # ----------------------------------------------------------------------------- protocol + reference
 
 
-def test_implements_protocols(tiny_path):
-    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32)
+def test_implements_protocols(load):
+    model = load("llama", dtype=torch.float32)
     assert isinstance(model, CausalLM)
     assert isinstance(model.new_cache(64), KVCache)
     assert model.info.vocab_size == VOCAB and model.info.hidden_size == 64
@@ -129,9 +151,9 @@ def test_implements_protocols(tiny_path):
 
 @pytest.mark.parametrize("kind", ["llama", "llama3-tied", "qwen2-bias"])
 @pytest.mark.parametrize("batch_invariant", [True, False])
-def test_fp32_matches_transformers(tiny_dirs, kind, batch_invariant):
+def test_fp32_matches_transformers(load, tiny_dirs, kind, batch_invariant):
     path, hf = tiny_dirs[kind]
-    model = NativeLlama.from_hf_dir(path, dtype=torch.float32, batch_invariant=batch_invariant, max_length=256)
+    model = load(kind, dtype=torch.float32, batch_invariant=batch_invariant, max_length=256)
     ids = tokens(40, seed=3)
     with torch.no_grad():
         ref = hf(ids).logits  # [1, 40, V]
@@ -142,10 +164,10 @@ def test_fp32_matches_transformers(tiny_dirs, kind, batch_invariant):
     assert cache.length == 40
 
 
-def test_prefill_path_matches_transformers(tiny_dirs):
+def test_prefill_path_matches_transformers(load, tiny_dirs):
     """Forwards longer than max_rows take the SDPA prefill path."""
     path, hf = tiny_dirs["llama"]
-    model = NativeLlama.from_hf_dir(path, dtype=torch.float32, max_rows=16)
+    model = load("llama", dtype=torch.float32, max_rows=16)
     ids = tokens(50, seed=4)
     with torch.no_grad():
         ref = hf(ids).logits
@@ -153,9 +175,9 @@ def test_prefill_path_matches_transformers(tiny_dirs):
     torch.testing.assert_close(out.logits, ref, atol=1e-4, rtol=1e-4)
 
 
-def test_bf16_close_to_transformers(tiny_dirs):
+def test_bf16_close_to_transformers(load, tiny_dirs):
     path, hf = tiny_dirs["llama"]
-    model = NativeLlama.from_hf_dir(path)  # bf16 default
+    model = load("llama")  # bf16 default
     assert model.info.dtype == torch.bfloat16
     ids = tokens(20, seed=5)
     with torch.no_grad():
@@ -165,9 +187,9 @@ def test_bf16_close_to_transformers(tiny_dirs):
     torch.testing.assert_close(out.logits, ref, atol=0.1, rtol=0.05)
 
 
-def test_hidden_is_final_normed_state(tiny_dirs):
+def test_hidden_is_final_normed_state(load, tiny_dirs):
     path, hf = tiny_dirs["llama"]
-    model = NativeLlama.from_hf_dir(path, dtype=torch.float32)
+    model = load("llama", dtype=torch.float32)
     ids = tokens(10, seed=6)
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True).hidden_states[-1]  # after the final norm
@@ -180,20 +202,20 @@ def test_hidden_is_final_normed_state(tiny_dirs):
 
 
 @pytest.mark.parametrize("dtype,quant", [(torch.float32, "none"), (torch.bfloat16, "none"), (torch.bfloat16, "int8")])
-def test_chain_is_bitwise_equal_to_sequential(tiny_path, dtype, quant):
-    model = NativeLlama.from_hf_dir(tiny_path, dtype=dtype, quant=quant)
+def test_chain_is_bitwise_equal_to_sequential(load, dtype, quant):
+    model = load("llama", dtype=dtype, quant=quant)
     assert_chain_bitwise(model, VOCAB)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_tree_is_bitwise_equal_to_paths(tiny_path, dtype):
-    model = NativeLlama.from_hf_dir(tiny_path, dtype=dtype)
+def test_tree_is_bitwise_equal_to_paths(load, dtype):
+    model = load("llama", dtype=dtype)
     assert_tree_bitwise(model, VOCAB)
 
 
-def test_invariance_across_attention_chunks(tiny_path):
+def test_invariance_across_attention_chunks(load):
     """Small chunks: the verify window spans more chunks than some sequential steps did."""
-    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32, attn_chunk=8)
+    model = load("llama", dtype=torch.float32, attn_chunk=8)
     assert_chain_bitwise(model, VOCAB, prefix_len=5, k=8)  # slots 5..12 cross the boundary at 8
     assert_tree_bitwise(model, VOCAB, prefix_len=13)
 
@@ -212,8 +234,8 @@ def test_calibrated_rows_and_thread_change(tiny_path):
         torch.set_num_threads(threads)
 
 
-def test_batch_invariant_off_is_not_padded(tiny_path):
-    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32, batch_invariant=False)
+def test_batch_invariant_off_is_not_padded(load):
+    model = load("llama", dtype=torch.float32, batch_invariant=False)
     assert model.options.min_rows == 1 and model.options.calibrated_threads is None
 
 
@@ -221,6 +243,49 @@ def test_window_mask_example():
     tree = causal_tree_mask(2)[None]  # [1, 2, 2]
     mask = window_mask(tree, torch.tensor([[2]]), 5)
     assert mask[0].int().tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]]
+
+
+def test_pairwise_sum_ignores_trailing_zeros():
+    """torch.sum over an outer dim changes its grouping with the length (e.g. 15 vs 16
+    rows on CPU); pairwise_sum must not."""
+    x = torch.randn(3, 15, 65, generator=torch.Generator().manual_seed(0))
+    ref = pairwise_sum(x, dim=1)
+    for extra in (1, 2, 17, 50):
+        assert torch.equal(pairwise_sum(torch.cat([x, torch.zeros(3, extra, 65)], 1), dim=1), ref)
+    torch.testing.assert_close(ref, x.sum(1))
+
+
+def test_tail_layout_example():
+    tree = ancestor_mask([-1, 0, 0])[None]  # root 0 with children 1 and 2
+    slots, valid = tail_layout(tree, torch.tensor([[2]]), 0, 6)
+    assert slots[0, 2, :4].tolist() == [0, 1, 2, 4] and valid[0, 2].tolist() == [True] * 4 + [False] * 2
+    assert slots[0, 0, :3].tolist() == [0, 1, 2] and valid[0, 0].sum() == 3
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_invariant_attention_depends_only_on_own_keys(seed):
+    """Each tree node's output equals the output for the same query fed alone after its
+    path was written contiguously (sequential decoding), across chunk boundaries."""
+    g = torch.Generator().manual_seed(seed)
+    chunk, h, grp, d, length = 8, 2, 3, 16, int(torch.randint(1, 30, (1,), generator=g))
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, 10)]
+    tree, n = ancestor_mask(parents), len(parents)
+    k, v = (torch.randn(1, h, 64, d, generator=g) for _ in range(2))
+    q = torch.randn(1, h, grp, n, d, generator=g)
+    start = length // chunk * chunk
+    idx, valid = tail_layout(tree[None], torch.tensor([[length]]), start, -(-(length + n) // chunk) * chunk - start)
+    out = invariant_attention(q, k, v, length // chunk, idx, valid, chunk, min_rows=4)
+    for i in range(n):
+        path = path_to(parents, i)
+        ks, vs = k.clone(), v.clone()  # the path written contiguously after the prefix
+        ks[:, :, length:length + len(path)] = k[:, :, [length + j for j in path]]
+        vs[:, :, length:length + len(path)] = v[:, :, [length + j for j in path]]
+        pos = length + len(path) - 1  # the node's own slot in sequential decoding
+        one = torch.ones(1, 1, dtype=torch.bool)[None]
+        s0 = pos // chunk * chunk
+        idx1, valid1 = tail_layout(one, torch.tensor([[pos]]), s0, -(-(pos + 1) // chunk) * chunk - s0)
+        ref = invariant_attention(q[:, :, :, i:i + 1], ks, vs, pos // chunk, idx1, valid1, chunk, min_rows=4)
+        assert torch.equal(out[:, :, :, i], ref[:, :, :, 0]), f"node {i} (path {path}, length {length})"
 
 
 # ----------------------------------------------------------------------------- cache
@@ -237,8 +302,8 @@ def greedy(model, cache, first: int, steps: int) -> tuple[list[int], list[torch.
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_truncate_and_regenerate(tiny_path, dtype):
-    model = NativeLlama.from_hf_dir(tiny_path, dtype=dtype)
+def test_truncate_and_regenerate(load, dtype):
+    model = load("llama", dtype=dtype)
     ids = tokens(10, seed=7)
     cache = prefill(model, ids[:, :9])
     toks1, logits1 = greedy(model, cache, int(ids[0, 9]), 6)
@@ -250,9 +315,9 @@ def test_truncate_and_regenerate(tiny_path, dtype):
     assert all(torch.equal(a, b) for a, b in zip(logits1, logits2))
 
 
-def test_compact_keeps_accepted_path(tiny_path):
+def test_compact_keeps_accepted_path(load):
     """Verify a tree, keep one root-to-leaf path, continue: same logits as never branching."""
-    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32)
+    model = load("llama", dtype=torch.float32)
     prefix_len, n = 12, len(PARENTS)
     ids = tokens(prefix_len + n + 1, seed=8)
     node_tokens, nxt = ids[0, prefix_len:prefix_len + n], ids[0, -1:]
@@ -269,8 +334,8 @@ def test_compact_keeps_accepted_path(tiny_path):
     assert torch.equal(after, ref)
 
 
-def test_cache_validation(tiny_path):
-    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32)
+def test_cache_validation(load):
+    model = load("llama", dtype=torch.float32)
     cache = prefill(model, tokens(6))
     with pytest.raises(ValueError, match="ascending"):
         cache.compact([3, 2], 0)
@@ -285,8 +350,8 @@ def test_cache_validation(tiny_path):
     cache.check_integrity()
 
 
-def test_pool_rows(tiny_path):
-    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32)
+def test_pool_rows(load):
+    model = load("llama", dtype=torch.float32)
     pool = model.new_cache_pool(2, 64)
     a, b = pool.acquire(), pool.acquire()
     with pytest.raises(ValueError, match="in use"):
@@ -301,10 +366,10 @@ def test_pool_rows(tiny_path):
 # ----------------------------------------------------------------------------- batched forward
 
 
-def test_forward_batch_matches_single_requests(tiny_path):
+def test_forward_batch_matches_single_requests(load):
     """Two requests with different cache lengths in one forward: bitwise the same logits as
     running them alone (and the padding tokens of the shorter one are not cached)."""
-    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32)
+    model = load("llama", dtype=torch.float32)
     pool = model.new_cache_pool(2, 128)
     prompts = [tokens(9, seed=10), tokens(21, seed=11)]
     caches = [pool.acquire(), pool.acquire()]
@@ -326,9 +391,9 @@ def test_forward_batch_matches_single_requests(tiny_path):
 # ----------------------------------------------------------------------------- validation
 
 
-def test_forward_validation(tiny_path):
-    model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32, max_length=16)
-    other = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32, max_length=16, min_rows=1, attn_min_rows=1)
+def test_forward_validation(load):
+    model = load("llama", dtype=torch.float32, max_length=16)
+    other = load("llama", dtype=torch.float32, max_length=16, min_rows=1, attn_min_rows=1)
     cache = model.new_cache()
     one, pos = torch.tensor([[1]]), torch.tensor([[0]])
     with pytest.raises(ValueError, match="input_ids"):
@@ -388,4 +453,3 @@ def test_real_smollm2_fp32_matches_transformers(smollm_dir):
     first = model.forward(ids[:, :16], torch.arange(16)[None], cache)
     rest = model.forward(ids[:, 16:], torch.arange(16, 24)[None], cache)
     torch.testing.assert_close(torch.cat([first.logits, rest.logits], 1), ref, atol=2e-3, rtol=1e-3)
-    assert_chain_bitwise(model, 49152, prefix_len=24)

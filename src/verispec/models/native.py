@@ -339,14 +339,21 @@ def _tail_chunks(q, k, v, tail_idx, tail_mask, chunk, min_rows):
     """Scores of each token against its own tail layout -> [B, Hkv, G, Np, nT, chunk], and v."""
     b, h, g, n, d = q.shape
     t = tail_idx.shape[2]
-    idx = tail_idx.reshape(b, 1, n * t, 1).expand(b, h, n * t, d)
-    kt = k.gather(2, idx).float().view(b, h, n, t // chunk, chunk, d)  # [B, Hkv, Np, nT, chunk, D]
-    vt = v.gather(2, idx).float().view(b, h, n, t // chunk, chunk, d)
+    kt = _gather_slots(k, tail_idx).view(b, h, n, t // chunk, chunk, d)  # [B, Hkv, Np, nT, chunk, D]
+    vt = _gather_slots(v, tail_idx).view(b, h, n, t // chunk, chunk, d)
     rows = _pad_rows(q.float().transpose(2, 3), 3, min_rows).unsqueeze(3)  # [B, Hkv, Np, 1, Gp, D]
     rows = rows.expand(b, h, n, t // chunk, *rows.shape[4:])  # [B, Hkv, Np, nT, Gp, D]
     scores = bmm(rows, kt.transpose(-1, -2))[:, :, :, :, :g]  # [B, Hkv, Np, nT, G, chunk]
     mask = tail_mask.view(b, 1, n, t // chunk, 1, chunk)
     return scores.masked_fill(~mask, float("-inf")).permute(0, 1, 4, 2, 3, 5), vt
+
+
+def _gather_slots(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x [B, Hkv, S, D] at slots idx [B, Np, T] -> [B, Hkv, Np * T, D] fp32."""
+    if x.shape[0] == 1:  # index_select is much faster than gather on CPU
+        return x[0].index_select(1, idx.reshape(-1)).float().unsqueeze(0)
+    rows = torch.arange(x.shape[0], device=x.device)[:, None]
+    return x[rows, :, idx.reshape(x.shape[0], -1)].permute(0, 2, 1, 3).float()  # [B, Np*T, Hkv, D] -> ...
 
 
 def _weigh_shared(p, v_sh, min_rows):
@@ -570,10 +577,12 @@ class NativeLlama:
                       for name, w in [("wqkv", first.wqkv), ("wo", first.wo), ("w13", first.w13),
                                       ("w2", first.w2), ("lm_head", self.lm_head)]]
             probes.append(RowProbe("rms_norm", lambda x: rms_norm(x, first.attn_norm, a.norm_eps), a.dim, opts.dtype))
-            opts = replace(opts, min_rows=calibrate_min_rows(probes, opts.max_rows, dev))
+            opts = replace(opts, min_rows=calibrate_min_rows(probes, list(range(1, opts.max_rows + 1)), dev))
         if opts.attn_min_rows is None:
             probes = attention_probes(a.n_kv_heads, a.head_dim, opts.attn_chunk, dev)
-            opts = replace(opts, attn_min_rows=calibrate_min_rows(probes, a.group * opts.max_rows, dev))
+            # attention matmuls see G * Np rows (shared chunks) or G rows padded (tail chunks)
+            counts = list(range(1, a.group + 1)) + [a.group * n for n in range(1, opts.max_rows + 1)]
+            opts = replace(opts, attn_min_rows=calibrate_min_rows(probes, counts, dev))
         check_window_invariance(a, opts.attn_chunk, dev, opts.attn_min_rows)
         return replace(opts, calibrated_threads=torch.get_num_threads())
 
@@ -768,25 +777,27 @@ class RowProbe:
     dtype: torch.dtype
 
 
-def calibrate_min_rows(probes: list[RowProbe], max_rows: int, device: torch.device, seed: int = 0) -> int:
-    """Smallest m such that every probe gives bitwise-equal rows for every row count in
-    [m, max_rows], and a row's result does not depend on its index. Probes are raw matmuls:
-    a different kernel shows up in almost every output element, so random data suffices.
+def calibrate_min_rows(probes: list[RowProbe], row_counts: list[int], device: torch.device, seed: int = 0) -> int:
+    """Smallest m in ``row_counts`` such that every probe gives bitwise-equal rows for every
+    row count >= m (up to the largest), and a row's result does not depend on its index.
+    Probes are raw matmuls: another kernel shows up in almost every output element, so
+    random data suffices.
 
     Raises ModelError if rows depend on their index (padding cannot fix that).
     """
-    need = 1
+    counts = sorted(set(row_counts))
+    top, need = counts[-1], counts[0]
     g = torch.Generator().manual_seed(seed)
     for p in probes:
-        x = torch.randn(max_rows, p.width, generator=g).to(device, p.dtype)  # [max_rows, width]
+        x = torch.randn(top, p.width, generator=g).to(device, p.dtype)  # [top, width]
         ref = p.fn(x)
-        m = max_rows
-        while m > need and torch.equal(p.fn(x[: m - 1]), ref[: m - 1]):
-            m -= 1
-        shift = max_rows // 2 + 1
-        if max_rows > 1 and not torch.equal(p.fn(x.roll(shift, 0)), ref.roll(shift, 0)):
+        i = len(counts) - 1
+        while i > 0 and counts[i - 1] >= need and torch.equal(p.fn(x[: counts[i - 1]]), ref[: counts[i - 1]]):
+            i -= 1
+        shift = top // 2 + 1
+        if top > 1 and not torch.equal(p.fn(x.roll(shift, 0)), ref.roll(shift, 0)):
             raise ModelError(f"batch_invariant: rows of {p.name} ({p.dtype}) depend on their index on {device}")
-        need = max(need, m)
+        need = max(need, counts[i])
     return need
 
 
