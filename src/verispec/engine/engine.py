@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..drafters.base import DraftContext, Drafter, Observation
-from ..models.base import CausalLM
+from ..models.base import CausalLM, KVCache
 from ..policies.draft_length import DraftLengthPolicy, PolicyName
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
@@ -47,9 +47,15 @@ class Engine:
 
     # ---- request lifecycle -------------------------------------------------------------
     def add_request(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        cache: KVCache | None = None,
     ) -> Request:
-        """Validate, then prefill: one target forward over the prompt yields the first token."""
+        """Validate, then prefill: one target forward over the prompt yields the first token.
+        ``cache`` (empty) lets a batch scheduler hand out rows of one cache pool; by default
+        the request gets ``target.new_cache()``."""
         info = self.target.info
         if not prompt_ids:
             raise ValueError("the prompt is empty (a base model needs at least BOS)")
@@ -59,12 +65,14 @@ class Engine:
             )
         if max(prompt_ids) >= info.vocab_size or min(prompt_ids) < 0:
             raise ValueError(f"prompt token ids must be in [0, {info.vocab_size})")
+        if cache is not None and cache.length != 0:
+            raise ValueError(f"the cache handed to a new request must be empty (length {cache.length})")
         request_id = request_id or f"req-{next(self._ids)}"
         req = Request(
             request_id=request_id,
             prompt_ids=list(prompt_ids),
             params=params,
-            cache=self.target.new_cache(),
+            cache=self.target.new_cache() if cache is None else cache,
             policy=DraftLengthPolicy(self.num_draft_tokens, self.policy),
         )
         self.drafter.start(request_id, req.prompt_ids)
@@ -90,13 +98,27 @@ class Engine:
         self.drafter.finish(req.request_id)
 
     # ---- one step ----------------------------------------------------------------------
+    # A step is propose -> forward_tree -> complete_step; a batch scheduler (engine/batch.py)
+    # calls the three phases itself to run many requests' trees in one target forward.
     def step(self, req: Request) -> StepResult:
-        if req.finished:
-            raise ValueError(f"request {req.request_id} already finished ({req.finished})")
         t0 = time.perf_counter()
-        tree = self._propose(req)
+        tree = self.propose(req)
         t1 = time.perf_counter()
-        logits, hidden = self._forward_tree(req, tree)
+        logits, hidden = self.forward_tree(req, tree)
+        return self.complete_step(req, tree, logits, hidden, t0, t1)
+
+    def complete_step(
+        self,
+        req: Request,
+        tree: DraftTree,
+        logits: torch.Tensor,  # [N, V] target logits at the tree's nodes
+        hidden: torch.Tensor | None,  # [N, H] or None
+        t0: float,  # perf_counter() when the step started
+        t1: float,  # perf_counter() when drafting ended
+    ) -> StepResult:
+        """Verify, roll the cache back to root + accepted path, observe, commit. Expects
+        the tree's K/V to have just been appended to ``req.cache`` (by ``forward_tree`` or
+        a batched forward)."""
         acc = verify_tree(tree, logits, req.params, req.verify_generator)
         new = acc.tokens(tree)
         self._rollback(req, tree, acc.path)
@@ -108,9 +130,15 @@ class Engine:
         req.stats.decode_s += time.perf_counter() - t0
         return StepResult(committed, tree.num_drafted, len(acc.path), req.finished)
 
-    def _propose(self, req: Request) -> DraftTree:
+    def propose(self, req: Request, max_drafted: int | None = None) -> DraftTree:
+        """The drafter's tree for this step; ``max_drafted`` caps the draft budget (a batch
+        scheduler lowers it, or sets 0 = plain decoding, when the batch is large)."""
+        if req.finished:
+            raise ValueError(f"request {req.request_id} already finished ({req.finished})")
         room = self.target.info.max_length - len(req.tokens)  # cache slots left after root
         budget = min(req.policy.budget(), req.remaining - 1, room)
+        if max_drafted is not None:
+            budget = min(budget, max_drafted)
         root = req.tokens[-1]
         if budget <= 0:
             return DraftTree.chain(root, [])
@@ -123,7 +151,7 @@ class Engine:
             )
         return tree
 
-    def _forward_tree(self, req: Request, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_tree(self, req: Request, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One target forward over all tree nodes; returns [N, V] logits and [N, H] hidden."""
         device = self.target.info.device
         start = req.cache.length
