@@ -132,6 +132,28 @@ def drafters() -> None:
     Console().print(table)
 
 
+@app.command()
+def train(
+    kind: str = typer.Argument(..., help="eagle or medusa"),
+    data: list[Path] = typer.Option(..., "--data", help="generations .jsonl or feature directory, repeatable"),
+    out: Path = typer.Option(..., "--out", help="run directory (checkpoint.pt, weights/)"),
+    steps: int = typer.Option(600, "--steps"),
+    model: str = typer.Option("smollm2-135m-instruct", help="the target"),
+    lr: float = typer.Option(1e-3),
+    seed: int = typer.Option(0),
+    resume: bool = typer.Option(False, "--resume", help="continue from out/checkpoint.pt"),
+) -> None:
+    """Train a drafter on the target's own generations (see verispec.train)."""
+    from .models.base import ModelError
+    from .train import run_train
+
+    try:
+        result = run_train(kind, model, list(data), out, steps, resume=resume, seed=seed, lr=lr)
+    except (ValueError, ModelError) as e:
+        fail(str(e))
+    print(json.dumps(result))
+
+
 def main() -> None:
     app()
 

@@ -24,6 +24,26 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     return DraftModelDrafter(draft, min_confidence=min_conf)
 
 
+def _eagle(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
+    from .drafters.eagle import EagleDrafter, EagleHead, load_target_embedding
+    from .weights import shipped_weights
+
+    path = opts.pop("weights", None) or shipped_weights("eagle", target.name)
+    return EagleDrafter(
+        EagleHead.load(path), load_target_embedding(target.hf_dir),
+        mode=str(opts.pop("mode", "tree")), depth=int(opts.pop("depth", 6)), top_k=int(opts.pop("top_k", 8)),
+    )
+
+
+def _medusa(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
+    from .drafters.eagle import load_target_embedding
+    from .drafters.medusa import MedusaDrafter, MedusaHeads
+    from .weights import shipped_weights
+
+    path = opts.pop("weights", None) or shipped_weights("medusa", target.name)
+    return MedusaDrafter(MedusaHeads.load(path), load_target_embedding(target.hf_dir))
+
+
 def _prompt_lookup(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     return PromptLookupDrafter(
         max_ngram=int(opts.pop("max_ngram", 3)),
@@ -35,6 +55,8 @@ def _prompt_lookup(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
 DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "none": (lambda target, opts: NoDrafter(), "plain autoregressive decoding (the baseline)"),
     "prompt-lookup": (_prompt_lookup, "n-gram match over prompt + output (options: max_ngram, min_ngram, num_candidates)"),
+    "eagle": (_eagle, "EAGLE feature head on target hidden states, EAGLE-2 dynamic trees (options: mode=tree|chain, depth, top_k, weights=<dir>)"),
+    "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: weights=<dir>)"),
     "draft": (_draft_model, "a small LM with the target's tokenizer (options: model=<name|path|truncated:N>, min_confidence)"),
 }
 

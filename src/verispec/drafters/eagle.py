@@ -1,0 +1,370 @@
+"""EAGLE: feature-level drafting (Li et al. 2024, arXiv 2401.15077; EAGLE-2 trees, arXiv
+2406.16858).
+
+The head reads the target's hidden state ``f_t`` of the newest position together with
+the embedding of the token that followed it, ``e_{t+1}``, and predicts the next hidden
+state: ``f_{t+1} ~ g(fc([f_t ; e_{t+1}]))`` where ``g`` is one Llama decoder layer followed
+by an RMSNorm. Tokens come from the *target's* LM head applied to the predicted feature
+(SmolLM2 ties it to the embedding), so the shipped weights hold only fc + one layer + a
+norm; the embedding is read from the target at load time.
+
+Features: verispec backends return the hidden state *after* the target's final norm,
+which is exactly what the LM head consumes, so this head is trained to predict post-norm
+features (the paper regresses pre-norm features and re-applies the target's norm; with
+post-norm features that norm is folded into the head's own final norm).
+
+Optional reduced draft vocabulary (FR-Spec, Zhao et al. 2025, arXiv 2502.14856):
+``draft_vocab`` lists the token ids the head may propose (the most frequent in training),
+which cuts the per-node LM-head cost. Any drafted token is verified by the full target,
+so this never changes the output, only the acceptance rate.
+
+Lossless sampling: chains for sampled requests draw each token from q = the processed
+head distribution and attach q (rejection sampling, Leviathan et al. 2023). Trees are the
+deterministic top-k expansion of EAGLE-2 (a function of the committed context only), so
+they are proposed as point masses (``draft_probs=None``) and verified by recursive
+rejection over siblings, which keeps the target distribution exact.
+
+Per-request lifecycle: ``start`` records the prompt length; the engine's prefill gives no
+hidden states, so the first step drafts nothing. Every ``observe`` appends (target
+feature, following token) pairs for the root and the accepted path; ``propose`` first runs
+the pending pairs through the layer (extending the head's own KV cache, which therefore
+only ever holds true target features and never needs rollback), then drafts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..sampling import sample, target_probs
+from ..tree import DraftTree
+from .base import DraftContext, Observation
+from .dynamic_tree import rerank, select_frontier, tree_from_candidates
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int  # the target's vocabulary
+    draft_vocab_size: int  # rows of the reduced LM head (== vocab_size: full head)
+    target: str = ""  # the target this head was trained for (informational)
+
+    @staticmethod
+    def from_target_config(cfg: dict, draft_vocab_size: int | None = None, target: str = "") -> "EagleConfig":
+        """From an HF Llama config.json dict (the target's)."""
+        h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+        theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        return EagleConfig(
+            hidden_size=h, intermediate_size=cfg["intermediate_size"], num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads", heads), head_dim=cfg.get("head_dim") or h // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5), rope_theta=float(theta), vocab_size=cfg["vocab_size"],
+            draft_vocab_size=draft_vocab_size or cfg["vocab_size"], target=target,
+        )
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate-half RoPE (Llama). x: [B, heads, T, D]; pos: [B, T] absolute positions."""
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)  # [D/2]
+    ang = pos.float()[..., None] * inv  # [B, T, D/2]
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None]  # [B, 1, T, D]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class EagleHead(nn.Module):
+    """fc (2H -> H) + one Llama decoder layer + RMSNorm. ``draft_vocab`` [Vd] buffer."""
+
+    def __init__(self, cfg: EagleConfig):
+        super().__init__()
+        self.cfg = cfg
+        h, hd = cfg.hidden_size, cfg.head_dim
+        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.input_norm = nn.Parameter(torch.ones(h))
+        self.q_proj = nn.Linear(h, cfg.num_heads * hd, bias=False)
+        self.k_proj = nn.Linear(h, cfg.num_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(h, cfg.num_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, h, bias=False)
+        self.post_norm = nn.Parameter(torch.ones(h))
+        self.gate_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+        self.final_norm = nn.Parameter(torch.ones(h))
+        self.register_buffer("draft_vocab", torch.arange(cfg.draft_vocab_size), persistent=True)
+
+    def forward(
+        self,
+        feats: torch.Tensor,  # [B, T, H] target (or predicted) features f_t
+        embeds: torch.Tensor,  # [B, T, H] embeddings of the following tokens e_{t+1}
+        positions: torch.Tensor,  # [B, T] positions of those following tokens
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,  # ([B, kvh, P, D], same)
+        mask: torch.Tensor | None = None,  # [T, P + T] bool, True = may attend; None = causal
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Predicted features [B, T, H] and this call's new keys/values ([B, kvh, T, D] each)."""
+        cfg = self.cfg
+        b, t, _ = feats.shape
+        x = self.fc(torch.cat([feats, embeds], -1))  # [B, T, H]
+        hn = rms_norm(x, self.input_norm, cfg.rms_norm_eps)
+        q = self.q_proj(hn).view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+        k = self.k_proj(hn).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v_proj(hn).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        new_kv = (k, v)
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        rep = cfg.num_heads // cfg.num_kv_heads
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # [B, heads, P+T, D]
+        if mask is None and past is None:
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            if mask is None:
+                p = k.shape[2] - t
+                mask = torch.ones(t, p + t, dtype=torch.bool, device=q.device).tril(p)
+            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.o_proj(att.transpose(1, 2).reshape(b, t, -1))
+        hn = rms_norm(x, self.post_norm, cfg.rms_norm_eps)
+        x = x + self.down_proj(F.silu(self.gate_proj(hn)) * self.up_proj(hn))
+        return rms_norm(x, self.final_norm, cfg.rms_norm_eps), new_kv
+
+    # ---- persistence -------------------------------------------------------------------
+    def save(self, out_dir: str | Path, extra_config: dict | None = None) -> None:
+        """``model.safetensors`` + ``config.json`` (no target embedding inside)."""
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(out / "model.safetensors"))
+        cfg = {"architecture": "eagle", **asdict(self.cfg), **(extra_config or {})}
+        (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+    @staticmethod
+    def load(path: str | Path) -> "EagleHead":
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if not (path / "config.json").exists() or not (path / "model.safetensors").exists():
+            raise ValueError(f"{path} has no config.json + model.safetensors (EAGLE weights)")
+        raw = json.loads((path / "config.json").read_text())
+        if raw.get("architecture") != "eagle":
+            raise ValueError(f"{path} does not hold EAGLE weights (architecture={raw.get('architecture')!r})")
+        fields = EagleConfig.__dataclass_fields__
+        head = EagleHead(EagleConfig(**{k: v for k, v in raw.items() if k in fields}))
+        head.load_state_dict(load_file(str(path / "model.safetensors")))
+        return head.eval()
+
+
+def draft_logits(pred: torch.Tensor, lm_rows: torch.Tensor) -> torch.Tensor:
+    """[..., H] predicted features x [Vd, H] head rows -> [..., Vd] logits."""
+    return pred @ lm_rows.T
+
+
+@dataclass
+class _EagleState:
+    root_pos: int  # absolute position of the newest committed token (the next root)
+    k: torch.Tensor | None = None  # [1, kvh, P, D] keys of fed (feature, token) pairs
+    v: torch.Tensor | None = None
+    pending_feats: list[torch.Tensor] = field(default_factory=list)  # [H] each
+    pending_tokens: list[int] = field(default_factory=list)
+    last_pred: torch.Tensor | None = None  # [H] head output for the last fed pair
+
+    @property
+    def cached(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+
+class EagleDrafter:
+    """EAGLE chains (``mode="chain"``) or EAGLE-2 dynamic trees (``mode="tree"``: expand
+    ``top_k`` nodes per depth for ``depth`` levels, rerank to the engine's budget)."""
+
+    name: ClassVar[str] = "eagle"
+    needs_hidden_states: ClassVar[bool] = True
+    provides_probs: ClassVar[bool] = True
+
+    def __init__(self, head: EagleHead, embed: torch.Tensor, mode: Literal["chain", "tree"] = "tree",
+                 depth: int = 6, top_k: int = 8):
+        if mode not in ("chain", "tree"):
+            raise ValueError(f"mode must be chain or tree, not {mode!r}")
+        if depth < 1 or top_k < 1:
+            raise ValueError("depth and top_k must be >= 1")
+        cfg = head.cfg
+        if tuple(embed.shape) != (cfg.vocab_size, cfg.hidden_size):
+            raise ValueError(f"target embedding has shape {tuple(embed.shape)}; the EAGLE head expects "
+                             f"({cfg.vocab_size}, {cfg.hidden_size})")
+        self.head = head.eval().float()
+        self.embed = embed.float()  # [V, H] target embedding (= tied LM head)
+        self.lm_rows = self.embed[head.draft_vocab]  # [Vd, H]
+        self.mode, self.depth, self.top_k = mode, depth, top_k
+        self._states: dict[str, _EagleState] = {}
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def start(self, request_id: str, prompt_ids: list[int]) -> None:
+        if request_id in self._states:
+            raise ValueError(f"request {request_id!r} already started")
+        self._states[request_id] = _EagleState(root_pos=len(prompt_ids))
+
+    def finish(self, request_id: str) -> None:
+        self._states.pop(request_id, None)
+
+    def _state(self, request_id: str) -> _EagleState:
+        if request_id not in self._states:
+            raise ValueError(f"request {request_id!r} was not started")
+        return self._states[request_id]
+
+    def observe(self, obs: Observation) -> None:
+        """Queue (feature of node, token that followed it) for the root and accepted path."""
+        if obs.hidden is None:
+            raise ValueError("the EAGLE drafter needs target hidden states (needs_hidden_states)")
+        st = self._state(obs.request_id)
+        nodes = [0, *obs.path]
+        if len(obs.new_tokens) != len(nodes):
+            raise ValueError(f"expected {len(nodes)} new tokens, got {len(obs.new_tokens)}")
+        hidden = obs.hidden.float()  # [N, H]
+        st.pending_feats.extend(hidden[i] for i in nodes)
+        st.pending_tokens.extend(obs.new_tokens)
+        st.root_pos += len(obs.new_tokens)
+
+    def memory_bytes(self) -> int:
+        return sum(2 * s.k.numel() * s.k.element_size() for s in self._states.values() if s.k is not None)
+
+    # ---- proposing ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def _catch_up(self, st: _EagleState) -> None:
+        """Run the pending true-feature pairs through the head, extending its KV cache."""
+        if not st.pending_tokens:
+            return
+        n = len(st.pending_tokens)
+        feats = torch.stack(st.pending_feats)[None]  # [1, n, H]
+        embeds = self.embed[torch.tensor(st.pending_tokens)][None]  # [1, n, H]
+        pos = torch.arange(st.root_pos - n + 1, st.root_pos + 1)[None]  # positions of the tokens
+        past = None if st.k is None else (st.k, st.v)
+        pred, (k, v) = self.head(feats, embeds, pos, past)
+        st.k = k if st.k is None else torch.cat([st.k, k], 2)
+        st.v = v if st.v is None else torch.cat([st.v, v], 2)
+        st.last_pred = pred[0, -1]
+        st.pending_feats.clear()
+        st.pending_tokens.clear()
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        st = self._state(ctx.request_id)
+        root = ctx.tokens[-1]
+        if len(ctx.tokens) - 1 != st.root_pos:
+            raise ValueError(f"request {ctx.request_id}: context has {len(ctx.tokens)} tokens but the "
+                             f"drafter expected {st.root_pos + 1} (missed an observe?)")
+        self._catch_up(st)
+        if st.last_pred is None or ctx.budget < 1:
+            return DraftTree.chain(root, [])  # no features yet (first step after prefill)
+        if self.mode == "chain":
+            return self._chain(st, ctx)
+        return self._tree(st, ctx)
+
+    @torch.inference_mode()
+    def _step(self, st: _EagleState, feats: torch.Tensor, tokens: list[int], depth: int,
+              extra: tuple[torch.Tensor, torch.Tensor] | None, extra_mask: torch.Tensor | None
+              ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Head over draft nodes at ``depth`` (all see the committed cache; ``extra_mask``
+        [T, E] says which earlier draft nodes each sees). Returns [T, H] features, new K/V."""
+        t = len(tokens)
+        embeds = self.embed[torch.tensor(tokens)][None]  # [1, T, H]
+        pos = torch.full((1, t), st.root_pos + depth)
+        past_k, past_v = st.k, st.v
+        vis = [torch.ones(t, st.cached, dtype=torch.bool)]
+        if extra is not None:
+            past_k, past_v = torch.cat([past_k, extra[0]], 2), torch.cat([past_v, extra[1]], 2)
+            vis.append(extra_mask)
+        vis.append(torch.eye(t, dtype=torch.bool))
+        pred, kv = self.head(feats[None], embeds, pos, (past_k, past_v), torch.cat(vis, 1))
+        return pred[0], kv
+
+    def _chain(self, st: _EagleState, ctx: DraftContext) -> DraftTree:
+        pred, drafts, qs = st.last_pred, [], []
+        extra = None
+        for d in range(1, ctx.budget + 1):
+            logits = draft_logits(pred, self.lm_rows)  # [Vd]
+            if ctx.params.greedy:
+                token = int(self.head.draft_vocab[int(logits.argmax())])
+            else:
+                full = logits.new_full((self.head.cfg.vocab_size,), float("-inf"))
+                full[self.head.draft_vocab] = logits
+                q = target_probs(full[None], ctx.params)[0]  # [V]
+                token = sample(q, ctx.generator)
+                qs.append(q)
+            drafts.append(token)
+            if d == ctx.budget:
+                break
+            mask = None if extra is None else torch.ones(1, extra[0].shape[2], dtype=torch.bool)
+            out, kv = self._step(st, pred[None], [token], d, extra, mask)
+            extra = kv if extra is None else (torch.cat([extra[0], kv[0]], 2), torch.cat([extra[1], kv[1]], 2))
+            pred = out[0]
+        return DraftTree.chain(ctx.tokens[-1], drafts, torch.stack(qs) if qs else None)
+
+    def _tree(self, st: _EagleState, ctx: DraftContext) -> DraftTree:
+        """EAGLE-2: expand the top_k best nodes per depth, then rerank all candidates."""
+        tokens, parents, scores = [], [], []
+        feats: dict[int, torch.Tensor] = {}  # candidate -> predicted feature (expanded only)
+        slot: dict[int, int] = {}  # expanded candidate -> index in the extra K/V
+        extra = None
+        frontier_feats, frontier = st.last_pred[None], [-1]  # the root's predicted feature
+        for d in range(1, self.depth + 1):
+            logp = draft_logits(frontier_feats, self.lm_rows).log_softmax(-1)  # [F, Vd]
+            top = logp.topk(min(self.top_k, logp.shape[-1]), dim=-1)
+            level = []
+            for row, parent in enumerate(frontier):
+                base = 0.0 if parent == -1 else scores[parent]
+                for lp, idx in zip(top.values[row].tolist(), top.indices[row].tolist()):
+                    level.append(len(tokens))
+                    tokens.append(int(self.head.draft_vocab[idx]))
+                    parents.append(parent)
+                    scores.append(base + lp)
+            if d == self.depth:
+                break
+            frontier = select_frontier(scores, level, self.top_k)
+            mask = None
+            if extra is not None:  # each new node sees its expanded ancestors
+                mask = torch.zeros(len(frontier), extra[0].shape[2], dtype=torch.bool)
+                for r, c in enumerate(frontier):
+                    a = parents[c]
+                    while a != -1:
+                        mask[r, slot[a]] = True
+                        a = parents[a]
+            in_feats = torch.stack([st.last_pred if parents[c] == -1 else feats[parents[c]] for c in frontier])
+            out, kv = self._step(st, in_feats, [tokens[c] for c in frontier], d, extra, mask)
+            base = 0 if extra is None else extra[0].shape[2]
+            for r, c in enumerate(frontier):
+                feats[c], slot[c] = out[r], base + r
+            extra = kv if extra is None else (torch.cat([extra[0], kv[0]], 2), torch.cat([extra[1], kv[1]], 2))
+            frontier_feats = out
+        chosen = rerank(scores, parents, ctx.budget)
+        return tree_from_candidates(ctx.tokens[-1], tokens, parents, scores, chosen)
+
+
+def load_target_embedding(hf_dir: str | Path) -> torch.Tensor:
+    """[V, H] input embedding of an HF Llama checkpoint (tied LM head), read lazily."""
+    from safetensors import safe_open
+
+    path = Path(hf_dir)
+    files = sorted(path.glob("*.safetensors"))
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            for key in ("model.embed_tokens.weight", "lm_head.weight"):
+                if key in sf.keys():
+                    return sf.get_tensor(key).float()
+    raise ValueError(f"no embedding (model.embed_tokens.weight) found in {path}")
+

@@ -1,0 +1,131 @@
+"""Training data for drafters: the target's own generations (self-distillation).
+
+``generate_responses`` runs the target (transformers ``generate``, left-padded batches,
+greedy by default) over chat-wrapped prompts and appends one JSON line per response to a
+file, so an interrupted run resumes where it stopped. ``sequences_from_jsonl`` turns the
+file back into token-id sequences (prompt + response) for teacher forcing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+def done_ids(path: Path) -> set[str]:
+    """Ids of prompts already answered in ``path`` (a JSONL file; missing = none)."""
+    if not path.exists():
+        return set()
+    out = set()
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    out.add(json.loads(line)["id"])
+                except json.JSONDecodeError:
+                    continue  # a torn last line from a killed run
+    return out
+
+
+def chat_ids(tokenizer, content: str) -> list[int]:
+    """Token ids of one user message wrapped in the chat template, ready for the answer."""
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True
+    )
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+@torch.inference_mode()
+def generate_responses(
+    model, tokenizer, prompts: list[dict], out_path: str | Path, *, batch_size: int = 16,
+    max_new_tokens: int = 192, log: Callable[[str], None] = print,
+) -> int:
+    """Answer every prompt not yet in ``out_path`` greedily; returns how many were added.
+
+    Each line: ``{"id", "source", "prompt_ids", "response_ids"}`` (response cut after the
+    first EOS, EOS kept). Batches are length-sorted to limit padding."""
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    skip = done_ids(out_path)
+    todo = [p for p in prompts if p["id"] not in skip]
+    todo.sort(key=lambda p: len(p["content"]))
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos])
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids))
+    added, t0 = 0, time.time()
+    for b in range(0, len(todo), batch_size):
+        batch = todo[b:b + batch_size]
+        ids = [chat_ids(tokenizer, p["content"]) for p in batch]
+        width = max(map(len, ids))
+        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])  # [B, W] left-padded
+        attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+        out = model.generate(input_ids=input_ids, attention_mask=attn, max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=pad)
+        with open(out_path, "a") as f:
+            for p, x, row in zip(batch, ids, out[:, width:].tolist()):
+                resp = []
+                for t in row:
+                    resp.append(t)
+                    if t in eos_ids:
+                        break
+                f.write(json.dumps({"id": p["id"], "source": p["source"], "prompt_ids": x,
+                                    "response_ids": resp}) + "\n")
+        added += len(batch)
+        log(f"generated {added}/{len(todo)} responses in {time.time() - t0:.0f}s")
+    return added
+
+
+def sequences_from_jsonl(path: str | Path, max_len: int = 512) -> list[list[int]]:
+    """prompt + response token ids per line, truncated to ``max_len``."""
+    seqs = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            seqs.append((row["prompt_ids"] + row["response_ids"])[:max_len])
+    return seqs
+
+
+def main_generate(out: str, model_name: str = "smollm2-135m-instruct", gsm8k: str | None = None,
+                  n_gsm8k: int = 200, n_instructions: int = 300, seed: int = 0, batch_size: int = 16,
+                  max_new_tokens: int = 192, threads: int = 1) -> None:
+    """Entry point: build the non-Spec-Bench prompt set and answer it with the target."""
+    from transformers import AutoModelForCausalLM
+
+    from ..api import load_model
+    from .prompts import build_prompts, read_gsm8k_questions
+
+    torch.set_num_threads(threads)
+    loaded = load_model(model_name)
+    model = AutoModelForCausalLM.from_pretrained(str(loaded.hf_dir), dtype=torch.float32).eval()
+    questions = read_gsm8k_questions(gsm8k, limit=n_gsm8k) if gsm8k else []
+    prompts = build_prompts(questions, n_instructions, seed=seed)
+    generate_responses(model, loaded.tokenizer, prompts, out, batch_size=batch_size,
+                       max_new_tokens=max_new_tokens)
+
+
+@torch.inference_mode()
+def continuation_sequences(model, n: int, new_tokens: int, seed: int = 0, start_len: int = 3,
+                           bos: int | None = 1) -> list[list[int]]:
+    """Greedy continuations of ``n`` random token starts: self-distillation data for a
+    base model without a chat template (used for stories260k in tests)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    seqs = []
+    for _ in range(n):
+        start = torch.randint(3, vocab, (start_len,), generator=g).tolist()
+        ids = torch.tensor([([bos] if bos is not None else []) + start])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             do_sample=False, pad_token_id=0)
+        seqs.append(out[0].tolist())
+    return seqs

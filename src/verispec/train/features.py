@@ -1,0 +1,89 @@
+"""Teacher-forced target features: one target forward per sequence.
+
+For a token sequence ``x`` (prompt + the target's own response) the target gives, at
+every position ``i``, its last hidden state after the final norm ``f_i`` ([H], what the
+LM head reads) and its greedy next token ``a_i = argmax(lm_head(f_i))``. Drafters learn
+from these: EAGLE maps (f_i, x_{i+1}) to f_{i+1}; Medusa head k maps f_i to a_{i+k}.
+
+Shards ``shard-00000.safetensors`` hold ``tokens`` [T] / ``argmax`` [T] (int64),
+``feats`` [T, H] (bfloat16) and ``offsets`` [S+1] for S concatenated sequences, so an
+interrupted extraction resumes at the next shard.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass(frozen=True)
+class FeatureSet:
+    tokens: list[torch.Tensor]  # [L] int64 per sequence
+    feats: list[torch.Tensor]  # [L, H] bfloat16
+    argmax: list[torch.Tensor]  # [L] int64: target's greedy next token after each position
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    def split(self, every: int) -> tuple["FeatureSet", "FeatureSet"]:
+        """(train, validation): every ``every``-th sequence goes to validation."""
+        idx = range(len(self.tokens))
+        va = [i for i in idx if i % every == every - 1]
+        tr = [i for i in idx if i % every != every - 1]
+        pick = lambda ids: FeatureSet([self.tokens[i] for i in ids], [self.feats[i] for i in ids],  # noqa: E731
+                                      [self.argmax[i] for i in ids])
+        return pick(tr), pick(va)
+
+
+@torch.inference_mode()
+def target_features(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """([L, H] post-norm hidden states, [L] greedy next tokens) of an HF causal LM."""
+    x = torch.tensor([ids])
+    hidden = model.get_decoder()(input_ids=x).last_hidden_state[0]  # [L, H]
+    logits = model.get_output_embeddings()(hidden)  # [L, V]
+    return hidden, logits.argmax(-1)
+
+
+def extract(model, seqs: list[list[int]], out_dir: str | Path, shard_size: int = 32,
+            log: Callable[[str], None] = print) -> None:
+    """Write feature shards for ``seqs`` into ``out_dir``, skipping shards already there."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    for s, b in enumerate(range(0, len(seqs), shard_size)):
+        path = out / f"shard-{s:05d}.safetensors"
+        if path.exists():
+            continue
+        chunk = seqs[b:b + shard_size]
+        hs, am = zip(*(target_features(model, ids) for ids in chunk))
+        offsets = torch.tensor([0, *torch.tensor([len(x) for x in chunk]).cumsum(0).tolist()])
+        tmp = path.with_suffix(".tmp")
+        save_file({"tokens": torch.tensor([t for x in chunk for t in x]), "argmax": torch.cat(am),
+                   "feats": torch.cat(hs).to(torch.bfloat16).contiguous(), "offsets": offsets}, str(tmp))
+        tmp.rename(path)
+        log(f"features: {b + len(chunk)}/{len(seqs)} sequences in {time.time() - t0:.0f}s")
+
+
+def load(dirs: list[str | Path]) -> FeatureSet:
+    """All shards of the given directories, in order."""
+    from safetensors.torch import load_file
+
+    tokens, feats, argmax = [], [], []
+    for d in dirs:
+        for path in sorted(Path(d).glob("shard-*.safetensors")):
+            sh = load_file(str(path))
+            off = sh["offsets"].tolist()
+            for a, b in zip(off, off[1:]):
+                tokens.append(sh["tokens"][a:b])
+                feats.append(sh["feats"][a:b])
+                argmax.append(sh["argmax"][a:b])
+    if not tokens:
+        raise ValueError(f"no feature shards in {', '.join(map(str, dirs))}")
+    return FeatureSet(tokens, feats, argmax)

@@ -1,0 +1,111 @@
+"""Training Medusa heads (Medusa-1: frozen target) on teacher-forced target features.
+
+Head k at position t learns the target's greedy token ``a_{t+k}`` (= x_{t+k+1} on the
+target's own greedy generations) by cross-entropy through the tied LM head restricted to
+the draft vocabulary. After training, per-head rank accuracies on held-out sequences are
+stored in the weights; they define the sparse tree (``sparse_tree_paths``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..drafters.medusa import MedusaConfig, MedusaHeads
+from .eagle import choose_draft_vocab
+from .features import FeatureSet
+from .loop import TrainConfig, TrainResult, train
+
+
+@dataclass(frozen=True)
+class MedusaTrainOptions:
+    num_heads: int = 4
+    seqs_per_step: int = 4
+    positions: int = 64  # positions per sequence per step
+    draft_vocab_size: int = 16384
+
+
+def medusa_loss(heads: MedusaHeads, lm_rows: torch.Tensor, data: FeatureSet, opts: MedusaTrainOptions,
+                gen: torch.Generator, vocab_index: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    k_heads = heads.cfg.num_heads
+    losses, hits, n = [], 0, 0
+    for s in torch.randint(0, len(data.tokens), (opts.seqs_per_step,), generator=gen).tolist():
+        length = len(data.tokens[s])
+        if length <= k_heads + 1:
+            continue
+        t = torch.randperm(length - k_heads, generator=gen)[:opts.positions]  # [P]
+        f = data.feats[s][t].float()  # [P, H]
+        hk = heads(f)  # [K, P, H]
+        for k in range(k_heads):
+            labels = vocab_index[data.argmax[s][t + k + 1]]  # head k+1 -> a_{t+k+1}
+            logits = hk[k] @ lm_rows.T  # [P, Vd]
+            ok = labels >= 0
+            if ok.any():
+                losses.append(F.cross_entropy(logits[ok], labels[ok]) * (0.8 ** k))
+                if k == 0:
+                    hits += int((logits[ok].argmax(-1) == labels[ok]).sum())
+                    n += int(ok.sum())
+    loss = torch.stack(losses).sum() / max(1, opts.seqs_per_step) if losses else heads.blocks[0].bias.sum() * 0
+    return loss, {"head1_top1": hits / max(1, n)}
+
+
+@torch.inference_mode()
+def rank_accuracy(heads: MedusaHeads, lm_rows: torch.Tensor, data: FeatureSet, ranks: int = 10,
+                  max_seqs: int = 64) -> torch.Tensor:
+    """[K, ranks]: how often head k's rank-i guess is the target's token, on ``data``."""
+    k_heads = heads.cfg.num_heads
+    hits = torch.zeros(k_heads, ranks)
+    total = torch.zeros(k_heads)
+    for s in range(min(max_seqs, len(data.tokens))):
+        f, am = data.feats[s].float(), data.argmax[s]
+        hk = heads(f)  # [K, L, H]
+        for k in range(k_heads):
+            m = len(am) - k - 1
+            if m <= 0:
+                continue
+            top = heads.draft_vocab[(hk[k, :m] @ lm_rows.T).topk(ranks, -1).indices]  # [m, ranks]
+            hits[k] += (top == am[k + 1:k + 1 + m, None]).float().sum(0)
+            total[k] += m
+    return hits / total.clamp(min=1)[:, None]
+
+
+def train_medusa(target_dir: str | Path, feature_dirs: list[str | Path], out_dir: str | Path, cfg: TrainConfig,
+                 opts: MedusaTrainOptions = MedusaTrainOptions(), resume: bool = False, target_name: str = "",
+                 progress: bool = True, stop_at: int | None = None) -> tuple[MedusaHeads, TrainResult, dict[str, float]]:
+    from safetensors.torch import load_file
+
+    from . import features
+
+    target_dir = Path(target_dir)
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    state = {}
+    for f in sorted(target_dir.glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    embed = state["model.embed_tokens.weight"].float()
+    data = features.load(list(feature_dirs))
+    train_set, val_set = data.split(every=10) if len(data.tokens) >= 10 else (data, data)
+    vocab = choose_draft_vocab(train_set, opts.draft_vocab_size, tcfg["vocab_size"])
+    heads = MedusaHeads(MedusaConfig(tcfg["hidden_size"], opts.num_heads, tcfg["vocab_size"], len(vocab),
+                                     target_name))
+    with torch.no_grad():
+        heads.draft_vocab.copy_(vocab)
+    lm_rows = embed[vocab]
+    vocab_index = torch.full((tcfg["vocab_size"],), -1, dtype=torch.long)
+    vocab_index[vocab] = torch.arange(len(vocab))
+    result = train(heads, lambda m, g: medusa_loss(m, lm_rows, train_set, opts, g, vocab_index), cfg, out_dir,
+                   resume=resume, progress=progress, stop_at=stop_at)
+    acc = rank_accuracy(heads, lm_rows, val_set)
+    with torch.no_grad():
+        heads.rank_acc.copy_(acc)
+    metrics = {f"head{k + 1}_top1": float(acc[k, 0]) for k in range(opts.num_heads)}
+    metrics |= {f"head{k + 1}_top5": float(acc[k, :5].sum()) for k in range(opts.num_heads)}
+    heads.save(Path(out_dir) / "weights", {
+        "train": {**asdict(cfg), **asdict(opts), "train_tokens": train_set.num_tokens,
+                  "train_sequences": len(train_set.tokens), "final_loss": result.losses[-1],
+                  "validation": metrics},
+    })
+    return heads, result, metrics

@@ -1,0 +1,25 @@
+"""Shipped drafter weights: one directory per (drafter kind, target), each holding
+``model.safetensors``, ``config.json`` and ``MODEL_CARD.md`` (data, steps, final loss,
+validation acceptance). Nothing here duplicates the target's embedding or LM head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).parent
+
+# (drafter kind, target model name) -> directory under weights/
+SHIPPED: dict[tuple[str, str], str] = {
+    ("eagle", "smollm2-135m-instruct"): "eagle-smollm2-135m-instruct",
+    ("medusa", "smollm2-135m-instruct"): "medusa-smollm2-135m-instruct",
+}
+
+
+def shipped_weights(kind: str, target: str) -> Path:
+    """The directory of the shipped ``kind`` weights for ``target``; ValueError if none."""
+    name = SHIPPED.get((kind, target))
+    if name is None or not (ROOT / name / "config.json").exists():
+        have = ", ".join(f"{k} for {t}" for (k, t), n in SHIPPED.items() if (ROOT / n / "config.json").exists())
+        raise ValueError(f"no shipped {kind} weights for {target!r} (shipped: {have or 'none'}); "
+                         f"train some with `verispec train {kind}` and pass weights=<dir>")
+    return ROOT / name

@@ -1,0 +1,215 @@
+"""EAGLE and Medusa drafters: dynamic-tree functions, strict greedy equality with plain
+decoding on stories260k (heads trained for a few seconds in a fixture), the sampling law,
+save/load round trips, lifecycle errors, and (marked ``real``) the shipped SmolLM2 weights."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from helpers import run
+from scipy.stats import chisquare
+from transformers import AutoModelForCausalLM
+
+from verispec.api import load_model
+from verispec.drafters.base import DraftContext, NoDrafter, Observation
+from verispec.drafters.dynamic_tree import rerank, select_frontier, tree_from_candidates
+from verispec.drafters.eagle import EagleDrafter, EagleHead, load_target_embedding
+from verispec.drafters.medusa import MedusaDrafter, MedusaHeads, sparse_tree_paths
+from verispec.sampling import target_probs
+from verispec.train import features
+from verispec.train.data import continuation_sequences
+from verispec.train.eagle import EagleTrainOptions, train_eagle
+from verispec.train.loop import TrainConfig
+from verispec.train.medusa import MedusaTrainOptions, train_medusa
+from verispec.tree import DraftTree
+from verispec.types import SamplingParams
+
+PROMPTS = [[1, 400, 20, 35], [1, 67, 300], [1, 250, 251, 9, 77]]
+
+
+@pytest.fixture(scope="module")
+def stories():
+    return load_model("stories260k")
+
+
+@pytest.fixture(scope="module")
+def embed(stories):
+    return load_target_embedding(stories.hf_dir)
+
+
+@pytest.fixture(scope="module")
+def trained(stories, tmp_path_factory):
+    """(eagle weights dir, medusa weights dir), trained for a few seconds."""
+    hf = AutoModelForCausalLM.from_pretrained(str(stories.hf_dir)).eval()
+    root = tmp_path_factory.mktemp("trained")
+    features.extract(hf, continuation_sequences(hf, 16, 48, seed=1), root / "feats", shard_size=8,
+                     log=lambda s: None)
+    cfg = TrainConfig(steps=40, lr=3e-3, warmup=3, ckpt_every=40)
+    train_eagle(stories.hf_dir, [root / "feats"], root / "eagle", cfg,
+                EagleTrainOptions(max_len=64, ce_positions=32, draft_vocab_size=300), progress=False)
+    train_medusa(stories.hf_dir, [root / "feats"], root / "medusa", cfg,
+                 MedusaTrainOptions(num_heads=3, draft_vocab_size=300), progress=False)
+    return root / "eagle" / "weights", root / "medusa" / "weights"
+
+
+# ---- dynamic trees (pure) -----------------------------------------------------------------
+def test_rerank_is_ancestor_closed_and_topological():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        n = 30
+        parents = [-1] + [int(torch.randint(-1, i, (), generator=g)) for i in range(1, n)]
+        logp = (-torch.rand(n, generator=g) * 3).tolist()
+        scores = []
+        for c in range(n):
+            scores.append(logp[c] + (0.0 if parents[c] == -1 else scores[parents[c]]))
+        chosen = rerank(scores, parents, 10)
+        assert len(chosen) == 10 and chosen == sorted(chosen)
+        assert all(parents[c] == -1 or parents[c] in chosen for c in chosen)
+        worst_kept = min(scores[c] for c in chosen)
+        assert sum(s > worst_kept for s in scores) <= 10  # nothing better left out
+
+
+def test_tree_from_candidates_keeps_sibling_order_by_score():
+    tokens, parents, scores = [10, 11, 12, 13], [-1, -1, 1, 1], [-1.0, -0.5, -0.9, -0.6]
+    t = tree_from_candidates(7, tokens, parents, scores, [0, 1, 2, 3])
+    assert t.tokens == (7, 11, 10, 13, 12) and t.parents == (-1, 0, 0, 1, 1)
+    with pytest.raises(ValueError, match="without its parent"):
+        tree_from_candidates(7, tokens, parents, scores, [2])
+    assert select_frontier(scores, [0, 1, 2, 3], 2) == [1, 3]
+
+
+def test_sparse_tree_paths_prefix_closed_and_best_first():
+    acc = [[0.7, 0.1, 0.05], [0.5, 0.2, 0.1], [0.4, 0.2, 0.1]]
+    paths = sparse_tree_paths(acc, 8)
+    assert len(paths) == 8 and paths[0] == (0,) and paths[1] == (0, 0)
+    assert all(p[:-1] in paths or len(p) == 1 for p in paths)
+    tree = DraftTree.from_paths(5, [[100 * (d + 1) + i for d, i in enumerate(p)] for p in paths])
+    assert tree.num_drafted == 8
+
+
+# ---- engine behaviour on stories260k -------------------------------------------------------
+def _eagle(trained, embed, mode):
+    return EagleDrafter(EagleHead.load(trained[0]), embed, mode=mode, depth=4, top_k=4)
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_eagle_greedy_equals_plain(stories, trained, embed, mode):
+    params = SamplingParams(max_new_tokens=48, ignore_eos=True)
+    accepted = 0
+    for prompt in PROMPTS:
+        plain, _ = run(stories.backend, NoDrafter(), prompt, params)
+        spec, stats = run(stories.backend, _eagle(trained, embed, mode), prompt, params, k=8)
+        assert spec == plain
+        accepted += stats.accepted
+    assert accepted > 0  # the trained head does get tokens accepted
+
+
+def test_medusa_greedy_equals_plain(stories, trained, embed):
+    params = SamplingParams(max_new_tokens=48, ignore_eos=True)
+    accepted = 0
+    for prompt in PROMPTS:
+        plain, _ = run(stories.backend, NoDrafter(), prompt, params)
+        spec, stats = run(stories.backend, MedusaDrafter(MedusaHeads.load(trained[1]), embed), prompt, params, k=8)
+        assert spec == plain
+        accepted += stats.accepted
+    assert accepted > 0
+
+
+@pytest.mark.parametrize("which", ["eagle-chain", "eagle-tree", "medusa"])
+def test_sampling_distribution_matches_target(stories, trained, embed, which):
+    """The third token is the first one a speculative step can commit (prefill gives no
+    hidden states, so step one drafts nothing); given the first two, its law must be the
+    target's p(. | prompt, t1, t2)."""
+    if which == "medusa":
+        drafter = MedusaDrafter(MedusaHeads.load(trained[1]), embed)
+    else:
+        drafter = _eagle(trained, embed, which.split("-")[1])
+    prompt = PROMPTS[0]
+    params = [SamplingParams(temperature=0.8, max_new_tokens=5, seed=s, ignore_eos=True) for s in range(900)]
+    outs = [tuple(run(stories.backend, drafter, prompt, p, k=4)[0]) for p in params]
+    head = Counter(o[:2] for o in outs).most_common(1)[0][0]
+    thirds = torch.tensor([o[2] for o in outs if o[:2] == head])
+    assert len(thirds) > 150
+    ids = torch.tensor([prompt + list(head)])
+    logits = stories.backend.forward(ids, torch.arange(ids.shape[1])[None], stories.backend.new_cache()).logits[0, -1:]
+    p = target_probs(logits, params[0])[0].double()
+    counts = torch.bincount(thirds, minlength=p.numel()).double()
+    assert counts[p == 0].sum() == 0
+    big = p * len(thirds) >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([p[big], p[~big].sum()[None]]) * len(thirds)
+    assert chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue > 1e-3
+
+
+def test_save_load_round_trip(trained, tmp_path):
+    head = EagleHead.load(trained[0])
+    head.save(tmp_path / "e")
+    again = EagleHead.load(tmp_path / "e")
+    x = torch.randn(1, 5, head.cfg.hidden_size)
+    pos = torch.arange(1, 6)[None]
+    assert torch.equal(head(x, x, pos)[0], again(x, x, pos)[0])
+    assert torch.equal(head.draft_vocab, again.draft_vocab)
+    heads = MedusaHeads.load(trained[1])
+    heads.save(tmp_path / "m")
+    again_m = MedusaHeads.load(tmp_path / "m")
+    assert torch.equal(heads(x), again_m(x)) and torch.equal(heads.rank_acc, again_m.rank_acc)
+    with pytest.raises(ValueError, match="EAGLE"):
+        EagleHead.load(tmp_path / "m")
+    with pytest.raises(ValueError, match="config.json"):
+        MedusaHeads.load(tmp_path / "missing")
+
+
+def test_lifecycle_errors(trained, embed):
+    d = _eagle(trained, embed, "tree")
+    ctx = DraftContext("r", [1, 2, 3], 4, SamplingParams(), torch.Generator())
+    with pytest.raises(ValueError, match="not started"):
+        d.propose(ctx)
+    d.start("r", [1, 2])
+    with pytest.raises(ValueError, match="already started"):
+        d.start("r", [1, 2])
+    assert d.propose(ctx).num_drafted == 0  # no features before the first observe
+    tree = DraftTree.chain(3, [])
+    with pytest.raises(ValueError, match="hidden states"):
+        d.observe(Observation("r", tree, [], [4], torch.zeros(1, 512), None))
+    with pytest.raises(ValueError, match="embedding"):
+        EagleDrafter(EagleHead.load(trained[0]), embed[:10])
+    with pytest.raises(ValueError, match="mode"):
+        EagleDrafter(EagleHead.load(trained[0]), embed, mode="beam")
+    d.finish("r")
+    assert d.memory_bytes() == 0
+
+
+# ---- the real target with the shipped weights ----------------------------------------------
+@pytest.mark.real
+@pytest.mark.parametrize("name,opts", [("eagle", {"mode": "tree"}), ("eagle", {"mode": "chain"}), ("medusa", {})])
+def test_smollm2_shipped_drafters_greedy_exact(name, opts):
+    from exactness import compare_greedy
+
+    from verispec.api import SpecDecoder, encode_prompt
+    from verispec.weights import SHIPPED, ROOT
+
+    if (name, "smollm2-135m-instruct") not in SHIPPED or not (ROOT / SHIPPED[(name, "smollm2-135m-instruct")]).exists():
+        pytest.skip(f"no shipped {name} weights")
+    lm = load_model("smollm2-135m-instruct", dtype="float32", backend="hf")
+    params = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    prompts = [encode_prompt(lm, "Explain what a rainbow is in two sentences."),
+               encode_prompt(lm, "Write a short poem about the sea.")]
+    plain_dec, dec = SpecDecoder(lm, "none"), SpecDecoder(lm, name, opts, num_draft_tokens=12)
+    accepted = 0
+    for prompt in prompts:
+        plain = _ids(plain_dec, prompt, params)
+        spec_req = dec.engine.add_request(prompt, params)
+        while not spec_req.finished:
+            dec.engine.step(spec_req)
+        compare_greedy(lm.backend, prompt, plain, spec_req.generated)
+        accepted += spec_req.stats.accepted
+    assert accepted > 10
+
+
+def _ids(dec, prompt, params):
+    req = dec.engine.add_request(prompt, params)
+    while not req.finished:
+        dec.engine.step(req)
+    return req.generated
