@@ -154,6 +154,12 @@ def train(
     print(json.dumps(result))
 
 
+# `verispec bench`: options and logic live in verispec.bench.command (typer/rich imports only).
+from .bench.command import bench as _bench  # noqa: E402
+
+app.command("bench")(_bench)
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,326 @@
+"""``verispec bench``: Spec-Bench prompts x methods (ours and peers), interleaved, with
+exactness checks, Markdown/JSON results and plots. ``cli.py`` registers :func:`bench`.
+
+Only typer/rich are imported at module level, so ``verispec --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+err = Console(stderr=True)
+
+
+class BenchError(ValueError):
+    """Bad input: printed as one line, exit code 2."""
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    data: Path | None
+    categories: tuple[str, ...]
+    limit: int | None
+    methods: tuple[str, ...]
+    model: str
+    backend: str
+    dtype: str
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    max_new_tokens: int
+    num_draft_tokens: int
+    policy: str
+    repeats: int
+    warmup: int
+    threads: int
+    ignore_eos: bool
+    max_prompt_tokens: int | None
+    near_tie: float
+    output_dir: Path
+    strict: bool
+    quick: bool
+
+
+@dataclass(frozen=True)
+class Preset:
+    categories: tuple[str, ...]
+    limit: int | None
+    methods: tuple[str, ...]
+    max_new_tokens: int
+    warmup: int
+
+
+DEFAULT = Preset(categories=(), limit=10, methods=("prompt-lookup",), max_new_tokens=128, warmup=1)
+# --quick: the CI smoke run (about 3 minutes on 2 busy cores); its speeds mean nothing.
+QUICK = Preset(categories=("summarization", "rag"), limit=1, methods=("prompt-lookup",), max_new_tokens=48, warmup=0)
+
+
+# ----------------------------------------------------------------------------- building runners
+
+
+@dataclass
+class _Shared:
+    """Weights loaded once per run and shared by several peer runners."""
+
+    hf_model: Any = None
+    notices: list[str] = field(default_factory=list)
+
+
+def _pop_int(opts: dict[str, str], key: str, default: int) -> int:
+    try:
+        return int(opts.pop(key, default))
+    except ValueError:
+        raise BenchError(f"option {key} must be an integer") from None
+
+
+def _check_empty(label: str, opts: dict[str, str]) -> None:
+    if opts:
+        raise BenchError(f"method {label} has no option(s) {', '.join(sorted(opts))}")
+
+
+def _hf_runner(spec, lm, o: BenchOptions, shared: _Shared):
+    from ..api import DTYPES
+    from .peers import HFGenerateRunner, configure_assistant, load_hf_model
+
+    dtype = DTYPES[o.dtype]
+    if shared.hf_model is None:
+        shared.hf_model = load_hf_model(lm.hf_dir, dtype)
+    opts, eos = spec.option_dict(), lm.backend.info.eos_token_ids
+    if spec.name == "hf-generate":
+        _check_empty(spec.label, opts)
+        return HFGenerateRunner(spec.label, shared.hf_model, "plain", o.num_draft_tokens, eos)
+    if spec.name == "hf-pld":
+        ngram = _pop_int(opts, "max_ngram", 2)
+        _check_empty(spec.label, opts)
+        return HFGenerateRunner(spec.label, shared.hf_model, "pld", o.num_draft_tokens, eos, max_ngram=ngram)
+    draft = opts.pop("model", "truncated:4")
+    confidence = float(opts.pop("confidence", 0.4))
+    _check_empty(spec.label, opts)
+    if draft.startswith("truncated:"):
+        layers = _pop_int({"layers": draft.removeprefix("truncated:")}, "layers", 0)
+        if layers < 1:
+            raise BenchError(f"{spec.label}: truncated:N needs N >= 1")
+        assistant = load_hf_model(lm.hf_dir, dtype, num_layers=layers)
+    else:
+        from ..models.loading import materialize, resolve_model
+
+        assistant = load_hf_model(materialize(resolve_model(draft)), dtype)
+    configure_assistant(assistant, o.num_draft_tokens, confidence)
+    return HFGenerateRunner(spec.label, shared.hf_model, "assisted", o.num_draft_tokens, eos, assistant=assistant)
+
+
+def _llamacpp_runner(spec, lm, o: BenchOptions, shared: _Shared):
+    from ..models.loading import resolve_model
+    from .peers import LlamaCppRunner, llamacpp_available
+
+    if not llamacpp_available():
+        shared.notices.append(f"{spec.label} skipped: llama-cpp-python is not installed "
+                              "(pip install 'verispec[llamacpp]')")
+        return None
+    source = resolve_model(o.model)
+    if source.kind != "gguf":
+        shared.notices.append(f"{spec.label} skipped: model {o.model} is not a GGUF file")
+        return None
+    opts = spec.option_dict()
+    ngram = _pop_int(opts, "max_ngram", 2)
+    _check_empty(spec.label, opts)
+    k = o.num_draft_tokens if spec.name == "llamacpp-pld" else None
+    n_ctx = min(lm.backend.info.max_length, 4096)
+    return LlamaCppRunner(spec.label, source.path, lm.backend.info.eos_token_ids, o.threads, n_ctx, k, ngram)
+
+
+def build_runners(specs, lm, o: BenchOptions) -> tuple[list, list[str]]:
+    """One runner per method spec (baseline first); peers that cannot run are skipped
+    with a notice. Returns (runners, notices)."""
+    from ..registry import make_drafter
+    from .runners import EngineRunner
+
+    shared, runners = _Shared(), []
+    for spec in specs:
+        if spec.kind == "engine":
+            drafter = make_drafter(spec.name, lm, spec.option_dict())
+            runners.append(EngineRunner(spec.label, lm.backend, drafter, o.num_draft_tokens, o.policy))
+        elif spec.kind == "hf":
+            runners.append(_hf_runner(spec, lm, o, shared))
+        else:
+            runner = _llamacpp_runner(spec, lm, o, shared)
+            if runner is not None:
+                runners.append(runner)
+    return runners, shared.notices
+
+
+def make_builder(lm, o: BenchOptions):
+    """Chat models: messages through the chat template. Base models: turns and answers
+    joined by blank lines after BOS."""
+    from ..api import encode_prompt
+    from .harness import PromptBuilder
+
+    info = lm.backend.info
+    room = info.max_length - o.max_new_tokens - o.num_draft_tokens - 1
+    limit = min(room, o.max_prompt_tokens or room)
+    decode = lambda ids: lm.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    if lm.has_chat_template:
+        return PromptBuilder(lambda msgs: encode_prompt(lm, msgs), decode, limit)
+    encode = lambda msgs: encode_prompt(lm, "\n\n".join(m["content"] for m in msgs), chat=False)  # noqa: E731
+    return PromptBuilder(encode, decode, limit, keep_first=info.bos_token_id is not None)
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def _meta(o: BenchOptions, lm, num_prompts: int, notices: list[str]) -> dict:
+    import torch
+
+    return {
+        "command": shlex.join(["verispec", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else "verispec bench (API)",
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "model": lm.name, "backend": lm.backend_kind,
+        "dtype": o.dtype, "machine": f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}",
+        "threads": o.threads, "prompts": num_prompts, "categories": list(o.categories), "limit": o.limit,
+        "max_new_tokens": o.max_new_tokens, "num_draft_tokens": o.num_draft_tokens, "policy": o.policy,
+        "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "seed": o.seed,
+        "repeats": o.repeats, "warmup": o.warmup, "ignore_eos": o.ignore_eos, "near_tie": o.near_tie,
+        "quick": o.quick, "notices": notices,
+    }
+
+
+def _progress():
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    return Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err)
+
+
+def run_bench(o: BenchOptions) -> tuple[dict, int]:
+    """Run the benchmark and write results; returns (paths/summary info, mismatches of
+    our methods that are not near-ties). Raises BenchError/ValueError on bad input."""
+    import torch
+
+    from ..registry import DRAFTERS
+    from ..types import SamplingParams
+    from .datasets import GROUPS, load_spec_bench
+    from .methods import parse_method, with_baseline
+
+    specs = with_baseline([parse_method(m, tuple(DRAFTERS)) for m in o.methods])
+    params = SamplingParams(temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
+                            max_new_tokens=o.max_new_tokens, seed=o.seed, ignore_eos=o.ignore_eos)
+    prompts = load_spec_bench(o.data, o.categories or GROUPS, o.limit)
+    if not prompts:
+        raise BenchError("no prompts selected")
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(o.threads)
+    try:
+        return _run_loaded(o, specs, params, prompts)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run_loaded(o: BenchOptions, specs, params, prompts) -> tuple[dict, int]:
+    from ..api import load_model
+    from .harness import num_generations, run
+    from .lossless import check_records
+    from .methods import BASELINE
+    from .metrics import summarize
+    from .report import write_all
+
+    lm = load_model(o.model, dtype=o.dtype, backend=o.backend)
+    runners, notices = build_runners(specs, lm, o)
+    for note in notices:
+        err.print(f"[yellow]notice:[/yellow] {note}", highlight=False, soft_wrap=True)
+    total = num_generations(prompts, len(runners), o.repeats) + o.warmup * len(runners)
+    with _progress() as progress:
+        task = progress.add_task("bench", total=total)
+        records = run(runners, prompts, make_builder(lm, o), params, repeats=o.repeats, warmup=o.warmup,
+                      on_generation=lambda label: progress.update(task, advance=1, description=label[:28]))
+    rows = check_records(records, BASELINE, lm.backend, o.near_tie) if params.greedy else []
+    summaries = summarize(records, BASELINE)
+    memory = {r.label: r.memory_bytes() for r in runners}
+    paths = write_all(o.output_dir, _meta(o, lm, len(prompts), notices), records, summaries, rows, memory)
+    ours = {s.label for s in specs if not s.is_peer}
+    bad = sum(1 for r in rows if r.status == "mismatch" and r.method in ours)
+    return {"paths": paths, "summaries": summaries, "rows": rows}, bad
+
+
+def _resolve(quick: bool, categories: list[str], limit: Optional[int], methods: list[str],
+             max_new_tokens: Optional[int], warmup: Optional[int]) -> Preset:
+    """Explicit options win over the preset (--quick or the defaults)."""
+    p = QUICK if quick else DEFAULT
+    return Preset(tuple(categories) or p.categories, limit if limit is not None else p.limit,
+                  tuple(methods) or p.methods, max_new_tokens or p.max_new_tokens,
+                  warmup if warmup is not None else p.warmup)
+
+
+def bench(
+    data: Optional[Path] = typer.Option(None, "--data", help="Spec-Bench question.jsonl (default ../shared/data/spec_bench/question.jsonl)"),
+    category: list[str] = typer.Option([], "--category", "-c", help="mt_bench, translation, summarization, qa, math_reasoning, rag (repeatable; default all)"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="prompts per category (default 10; 0 = all)"),
+    method: list[str] = typer.Option([], "--method", "-m", help="drafter[:k=v,...] or a peer (hf-generate, hf-pld, hf-assisted:model=truncated:4, llamacpp, llamacpp-pld); repeatable; the baseline `none` always runs"),
+    model: str = typer.Option("smollm2-135m-instruct", help="catalog name or path"),
+    backend: str = typer.Option("hf", help="auto, hf or native"),
+    dtype: str = typer.Option("float32", help="float32 or bfloat16"),
+    temperature: float = typer.Option(0.0, help="0 = greedy (exactness is checked); > 0 = sampling"),
+    top_p: float = typer.Option(1.0),
+    top_k: int = typer.Option(0),
+    seed: int = typer.Option(0, help="sampling seed of repeat r is seed + r"),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", "-n", help="default 128 (48 with --quick)"),
+    num_draft_tokens: int = typer.Option(8, "--num-draft-tokens", "-k", help="draft budget per step (all methods)"),
+    policy: str = typer.Option("fixed", help="draft length policy of our engine: fixed or heuristic"),
+    repeats: int = typer.Option(1, help="runs of every prompt per method (spread = std over repeats)"),
+    warmup: Optional[int] = typer.Option(None, help="warm-up prompts per method, not recorded (default 1; 0 with --quick)"),
+    threads: int = typer.Option(1, help="torch / llama.cpp threads (1 is fastest on a shared 2-core machine)"),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="always generate max_new_tokens"),
+    max_prompt_tokens: Optional[int] = typer.Option(None, help="keep only the most recent prompt tokens"),
+    near_tie: float = typer.Option(1e-3, help="top-2 logit gap below which a greedy divergence is a near-tie"),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="default results/bench-<timestamp>"),
+    strict: bool = typer.Option(False, "--strict", help="exit 1 if one of our methods mismatches (not a near-tie)"),
+    quick: bool = typer.Option(False, "--quick", help="CI smoke run: 1 summarization + 1 rag prompt, 48 tokens, none vs prompt-lookup"),
+) -> None:
+    """Benchmark methods on Spec-Bench against plain decoding (and peer engines)."""
+    from transformers.utils import logging as hf_logging
+
+    from ..models.base import ModelError
+
+    hf_logging.set_verbosity_error()  # load reports of truncated drafts and deprecation chatter
+    p = _resolve(quick, category, limit, method, max_new_tokens, warmup)
+    out = output_dir or Path("results") / time.strftime("bench-%Y%m%d-%H%M%S")
+    opts = BenchOptions(data, p.categories, p.limit or None, p.methods, model, backend, dtype, temperature,
+                        top_p, top_k, seed, p.max_new_tokens, num_draft_tokens, policy, repeats, p.warmup,
+                        threads, ignore_eos, max_prompt_tokens, near_tie, out, strict, quick)
+    try:
+        if threads < 1 or repeats < 1 or p.warmup < 0 or (p.limit or 0) < 0 or num_draft_tokens < 1:
+            raise BenchError("threads, repeats and --num-draft-tokens must be >= 1; warmup and limit >= 0")
+        if data is not None and not data.is_file():
+            raise BenchError(f"benchmark file {data} not found")
+        result, bad = run_bench(opts)
+    except (ValueError, ModelError) as e:
+        err.print(f"[red]error:[/red] {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+                  highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    _print_summary(result)
+    if strict and bad:
+        err.print(f"[red]strict:[/red] {bad} greedy output(s) of verispec methods differ from plain decoding "
+                  "beyond a near-tie", highlight=False)
+        raise typer.Exit(1)
+
+
+def _print_summary(result: dict) -> None:
+    from .lossless import exactness_counts
+    from .report import speedup_table
+
+    print("\n".join(speedup_table(result["summaries"])))
+    for m, c in exactness_counts(result["rows"]).items():
+        print(f"exactness {m}: {c['equal']} equal, {c['near-tie']} near-tie, {c['mismatch']} mismatch, "
+              f"{c['skipped']} skipped")
+    for name, path in result["paths"].items():
+        print(f"{name}: {path}")

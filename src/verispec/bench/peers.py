@@ -1,0 +1,175 @@
+"""Peer baselines: other engines on the same weights, same prompts, same process.
+
+* transformers ``generate`` on the materialized HF directory of the target: plain
+  (``hf-generate``), prompt lookup (``hf-pld``: ``prompt_lookup_num_tokens``), assisted
+  generation with a draft model (``hf-assisted``: ``assistant_model``).
+* llama.cpp through ``llama-cpp-python`` on the model's GGUF (the file our HF directory was
+  dequantized from; llama.cpp computes with the quantized blocks): plain (``llamacpp``)
+  and prompt lookup (``llamacpp-pld``: ``LlamaPromptLookupDecoding``). Optional extra
+  ``[llamacpp]``; :func:`llamacpp_available` says whether it is installed.
+
+Peers are public APIs used as documented: target forwards are counted with a forward hook
+(``register_forward_hook``) that exists only during a ``generate`` call; llama.cpp's KV
+cache is reset before every prompt so no prefix is reused between methods or repeats.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..types import SamplingParams
+from .runners import Generation, module_bytes, sync
+
+
+def llamacpp_available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def cut_at_eos(ids: list[int], eos_ids: tuple[int, ...], max_new_tokens: int) -> tuple[list[int], str]:
+    """Generated ids up to (excluding) the first EOS, at most ``max_new_tokens``.
+
+    Example: cut_at_eos([5, 6, 2, 0, 0], (2,), 8) -> ([5, 6], "eos");
+    cut_at_eos([5, 6, 7], (2,), 2) -> ([5, 6], "length").
+    """
+    for i, t in enumerate(ids[:max_new_tokens]):
+        if t in eos_ids:
+            return ids[:i], "eos"
+    return ids[:max_new_tokens], "length"
+
+
+class _ForwardCounter:
+    """Counts a module's forward calls and when the first one returned, via a forward
+    hook registered on entry and removed on exit (``with _ForwardCounter(model) as c``)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module, self.count, self.first_end = module, 0, None
+
+    def _hook(self, module, args, output) -> None:
+        self.count += 1
+        if self.first_end is None:
+            self.first_end = time.perf_counter()
+
+    def __enter__(self) -> "_ForwardCounter":
+        self._handle = self.module.register_forward_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handle.remove()
+
+
+class HFGenerateRunner:
+    """transformers ``generate``: ``mode`` is "plain", "pld" or "assisted"."""
+
+    def __init__(self, label: str, model: torch.nn.Module, mode: str, num_draft_tokens: int,
+                 eos_ids: tuple[int, ...], max_ngram: int = 2, assistant: torch.nn.Module | None = None):
+        if mode not in ("plain", "pld", "assisted"):
+            raise ValueError(f"unknown transformers mode {mode!r}")
+        if (mode == "assisted") != (assistant is not None):
+            raise ValueError("an assistant model is needed exactly for assisted generation")
+        self.label, self.model, self.mode, self.assistant = label, model.eval(), mode, assistant
+        self.k, self.eos_ids, self.max_ngram = num_draft_tokens, eos_ids, max_ngram
+
+    def _config(self, params: SamplingParams):
+        from transformers import GenerationConfig
+
+        kw: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "pad_token_id": self.eos_ids[0]}
+        if params.ignore_eos:  # generate never stops early; the output is still cut ourselves
+            kw["min_new_tokens"] = params.max_new_tokens
+        kw["eos_token_id"] = list(self.eos_ids)
+        if params.greedy:
+            kw |= {"do_sample": False}
+        else:
+            kw |= {"do_sample": True, "temperature": params.temperature,
+                   "top_k": params.top_k or None, "top_p": params.top_p}
+        if self.mode == "pld":
+            kw |= {"prompt_lookup_num_tokens": self.k, "max_matching_ngram_size": self.max_ngram}
+        return GenerationConfig(**kw)
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        device = next(self.model.parameters()).device
+        ids = torch.tensor([prompt_ids], device=device)  # [1, T]
+        extra = {"assistant_model": self.assistant} if self.assistant is not None else {}
+        if not params.greedy:
+            torch.manual_seed(params.seed)  # transformers samples from the global generator
+        sync(device)
+        with _ForwardCounter(self.model) as counter, torch.inference_mode():
+            t0 = time.perf_counter()
+            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                      generation_config=self._config(params), **extra)
+            sync(device)
+            wall = time.perf_counter() - t0
+        eos = () if params.ignore_eos else self.eos_ids
+        gen, reason = cut_at_eos(out[0, len(prompt_ids):].tolist(), eos, params.max_new_tokens)
+        prefill = counter.first_end - t0 if counter.first_end else None
+        return Generation(tuple(gen), reason, wall, prefill, counter.count, max(counter.count - 1, 0),
+                          None, None, None, None)
+
+    def memory_bytes(self) -> int:
+        """The peer's own copy of the target weights (+ the assistant's)."""
+        return module_bytes(self.model) + (module_bytes(self.assistant) if self.assistant is not None else 0)
+
+
+def load_hf_model(hf_dir: Path, dtype: torch.dtype, num_layers: int | None = None) -> torch.nn.Module:
+    """The target (or its first ``num_layers`` layers, an untrained layer-skip draft) as a
+    plain transformers model from the same materialized directory our backends load."""
+    from transformers import AutoModelForCausalLM
+
+    kw = {"num_hidden_layers": num_layers} if num_layers else {}
+    return AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, attn_implementation="sdpa", **kw).eval()
+
+
+def configure_assistant(assistant: torch.nn.Module, num_draft_tokens: int, confidence: float) -> None:
+    """Assisted generation reads its draft length from the assistant's generation config
+    (transformers' documented knob): a constant ``num_draft_tokens``, and the dynamic
+    confidence cut-off (transformers' default 0.4; 0 disables it)."""
+    from transformers import GenerationConfig
+
+    assistant.generation_config = GenerationConfig(
+        num_assistant_tokens=num_draft_tokens, num_assistant_tokens_schedule="constant",
+        assistant_confidence_threshold=confidence)
+
+
+class LlamaCppRunner:
+    """llama-cpp-python on a GGUF, plain or with its prompt-lookup draft model."""
+
+    def __init__(self, label: str, gguf: Path, eos_ids: tuple[int, ...], threads: int,
+                 n_ctx: int, num_draft_tokens: int | None = None, max_ngram: int = 2):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        pld = num_draft_tokens is not None
+        draft = LlamaPromptLookupDecoding(max_ngram_size=max_ngram, num_pred_tokens=num_draft_tokens) if pld else None
+        # logits_all=True with a draft model: 0.3.36 crashes past 512 tokens otherwise.
+        self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                         logits_all=pld, draft_model=draft, verbose=False)
+        self.label, self.eos_ids, self.gguf = label, eos_ids, gguf
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        if len(prompt_ids) + params.max_new_tokens + 16 > self.llm.n_ctx():
+            raise ValueError(f"{self.label}: prompt of {len(prompt_ids)} tokens does not fit n_ctx {self.llm.n_ctx()}")
+        sampling = ({"temp": 0.0} if params.greedy else
+                    {"temp": params.temperature, "top_k": params.top_k, "top_p": params.top_p})
+        self.llm.set_seed(params.seed)
+        self.llm.reset()  # no KV prefix reuse across prompts, methods or repeats
+        eos = () if params.ignore_eos else self.eos_ids
+        out, reason, first = [], "length", None
+        t0 = time.perf_counter()
+        for tok in self.llm.generate(prompt_ids, min_p=0.0, typical_p=1.0, repeat_penalty=1.0, **sampling):
+            first = first or time.perf_counter()
+            if tok in eos:
+                reason = "eos"
+                break
+            out.append(int(tok))
+            if len(out) >= params.max_new_tokens:
+                break
+        wall = time.perf_counter() - t0
+        return Generation(tuple(out), reason, wall, (first - t0) if first else None,
+                          None, None, None, None, None, None)
+
+    def memory_bytes(self) -> int:
+        return self.gguf.stat().st_size  # weights are mmapped from the file

@@ -1,0 +1,95 @@
+"""Runners: one method, ready to generate for a prompt, timed the same way for everyone.
+
+A runner turns prompt token ids into a :class:`Generation` (generated ids + timings +
+whatever speculation counters that engine exposes). Our methods run through
+:class:`EngineRunner`; peers (transformers, llama.cpp) live in ``bench/peers.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ..drafters.base import Drafter
+from ..engine import Engine
+from ..models.base import CausalLM
+from ..types import SamplingParams
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One timed generation. Counters an engine does not expose are ``None``."""
+
+    token_ids: tuple[int, ...]  # generated ids, prompt excluded, EOS excluded
+    finish_reason: str
+    wall_s: float  # prefill included
+    prefill_s: float | None  # time to the first generated token
+    target_forwards: int | None  # prefill included
+    steps: int | None  # decode steps after prefill (one target forward each)
+    drafted: int | None
+    accepted: int | None
+    accepted_at: tuple[int, ...] | None  # steps that accepted draft depth i+1
+    drafted_at: tuple[int, ...] | None  # steps that drafted depth i+1
+
+
+class Runner(Protocol):
+    label: str
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
+
+    def memory_bytes(self) -> int:
+        """Bytes this method holds beyond the shared target (draft weights, tables, ...)."""
+        ...
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued device work so timers measure it (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def module_bytes(obj: object) -> int:
+    """Parameter + buffer bytes of a torch module, or of a backend exposing ``weight_bytes``
+    or wrapping a module as ``.model``; 0 for anything else."""
+    wb = getattr(obj, "weight_bytes", None)  # the native backend: a property
+    if wb is not None:
+        return int(wb() if callable(wb) else wb)
+    module = obj if isinstance(obj, torch.nn.Module) else getattr(obj, "model", None)
+    if not isinstance(module, torch.nn.Module):
+        return 0
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class EngineRunner:
+    """A drafter through our engine (the drafter ``none`` is the baseline)."""
+
+    def __init__(self, label: str, target: CausalLM, drafter: Drafter,
+                 num_draft_tokens: int, policy: str = "fixed"):
+        self.label, self.drafter = label, drafter
+        self.engine = Engine(target, drafter, num_draft_tokens, policy)
+        self._device = target.info.device
+        draft_model = getattr(drafter, "model", None)  # a draft LM has its own weights
+        self._static_bytes = module_bytes(draft_model) if draft_model is not None else 0
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        sync(self._device)
+        t0 = time.perf_counter()
+        req = self.engine.add_request(prompt_ids, params)
+        try:
+            while not req.finished:
+                self.engine.step(req)
+        finally:
+            self.engine.finish(req, req.finished or "stop")
+        sync(self._device)
+        wall = time.perf_counter() - t0
+        s = req.stats
+        return Generation(tuple(req.generated), str(req.finished), wall, s.prefill_s,
+                          s.target_forwards, s.steps, s.drafted, s.accepted,
+                          tuple(s.accepted_at), tuple(s.drafted_at))
+
+    def memory_bytes(self) -> int:
+        return self._static_bytes + int(self.drafter.memory_bytes())
