@@ -17,26 +17,36 @@ Design
 
 Batch invariance (why speculative greedy output is bit-identical to plain decoding)
 -----------------------------------------------------------------------------------
-A token's logits must not depend on how many other tokens share its forward or where it
-sits. Two things break that in a naive runtime: GEMM kernels round differently for different
-row counts (MKL fp32 here: M=1 is a GEMV, M=2..3 and M>=4 are three different kernels), and
-attention reduces over a key axis whose length is ``length+N``. With ``batch_invariant=True``:
+A token's logits must not depend on how many other tokens share its forward, where it sits,
+or where its ancestors sit in the cache. Three things break that in a naive runtime:
+(1) GEMM kernels round differently for different row counts (MKL fp32 here, 2 threads:
+M=1 is a GEMV and M in 2..3, 5..7, 9..11 differ from M>=12; with 1 thread M>=4 agree);
+(2) attention reduces over a key axis whose length is ``length+N`` (``torch.sum`` even
+regroups when zeros are appended); (3) in a tree, a node's ancestors sit at other slots
+than in sequential decoding (holes for siblings), which changes the reduction order.
+With ``batch_invariant=True`` (default):
 
 1. Every decode/verify forward (N <= ``max_rows``) is padded with dummy rows to at least
-   ``min_rows`` rows. ``min_rows`` is calibrated at load time on the model's own weight
-   shapes: the smallest m such that every row count in [m, max_rows] gives bitwise the same
-   row results, and a row's result does not depend on its index (fp32/MKL here: 4; the CPU
-   bf16 and int8 kernels are row-invariant at any M: 1, i.e. no padding).
-2. Attention (``invariant_attention``) cuts the key window into fixed ``attn_chunk``-sized
-   chunks; every chunk is one fixed-shape matmul; masked slots become exact zeros
-   (``exp(-inf) = 0``) and the global row max is order-free, so a longer window only adds
-   exact zeros at the end of the per-chunk and cross-chunk sums.
-3. RMSNorm, RoPE, softmax pieces and the MLP are row-local.
+   ``min_rows`` rows. ``min_rows`` is calibrated at load time on the model's own weights
+   (``calibrate_min_rows``): the smallest m such that every row count in [m, max_rows]
+   gives bitwise-equal rows and a row's result does not depend on its index. It is valid
+   for one torch thread count; the model recalibrates if that changes.
+2. Attention (``invariant_attention``, fp32) cuts keys into fixed ``attn_chunk``-slot
+   chunks. Chunks holding only cached slots are shared by all rows; the tail chunks are
+   laid out per new token exactly as sequential decoding would see them (cached slots, then
+   its root-to-node path: ``tail_layout``). Every chunk is one canonical fixed-shape
+   ``torch.bmm`` (query rows padded to ``attn_min_rows``, also calibrated); masked keys are
+   exact zeros; the row max is order-free; chunks are combined by ``pairwise_sum``, whose
+   result does not change when zero chunks are appended.
+3. RMSNorm, RoPE and the MLP are row-local; logits are computed for all padded rows.
 
-Forwards of more than ``max_rows`` tokens (prefill) take the fast path (no padding, SDPA over
-the exact window). Plain and speculative decoding share the same prefill, and with the
+Cost: the padded rows (on this AVX2 CPU fp32 pays for >= 12 rows with 2 threads, bf16 and
+int8 kernels are row-invariant and pay nothing) and the per-token tail gather (small).
+Forwards of more than ``max_rows`` tokens (prefill) take the fast path (no padding, SDPA
+over the exact window). Plain and speculative decoding share the same prefill, and with the
 engine's invariant ``cache.length == len(committed) - 1`` the first decode step (root token
-± drafts) always runs on the invariant path, so it is identical in both.
++ drafts) always runs on the invariant path, so it is identical in both. With
+``batch_invariant=False`` every forward takes the fast path.
 """
 
 from __future__ import annotations
@@ -588,7 +598,9 @@ class NativeLlama:
 
     @property
     def kv_dtype(self) -> torch.dtype:
-        return self.options.dtype
+        """Invariant attention computes in fp32: an fp32 cache (exact for bf16 values) saves
+        converting the key window in every layer."""
+        return torch.float32 if self.options.batch_invariant else self.options.dtype
 
     @property
     def weight_bytes(self) -> int:
