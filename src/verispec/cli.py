@@ -19,7 +19,7 @@ err = Console(stderr=True)
 
 def fail(message: str) -> None:
     """One-line error and exit code 2 (bad input), never a traceback."""
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -85,6 +85,10 @@ def generate(
     from .models.base import ModelError
     from .types import SamplingParams
 
+    from .registry import DRAFTERS
+
+    if drafter not in DRAFTERS:
+        fail(f"unknown drafter {drafter!r}; choose one of: {', '.join(DRAFTERS)}")
     text = read_prompt(prompt, file)
     try:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
@@ -154,13 +158,90 @@ def train(
     print(json.dumps(result))
 
 
+datastore_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                            help="REST datastores: corpora tokenized and indexed by a suffix array.")
+app.add_typer(datastore_app, name="datastore")
+
+
+@datastore_app.command("build")
+def datastore_build(
+    input: Path = typer.Option(..., "--input", "-i", help="corpus .txt (paragraphs) or .jsonl"),
+    output: Path = typer.Option(..., "--output", "-o", help="datastore file (.npz)"),
+    model: str = typer.Option("smollm2-135m-instruct", help="the target whose tokenizer to use"),
+    field: Optional[str] = typer.Option(None, help="jsonl field to read (default: text, else all strings)"),
+    max_tokens: int = typer.Option(10_000_000, help="size bound: tokens kept (8 bytes each)"),
+    depth: int = typer.Option(64, help="suffix sort depth = longest exact lookup"),
+) -> None:
+    """Tokenize a corpus with the target's tokenizer and index it for `--drafter rest`."""
+    from transformers import AutoTokenizer
+
+    from .drafters.retrieval import build_datastore, read_documents, tokenizer_fingerprint
+    from .models.base import ModelError
+    from .models.loading import materialize, resolve_model
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(materialize(resolve_model(model))))
+        docs = (tok(text, add_special_tokens=False)["input_ids"] for text in read_documents(input, field))
+        ds = build_datastore(docs, max_tokens=max_tokens, depth=depth, fingerprint=tokenizer_fingerprint(tok))
+    except (ValueError, ModelError) as e:
+        fail(str(e))
+    if ds.suffix_array.size == 0:
+        fail(f"corpus {input} has no text")
+    ds.save(output)
+    print(json.dumps({"output": str(output), "tokens": int(ds.suffix_array.size), "bytes": ds.nbytes}))
+
+
 # `verispec bench`: options and logic live in verispec.bench.command (typer/rich imports only).
 from .bench.command import bench as _bench  # noqa: E402
 
 app.command("bench")(_bench)
 
 
+@app.command()
+def serve(
+    model: str = typer.Option("smollm2-135m-instruct", help="catalog name or path (see `verispec models`)"),
+    host: str = typer.Option("127.0.0.1", help="bind address"),
+    port: int = typer.Option(8000, help="bind port"),
+    drafter: list[str] = typer.Option(["prompt-lookup", "none"], "--drafter", help="drafters requests may pick (repeatable; the first is the default)"),
+    drafter_option: list[str] = typer.Option([], "--drafter-option", "-o", help="key=value for the default drafter, repeatable"),
+    num_draft_tokens: int = typer.Option(8, "-k", "--num-draft-tokens", help="draft budget per step"),
+    policy: str = typer.Option("fixed", help="draft length policy: fixed or heuristic"),
+    max_batch: int = typer.Option(16, help="most requests decoding together (cache-pool rows)"),
+    max_queue: int = typer.Option(64, help="most requests waiting; more get HTTP 429"),
+    max_model_len: int = typer.Option(2048, help="context per request (prompt + new tokens)"),
+    default_max_tokens: int = typer.Option(256, help="chat max_tokens when the request gives none"),
+    token_budget: int = typer.Option(64, help="tokens per batched verify forward; drafts shrink as the batch grows (0 = no cap)"),
+    disable_spec_at: int = typer.Option(0, help="batch size from which speculation is off (0 = never)"),
+    served_model_name: Optional[str] = typer.Option(None, help="model id clients send (default: --model)"),
+    dtype: str = typer.Option("float32", help="float32 or bfloat16"),
+    backend: str = typer.Option("auto", help="auto, hf or native (native batches verification)"),
+    threads: int = typer.Option(0, help="torch threads (0 = torch default)"),
+    graceful_timeout: float = typer.Option(30.0, help="seconds in-flight requests get on shutdown"),
+) -> None:
+    """Run an OpenAI-compatible server with batched speculative decoding (see verispec.server)."""
+    from .models.base import ModelError
+    from .server.app import ServerConfig, serve as run_server
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    try:
+        config = ServerConfig(model=model, backend=backend, dtype=dtype, drafters=tuple(drafter),
+                              drafter_options=tuple(parse_options(drafter_option).items()),
+                              num_draft_tokens=num_draft_tokens, policy=policy, max_batch=max_batch,
+                              max_queue=max_queue, max_model_len=max_model_len,
+                              default_max_tokens=default_max_tokens, token_budget=token_budget,
+                              disable_spec_at=disable_spec_at, served_model_name=served_model_name)
+        run_server(config, host=host, port=port, graceful_timeout=graceful_timeout)
+    except (ValueError, ModelError) as e:
+        fail(str(e))
+
+
 def main() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars of tiny cached models are noise here
     app()
 
 

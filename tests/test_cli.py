@@ -1,0 +1,68 @@
+"""The command line: golden output, JSON shape, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers.utils import logging as hf_logging
+from typer.testing import CliRunner
+
+from verispec.cli import app
+
+runner = CliRunner()
+hf_logging.disable_progress_bar()  # as verispec.cli.main does
+GOLDEN_START = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_stories_golden_json_through_plain_engine():
+    r = invoke("generate", "--model", "stories260k", "--temperature", "0", "--drafter", "none",
+               "-n", "40", "--json", "")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["text"].startswith(GOLDEN_START)
+    assert len(out["token_ids"]) == 40
+    assert out["stats"]["target_forwards"] == 40 and out["stats"]["tau"] == 1.0
+
+
+def test_stories_prompt_lookup_matches_golden_and_reports_stats():
+    r = invoke("generate", "--model", "stories260k", "--drafter", "prompt-lookup", "-n", "200", "--json", "")
+    out = json.loads(r.stdout)
+    assert out["text"].startswith(GOLDEN_START)
+    assert out["stats"]["target_forwards"] < 200 and out["stats"]["tau"] > 1.0
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "0"], "top_p"),
+    (["--top-p", "1.5"], "top_p"),
+    (["-n", "0"], "max_new_tokens"),
+    (["--drafter", "nope"], "unknown drafter"),
+    (["--model", "no-such-model"], "no-such-model"),
+    (["--model", "/does/not/exist.gguf"], "exist"),
+    (["--file", "/does/not/exist.txt"], "does not exist"),
+    (["--dtype", "float8"], "dtype"),
+    (["-o", "max_ngram"], "key=value"),
+    (["-o", "bogus=1"], "bogus"),
+])
+def test_bad_input_one_line_exit_2(args, needle):
+    base = ["generate", "--model", "stories260k", "hello"]
+    r = invoke(*base[:1], *args, *base[1:]) if "--model" not in args else invoke("generate", *args, "hello")
+    assert r.exit_code == 2, r.output
+    lines = [l for l in r.output.strip().splitlines() if l.strip()]
+    assert len(lines) == 1 and needle.lower() in lines[0].lower() and "Traceback" not in r.output
+
+
+@pytest.mark.real
+def test_empty_chat_message_rejected():
+    r = invoke("generate", "--chat", "")
+    assert r.exit_code == 2 and "non-empty" in r.output
+
+
+def test_models_lists_catalog():
+    r = invoke("models")
+    assert r.exit_code == 0 and "smollm2-135m-instruct" in r.stdout and "stories260k" in r.stdout
