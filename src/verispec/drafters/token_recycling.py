@@ -1,0 +1,144 @@
+"""Token Recycling (Luo et al. 2024, "Turning Trash into Treasure: Accelerating Inference of
+Large Language Models with Token Recycling", arXiv 2408.08696).
+
+Every verification computes the target's next-token distribution at every draft node,
+most of which is thrown away. Token Recycling keeps the top-k of each as a row of an
+adjacency matrix ``M [V, k]`` (int32: row t = the k most likely successors of token t the
+last time the target saw t), and drafts by expanding a static tree template breadth-first
+from the root: the template node ``(parent, rank)`` takes token ``M[token(parent), rank]``.
+
+The matrix is shared by all requests and persists across them (the paper's "hot start");
+it changes only in ``observe``. Memory: exactly ``V * k * 4`` bytes (49152 x 8 -> 1.5 MiB).
+
+Template: the paper uses a fixed 80-node tree. Here the template is the best n-node tree
+(n = the step budget) for a per-rank acceptance profile ``rank_probs`` (the chance that
+the rank-r successor is the target's choice, assumed independent of depth): nodes are
+added in decreasing path probability, the greedy construction that is optimal for
+monotone path weights (Sequoia, Chen et al. 2024). Parents precede children and siblings
+come in rank order, so every prefix of the template is itself a valid tree.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import ClassVar
+
+import torch
+
+from ..tree import DraftTree
+from .base import DraftContext, Observation
+
+# Roughly the per-rank acceptance of a recycled top-k row on chat text (the top-1 of a
+# stale row is right about half the time); only the order of magnitude matters.
+DEFAULT_RANK_PROBS = (0.5, 0.15, 0.07, 0.04, 0.03, 0.02, 0.015, 0.01)
+
+
+def tree_template(rank_probs: tuple[float, ...], size: int, max_depth: int) -> tuple[tuple[int, int], ...]:
+    """``size`` template nodes as ``(parent template index, rank)`` (parent -1 = the root),
+    chosen greedily by path probability (product of ``rank_probs`` along the path).
+
+    Example: rank_probs (0.6, 0.3), size 4, max_depth 3 -> ((-1, 0), (0, 0), (-1, 1), (1, 0)):
+    paths 0.6, 0.36, 0.3, 0.216 beat 0.18 (rank 1 under the first node).
+    """
+    out: list[tuple[int, int]] = []
+    heap = [(-rank_probs[0], 0, -1, 0, 1)]  # (-path prob, tie, parent, rank, depth)
+    tick = 1
+    while heap and len(out) < size:
+        neg, _, parent, rank, depth = heapq.heappop(heap)
+        out.append((parent, rank))
+        me = len(out) - 1
+        if rank + 1 < len(rank_probs):  # the next sibling
+            sib = -neg / rank_probs[rank] * rank_probs[rank + 1]
+            heapq.heappush(heap, (-sib, tick, parent, rank + 1, depth))
+            tick += 1
+        if depth < max_depth:  # the first child
+            heapq.heappush(heap, (neg * rank_probs[0], tick, me, 0, depth + 1))
+            tick += 1
+    return tuple(out)
+
+
+def expand_template(adjacency: torch.Tensor, root: int, template: tuple[tuple[int, int], ...]) -> DraftTree:
+    """Fill the template from ``adjacency`` ([V, k] int32, -1 = unknown): a node whose
+    parent's row is unknown is dropped with its subtree.
+
+    Example: M[7] = [3, 5], M[3] = [9, -1]; template ((-1, 0), (0, 0), (-1, 1), (1, 1))
+    -> tokens (7, 3, 9, 5), parents (-1, 0, 1, 0) (node (1, 1) is unknown, dropped).
+    """
+    cache: dict[int, list[int]] = {}
+
+    def row(t: int) -> list[int]:
+        if t not in cache:
+            cache[t] = adjacency[t].tolist()
+        return cache[t]
+
+    tokens, parents = [root], [-1]
+    where: list[int] = []  # template index -> tree node (-1 = dropped)
+    for parent, rank in template:
+        pnode = 0 if parent < 0 else where[parent]
+        tok = row(tokens[pnode])[rank] if pnode >= 0 else -1
+        if tok < 0:
+            where.append(-1)
+            continue
+        where.append(len(tokens))
+        tokens.append(tok)
+        parents.append(pnode)
+    return DraftTree(tokens=tuple(tokens), parents=tuple(parents))
+
+
+class TokenRecyclingDrafter:
+    """Adjacency-matrix drafter. Options: ``k`` successors kept per token (8),
+    ``max_depth`` of the template (8), ``rank_probs`` (acceptance profile for the template).
+    Vocabulary size ``vocab_size`` comes from the target."""
+
+    name: ClassVar[str] = "token-recycling"
+    needs_hidden_states: ClassVar[bool] = False
+    provides_probs: ClassVar[bool] = False
+
+    def __init__(self, vocab_size: int, k: int = 8, max_depth: int = 8,
+                 rank_probs: tuple[float, ...] = DEFAULT_RANK_PROBS):
+        if vocab_size < 1 or not 1 <= k <= vocab_size or max_depth < 1:
+            raise ValueError("token recycling needs vocab_size >= 1, 1 <= k <= vocab_size, max_depth >= 1")
+        if len(rank_probs) < k or any(not 0 < p <= 1 for p in rank_probs):
+            raise ValueError(f"rank_probs needs k={k} values in (0, 1]")
+        self.k, self.max_depth = k, max_depth
+        self.rank_probs = tuple(rank_probs[:k])
+        self._adjacency = torch.full((vocab_size, k), -1, dtype=torch.int32)  # [V, k]
+        self._templates: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._requests: set[str] = set()
+
+    @property
+    def adjacency(self) -> torch.Tensor:
+        """[V, k] int32 read-only view of the matrix."""
+        return self._adjacency.clone()
+
+    def start(self, request_id: str, prompt_ids: list[int]) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} already started")
+        self._requests.add(request_id)
+
+    def _check(self, request_id: str) -> None:
+        if request_id not in self._requests:
+            raise ValueError(f"request {request_id!r} was not started (or already finished)")
+
+    def _template(self, size: int) -> tuple[tuple[int, int], ...]:
+        if size not in self._templates:  # a pure function of (rank_probs, size, depth)
+            self._templates[size] = tree_template(self.rank_probs, size, self.max_depth)
+        return self._templates[size]
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        self._check(ctx.request_id)
+        return expand_template(self._adjacency, ctx.tokens[-1], self._template(ctx.budget))
+
+    def observe(self, obs: Observation) -> None:
+        """Row ``tokens[i]`` <- top-k of the target logits at node i, for every node."""
+        self._check(obs.request_id)
+        last = {t: i for i, t in enumerate(obs.tree.tokens)}  # a repeated token: its last node
+        nodes = torch.tensor(list(last.values()), dtype=torch.long)
+        top = obs.logits[nodes].topk(self.k, dim=-1).indices.to(torch.int32).cpu()  # [M, k]
+        self._adjacency[torch.tensor(list(last), dtype=torch.long)] = top
+
+    def finish(self, request_id: str) -> None:
+        self._requests.discard(request_id)
+
+    def memory_bytes(self) -> int:
+        return self._adjacency.numel() * self._adjacency.element_size()
