@@ -52,10 +52,51 @@ def _prompt_lookup(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     )
 
 
+def _suffix(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
+    from .drafters.suffix_tree import SuffixDecodingDrafter
+
+    return SuffixDecodingDrafter(
+        max_depth=int(opts.pop("max_depth", 64)), max_match=int(opts.pop("max_match", 32)),
+        max_spec_factor=float(opts.pop("max_spec_factor", 1.0)),
+        min_token_prob=float(opts.pop("min_token_prob", 0.1)),
+        max_global_tokens=int(opts.pop("max_global_tokens", 100_000)),
+    )
+
+
+def _token_recycling(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
+    from .drafters.token_recycling import TokenRecyclingDrafter
+
+    return TokenRecyclingDrafter(target.backend.info.vocab_size, k=int(opts.pop("k", 8)),
+                                 max_depth=int(opts.pop("max_depth", 8)))
+
+
+def _lookahead(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
+    from .drafters.lookahead import LookaheadDrafter
+
+    return LookaheadDrafter(window=int(opts.pop("window", 5)), ngram=int(opts.pop("ngram", 4)),
+                            guesses=int(opts.pop("guesses", 5)), max_keys=int(opts.pop("max_keys", 8192)))
+
+
+def _rest(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
+    from .drafters.retrieval import Datastore, RetrievalDrafter, tokenizer_fingerprint
+
+    if "datastore" not in opts:
+        raise ValueError("needs -o datastore=<file.npz> (build one with `verispec datastore build`)")
+    ds = Datastore.load(str(opts.pop("datastore")))
+    if ds.fingerprint and ds.fingerprint != tokenizer_fingerprint(target.tokenizer):
+        raise ValueError(f"the datastore was built with another tokenizer than {target.name}'s")
+    return RetrievalDrafter(ds, max_match=int(opts.pop("max_match", 16)), min_match=int(opts.pop("min_match", 2)),
+                            max_candidates=int(opts.pop("max_candidates", 256)))
+
+
 DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "none": (lambda target, opts: NoDrafter(), "plain autoregressive decoding (the baseline)"),
     "prompt-lookup": (_prompt_lookup, "n-gram match over prompt + output (options: max_ngram, min_ngram, num_candidates)"),
     "eagle": (_eagle, "EAGLE feature head on target hidden states, EAGLE-2 dynamic trees (options: mode=tree|chain, depth, top_k, weights=<dir>)"),
+    "suffix": (_suffix, "SuffixDecoding: per-request + global suffix tries, adaptive trees (options: max_depth, max_match, max_spec_factor, min_token_prob, max_global_tokens)"),
+    "token-recycling": (_token_recycling, "Token Recycling: [V, k] successor matrix from past verifications, static tree template (options: k, max_depth)"),
+    "lookahead": (_lookahead, "Lookahead decoding: Jacobi window + n-gram pool in one forward; give -k >= (window+guesses)*(ngram-1) (options: window, ngram, guesses, max_keys)"),
+    "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: weights=<dir>)"),
     "draft": (_draft_model, "a small LM with the target's tokenizer (options: model=<name|path|truncated:N>, min_confidence)"),
 }
