@@ -1,0 +1,260 @@
+"""Batched speculative decoding with continuous batching (the server's engine).
+
+Each ``BatchEngine.step`` takes the running requests and
+
+1. drafts for every request (each with its own drafter, through ``Engine.propose``; the
+   draft budget is capped by batch size, see ``draft_cap``);
+2. verifies ALL drafts in ONE target forward: the trees are packed into ragged rows
+   ``[B, N]`` (``pack_trees``), each row at its own cache length, with per-row positions and
+   tree masks and ``num_tokens[b]`` real tokens (BASS, Qian et al. 2024, arXiv 2404.15778;
+   EMS-SD, Ni et al. 2024: ragged draft and cache lengths by masking, no padding of caches
+   and no recomputation of accepted tokens);
+3. verifies, compacts and commits each request on its own (``Engine.complete_step``).
+
+Requests join between steps (``add_request`` prefills them) and leave as soon as they
+finish (``release``). Backends with ``forward_batch`` (the native runtime with its cache
+pool) run step 2 as one forward; other backends (transformers) step the requests one by one
+through the same three phases. A failing request never takes the batch down: a drafter
+error fails that request only, and a failed batched forward is retried row by row so the
+culprit fails alone.
+
+Glossary: as ``engine/engine.py`` (committed, drafted, accepted, root, tree).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..models.base import CausalLM, KVCache
+from ..tree import DraftTree
+from ..types import FinishReason, SamplingParams
+from .engine import Engine, StepResult
+from .request import Request
+
+
+@dataclass(frozen=True)
+class SpecSchedule:
+    """How speculation shrinks as the batch grows (vLLM disables speculation by batch size;
+    here the draft is first shortened, then turned off).
+
+    token_budget  at most this many tokens (roots + drafts) per verify forward, summed
+                  over the batch; 0 = unlimited.
+    disable_at    batch size from which speculation is off (0 = never).
+    """
+
+    token_budget: int = 64
+    disable_at: int = 0
+
+    def __post_init__(self) -> None:
+        if self.token_budget < 0 or self.disable_at < 0:
+            raise ValueError(f"token_budget and disable_at must be >= 0, got {self}")
+
+    def max_drafted(self, batch_size: int) -> int | None:
+        return draft_cap(batch_size, self.token_budget, self.disable_at)
+
+
+def draft_cap(batch_size: int, token_budget: int, disable_at: int) -> int | None:
+    """Most draft tokens per request this step (None = no cap).
+
+    Each row feeds its root plus its drafts, so a budget of T tokens leaves
+    ``T // B - 1`` drafts per row. Examples with T = 64: B=4 -> 15, B=8 -> 7, B=16 -> 3,
+    B=40 -> 0 (plain decoding); ``disable_at=8`` makes B=8 -> 0.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if disable_at and batch_size >= disable_at:
+        return 0
+    if not token_budget:
+        return None
+    return max(0, token_budget // batch_size - 1)
+
+
+def pack_trees(
+    trees: Sequence[DraftTree], starts: Sequence[int], device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """Ragged draft trees -> one batched forward's inputs.
+
+    Returns ``ids [B, N]``, ``positions [B, N]``, ``masks [B, N, N]`` (ancestor masks; False
+    in padding) and ``num_tokens`` (real tokens per row), N = the largest tree. Row b's node i
+    sits at position ``starts[b] + depth(i)``; padding repeats the row's first position and
+    token 0 (the backend ignores tokens past ``num_tokens[b]``).
+
+    Example: a chain 7 -> 3 -> 5 at cache length 10 and a root-only tree 9 at length 4::
+
+        ids       = [[7, 3, 5], [9, 0, 0]]
+        positions = [[10, 11, 12], [4, 4, 4]]
+        num_tokens = [3, 1]
+    """
+    if len(trees) != len(starts) or not trees:
+        raise ValueError(f"pack_trees: need one start per tree, got {len(trees)} trees, {len(starts)} starts")
+    n = max(t.size for t in trees)
+    b = len(trees)
+    ids = torch.zeros(b, n, dtype=torch.long)
+    pos = torch.tensor(list(starts), dtype=torch.long)[:, None].repeat(1, n)  # [B, N]
+    masks = torch.zeros(b, n, n, dtype=torch.bool)
+    for row, (tree, start) in enumerate(zip(trees, starts)):
+        k = tree.size
+        ids[row, :k] = torch.tensor(tree.tokens)
+        pos[row, :k] = start + torch.tensor(tree.depths)
+        masks[row, :k, :k] = tree.ancestor_mask()
+    return ids.to(device), pos.to(device), masks.to(device), [t.size for t in trees]
+
+
+def supports_batching(target: CausalLM) -> bool:
+    """A backend batches when it has a cache pool and ``forward_batch`` (models/native.py)."""
+    return callable(getattr(target, "forward_batch", None)) and callable(getattr(target, "new_cache_pool", None))
+
+
+@dataclass(frozen=True)
+class BatchStep:
+    """What one ``BatchEngine.step`` did. ``results[i]`` belongs to the i-th request: a
+    StepResult, or the exception that failed that request (it must then be released)."""
+
+    results: list[StepResult | Exception]
+    batch_size: int
+    max_drafted: int | None  # the schedule's cap this step (None = uncapped)
+    batched: bool  # the verify ran as one batched forward
+    forward_s: float
+
+
+class BatchEngine:
+    """Continuous batching over a shared target. ``engines`` maps a drafter name to an
+    ``Engine`` (one per drafter, all on ``target``); every request picks one by name.
+
+    Lifecycle of a request: ``add_request`` (validate, take a cache row, prefill) ->
+    ``step`` any number of times while unfinished -> ``release`` (exactly once: finishes
+    the drafter's state and returns the cache row). Invariant: ``len(active) <= max_batch``.
+    """
+
+    def __init__(self, target: CausalLM, engines: dict[str, Engine], max_batch: int,
+                 max_length: int, schedule: SpecSchedule = SpecSchedule(), batched: bool | None = None):
+        if not engines:
+            raise ValueError("BatchEngine needs at least one drafter engine")
+        if any(e.target is not target for e in engines.values()):
+            raise ValueError("every drafter engine must run on the BatchEngine's target")
+        if max_batch < 1 or not 2 <= max_length <= target.info.max_length:
+            raise ValueError(f"need max_batch >= 1 and 2 <= max_length <= {target.info.max_length}, "
+                             f"got {max_batch}, {max_length}")
+        can_batch = supports_batching(target)
+        if batched and not can_batch:
+            raise ValueError(f"backend {type(target).__name__} has no forward_batch / cache pool")
+        self.target, self.engines, self.schedule = target, dict(engines), schedule
+        self.max_batch, self.max_length = max_batch, max_length
+        self.batched = can_batch if batched is None else batched
+        self._pool = target.new_cache_pool(max_batch, max_length) if self.batched else None
+        self._active: dict[str, tuple[Request, Engine]] = {}
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                    drafter: str) -> Request:
+        """Validate, take a cache row and prefill (the first token is committed)."""
+        if request_id in self._active:
+            raise ValueError(f"request {request_id!r} is already running")
+        if drafter not in self.engines:
+            raise ValueError(f"unknown drafter {drafter!r}; this engine has: {', '.join(self.engines)}")
+        if len(self._active) >= self.max_batch:
+            raise ValueError(f"the batch is full ({self.max_batch} requests)")
+        if len(prompt_ids) + params.max_new_tokens > self.max_length:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
+                             f"exceeds the context of {self.max_length}")
+        cache = self._new_cache()
+        try:
+            req = self.engines[drafter].add_request(prompt_ids, params, request_id, cache)
+        except BaseException:
+            self._free_cache(cache)
+            raise
+        self._active[request_id] = (req, self.engines[drafter])
+        return req
+
+    def release(self, req: Request, reason: FinishReason = "stop") -> None:
+        """Finish ``req`` (if it is not finished yet) and free its drafter state and cache row."""
+        if req.request_id not in self._active:
+            raise ValueError(f"request {req.request_id!r} is not running")
+        _, engine = self._active.pop(req.request_id)
+        try:
+            engine.finish(req, req.finished or reason)
+        finally:
+            self._free_cache(req.cache)
+
+    def is_active(self, request_id: str) -> bool:
+        return request_id in self._active
+
+    @property
+    def free_slots(self) -> int:
+        """Requests that can still join (= free cache-pool rows when batching)."""
+        return self.max_batch - len(self._active)
+
+    def _new_cache(self) -> KVCache:
+        return self._pool.acquire() if self._pool is not None else self.target.new_cache(self.max_length)
+
+    def _free_cache(self, cache: KVCache) -> None:
+        if self._pool is not None:
+            self._pool.release(cache)
+
+    # ---- one step over the batch -------------------------------------------------------
+    def step(self, reqs: Sequence[Request]) -> BatchStep:
+        """Propose for every request, verify all drafts in one target forward, commit each."""
+        cap = self.schedule.max_drafted(len(reqs)) if reqs else None
+        results: list[StepResult | Exception | None] = [None] * len(reqs)
+        planned: list[tuple[int, Request, Engine, DraftTree, tuple[float, float]]] = []
+        for i, req in enumerate(reqs):
+            if req.request_id not in self._active:
+                results[i] = ValueError(f"request {req.request_id!r} is not running")
+                continue
+            engine = self._active[req.request_id][1]
+            t_req = time.perf_counter()
+            try:
+                tree = engine.propose(req, cap)
+                planned.append((i, req, engine, tree, (t_req, time.perf_counter())))
+            except Exception as e:  # noqa: BLE001 - isolate the failing request
+                results[i] = e
+        t1 = time.perf_counter()
+        outputs, batched = self._forward_all([(r, e, t) for _, r, e, t, _ in planned])
+        forward_s = time.perf_counter() - t1
+        for (i, req, engine, tree, (t_start, t_drafted)), out in zip(planned, outputs):
+            if isinstance(out, Exception):
+                results[i] = out
+                continue
+            try:
+                results[i] = engine.complete_step(req, tree, out[0], out[1], t_start, t_drafted)
+            except Exception as e:  # noqa: BLE001
+                results[i] = e
+        return BatchStep(results, len(reqs), cap, batched, forward_s)  # type: ignore[arg-type]
+
+    def _forward_all(self, rows: list[tuple[Request, Engine, DraftTree]]):
+        """Logits/hidden per row ([N_b, V], [N_b, H] | None) or the row's exception."""
+        if not rows:
+            return [], False
+        if self.batched and len(rows) > 1:
+            try:
+                return self._forward_batch(rows), True
+            except Exception:  # noqa: BLE001 - fall through: find the culprit row by row
+                pass
+        out: list = []
+        for req, engine, tree in rows:
+            try:
+                out.append(engine.forward_tree(req, tree))
+            except Exception as e:  # noqa: BLE001
+                out.append(e)
+        return out, False
+
+    def _forward_batch(self, rows: list[tuple[Request, Engine, DraftTree]]):
+        """ONE target forward over every row's tree (ragged lengths via num_tokens + masks)."""
+        trees = [tree for _, _, tree in rows]
+        caches = [req.cache for req, _, _ in rows]
+        device = self.target.info.device
+        ids, pos, masks, num_tokens = pack_trees(trees, [c.length for c in caches], device)
+        want_hidden = any(e.drafter.needs_hidden_states for _, e, _ in rows)
+        out = self.target.forward_batch(ids, pos, caches, masks, want_hidden=want_hidden, num_tokens=num_tokens)
+        return [
+            (out.logits[b, :k], None if out.hidden is None else out.hidden[b, :k])
+            for b, k in enumerate(num_tokens)
+        ]

@@ -1,0 +1,450 @@
+"""``verispec serve``: an OpenAI-compatible HTTP server over the batched speculative engine.
+
+Thin by design: parse and validate (pydantic + ``SamplingParams``) -> tokenize -> submit
+jobs to the engine thread (``worker.py``) -> serialize its events as OpenAI JSON or SSE
+chunks. Routes: POST /v1/completions, POST /v1/chat/completions (both streaming and not),
+GET /v1/models, GET /health, GET /metrics (Prometheus text).
+
+Every error is OpenAI-shaped ``{"error": {"message", "type", "param", "code"}}``: 400 for
+malformed JSON, wrong types, impossible parameters and prompts over the context; 404 for an
+unknown model; 429 when the admission queue is full; 503 while shutting down; 500 when
+one request fails inside the engine (the others carry on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..api import LoadedModel, encode_prompt, load_model
+from ..drafters.base import Drafter
+from ..engine import Engine
+from ..engine.batch import BatchEngine, SpecSchedule
+from ..models.catalog import DEFAULT_MODEL
+from ..registry import make_drafter
+from ..types import SamplingParams
+from .metrics import ServerMetrics
+from .schemas import ChatCompletionRequest, CompletionRequest, error_body
+from .worker import EngineWorker, Event, Job, QueueFull, ShuttingDown
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything ``verispec serve`` can set. ``drafters``: the drafter names requests may
+    pick (the first is the default); ``drafter_options`` apply to the default drafter."""
+
+    model: str = DEFAULT_MODEL
+    backend: str = "auto"
+    dtype: str = "float32"
+    drafters: tuple[str, ...] = ("prompt-lookup", "none")
+    drafter_options: tuple[tuple[str, str], ...] = ()
+    num_draft_tokens: int = 8
+    policy: str = "fixed"
+    max_batch: int = 16
+    max_queue: int = 64
+    max_model_len: int = 2048
+    default_max_tokens: int = 256
+    token_budget: int = 64
+    disable_spec_at: int = 0
+    served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.drafters:
+            raise ValueError("serve needs at least one drafter")
+        if self.default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type_: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    model: LoadedModel
+    worker: EngineWorker
+    metrics: ServerMetrics
+    name: str
+    max_len: int
+    created: int
+
+
+def build_state(config: ServerConfig, model: LoadedModel | None = None,
+                extra_drafters: dict[str, Drafter] | None = None) -> ServerState:
+    """Load the model (unless given) and drafters, build the batch engine and its worker.
+    ``extra_drafters`` adds ready-made drafters by name (tests use it)."""
+    model = model or load_model(config.model, dtype=config.dtype, backend=config.backend)
+    target = model.backend
+    engines: dict[str, Engine] = {}
+    for i, name in enumerate(config.drafters):
+        opts = dict(config.drafter_options) if i == 0 else {}
+        engines[name] = Engine(target, make_drafter(name, model, opts), config.num_draft_tokens, config.policy)
+    for name, drafter in (extra_drafters or {}).items():
+        engines[name] = Engine(target, drafter, config.num_draft_tokens, config.policy)
+    max_len = min(config.max_model_len, target.info.max_length)
+    batch = BatchEngine(target, engines, config.max_batch, max_len,
+                        SpecSchedule(config.token_budget, config.disable_spec_at))
+    name = config.served_model_name or config.model
+    metrics = ServerMetrics(name)
+    worker = EngineWorker(batch, model.tokenizer, metrics, config.max_queue)
+    return ServerState(config, model, worker, metrics, name, max_len, int(time.time()))
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def sampling_params(body: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> SamplingParams:
+    try:
+        return SamplingParams(
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k or 0,
+            max_new_tokens=max_tokens,
+            seed=secrets.randbits(62) if body.seed is None else body.seed,
+            stop=body.stop_strings(),
+            ignore_eos=body.ignore_eos,
+        )
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+
+
+def max_new_tokens(requested: int | None, default: int, prompt_len: int, max_len: int, param: str) -> int:
+    """The request's token budget, refusing prompts that do not fit the context.
+
+    ``max_new_tokens(None, 256, 100, 2048, "max_tokens") == 256``; ``(None, 256, 2000, 2048)``
+    -> 48 (the default shrinks to the room left); ``(100, 256, 2000, 2048)`` -> HTTP 400.
+    """
+    room = max_len - prompt_len
+    if room < 1:
+        raise ApiError(400, f"the prompt has {prompt_len} tokens; this server's context is {max_len} "
+                       "(prompt + at least one new token)", param, "context_length_exceeded")
+    if requested is None:
+        return min(default, room)
+    if requested > room:
+        raise ApiError(400, f"prompt ({prompt_len} tokens) + max_tokens ({requested}) exceeds this server's "
+                       f"context of {max_len}", "max_tokens", "context_length_exceeded")
+    return requested
+
+
+def check_common(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> str:
+    """Model name, unsupported fields and drafter; returns the drafter name."""
+    if body.model not in (state.name, state.model.name):
+        raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {state.name!r}",
+                       "model", "model_not_found")
+    bad = body.unsupported()
+    if bad:
+        raise ApiError(400, bad[1], bad[0])
+    drafter = body.drafter or state.config.drafters[0]
+    if not state.worker.engine.engines.get(drafter):
+        raise ApiError(400, f"unknown drafter {drafter!r}; this server has: {', '.join(state.worker.engine.engines)}",
+                       "drafter")
+    return drafter
+
+
+def encode_completion_prompt(state: ServerState, prompt: str | list[int]) -> list[int]:
+    vocab = state.model.backend.info.vocab_size
+    if isinstance(prompt, list):
+        if not prompt or min(prompt) < 0 or max(prompt) >= vocab:
+            raise ApiError(400, f"prompt token ids must be a non-empty list in [0, {vocab})", "prompt")
+        return prompt
+    try:
+        return encode_prompt(state.model, prompt, chat=False)
+    except ValueError as e:
+        raise ApiError(400, str(e), "prompt") from None
+
+
+# ----------------------------------------------------------------------------- jobs
+
+
+class Generation:
+    """The jobs of one HTTP request and the event queue they report to (on the event loop)."""
+
+    def __init__(self, state: ServerState, base_id: str, prompts: list[list[int]], params: SamplingParams,
+                 drafter: str):
+        loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self.state, self.prompts, self.base_id = state, prompts, base_id
+        self.ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
+        self.open = set(self.ids)
+
+        def sink(index: int) -> Callable[[Event], None]:
+            return lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, (index, ev))
+
+        self.jobs = [Job(rid, ids, params, drafter, sink(i)) for i, (rid, ids) in enumerate(zip(self.ids, prompts))]
+
+    def submit(self) -> None:
+        try:
+            self.state.worker.submit(self.jobs)
+        except QueueFull as e:
+            self.state.metrics.request_done("rejected")
+            raise ApiError(429, str(e), None, "queue_full", "rate_limit_error") from None
+        except ShuttingDown as e:
+            self.state.metrics.request_done("rejected")
+            raise ApiError(503, str(e), None, "shutting_down", "server_error") from None
+
+    async def next(self) -> tuple[int, Event]:
+        index, ev = await self.queue.get()
+        if ev.finished or ev.error:
+            self.open.discard(ev.request_id)
+        return index, ev
+
+    def cancel(self) -> None:
+        for rid in list(self.open):
+            self.state.worker.cancel(rid)
+        self.open.clear()
+
+
+def usage(prompts: list[list[int]], completion_tokens: int) -> dict[str, int]:
+    p = sum(len(x) for x in prompts)
+    return {"prompt_tokens": p, "completion_tokens": completion_tokens, "total_tokens": p + completion_tokens}
+
+
+def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Speculation statistics of a response: the single choice's, or sums over choices."""
+    if len(stats) == 1:
+        return stats[0]
+    keys = ("prompt_tokens", "new_tokens", "target_forwards", "steps", "drafted", "accepted")
+    out = {k: sum(s[k] for s in stats) for k in keys}
+    out["tau"] = round((out["accepted"] + out["steps"]) / out["steps"], 4) if out["steps"] else 0.0
+    out["alpha"] = round(out["accepted"] / out["drafted"], 4) if out["drafted"] else 0.0
+    return out | {"choices": stats}
+
+
+async def collect(gen: Generation, request: Request) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Wait for every choice; returns (choices with text/token_ids/finish_reason, stats).
+    Polls for a client disconnect so an abandoned request stops generating."""
+    n = len(gen.ids)
+    texts: list[list[str]] = [[] for _ in range(n)]
+    ids: list[list[int]] = [[] for _ in range(n)]
+    done: list[dict[str, Any] | None] = [None] * n
+    next_check = time.monotonic() + 0.5
+    while gen.open:
+        try:
+            index, ev = await asyncio.wait_for(gen.next(), timeout=0.5)
+        except TimeoutError:
+            index, ev = -1, None
+        if time.monotonic() >= next_check:  # events may never pause: check on a clock
+            next_check = time.monotonic() + 0.5
+            if await request.is_disconnected():
+                gen.cancel()
+                raise ApiError(499, "client disconnected") from None
+        if ev is None:
+            continue
+        if ev.error:
+            gen.cancel()
+            raise ApiError(ev.status, ev.error, None, None, "server_error" if ev.status >= 500 else "invalid_request_error")
+        texts[index].append(ev.text)
+        ids[index].extend(ev.token_ids)
+        if ev.finished:
+            done[index] = {"finish_reason": FINISH[ev.finished], "stats": ev.stats}
+    choices = [{"text": "".join(t), "token_ids": i, "finish_reason": d["finish_reason"]}
+               for t, i, d in zip(texts, ids, done)]  # type: ignore[index]
+    return choices, [d["stats"] for d in done]  # type: ignore[index]
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+async def stream_events(gen: Generation, chunk: Callable[[int, Event], dict | None], include_usage: bool,
+                        usage_chunk: Callable[[dict], dict], first: tuple[dict, ...] = ()) -> AsyncIterator[str]:
+    """SSE stream of a generation; a client disconnect (the task is cancelled) cancels the jobs."""
+    completion_tokens = 0
+    stats: list[dict[str, Any]] = []
+    try:
+        for c in first:
+            yield sse(c)
+        while gen.open:
+            index, ev = await gen.next()
+            if ev.error:
+                gen.cancel()
+                yield sse(error_body(ev.error, "server_error" if ev.status >= 500 else "invalid_request_error"))
+                break
+            completion_tokens += len(ev.token_ids)
+            if ev.stats:
+                stats.append(ev.stats)
+            c = chunk(index, ev)
+            if c is not None:
+                yield sse(c)
+        else:
+            if include_usage:
+                yield sse(usage_chunk(usage(gen.prompts, completion_tokens)) | {"verispec": merge_stats(stats)})
+        yield "data: [DONE]\n\n"
+    finally:
+        gen.cancel()
+
+
+# ----------------------------------------------------------------------------- app
+
+
+def create_app(state: ServerState) -> FastAPI:
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.worker.start()
+        try:
+            yield
+        finally:
+            state.worker.stop()
+
+    app = FastAPI(title="verispec", lifespan=lifespan)
+    app.state.verispec = state
+    _install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        snap = state.worker.snapshot()
+        ok = state.worker.alive
+        return JSONResponse({"status": "ok" if ok else "unavailable", **snap}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": state.name, "object": "model", "created": state.created,
+                                            "owned_by": "verispec", "max_model_len": state.max_len,
+                                            "drafters": list(state.worker.engine.engines)}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        drafter = check_common(state, body)
+        prompts = [encode_completion_prompt(state, p) for p in body.prompts()]
+        lens = [max_new_tokens(body.max_tokens, 16, len(p), state.max_len, "prompt") for p in prompts]
+        params = sampling_params(body, min(lens))
+        gen = Generation(state, f"cmpl-{uuid.uuid4().hex}", prompts, params, drafter)
+        gen.submit()
+        head = {"id": gen.base_id, "object": "text_completion", "created": int(time.time()), "model": state.name}
+        if body.stream:
+            def chunk(i: int, ev: Event) -> dict | None:
+                if not (ev.text or ev.finished or (body.return_token_ids and ev.token_ids)):
+                    return None
+                choice = {"index": i, "text": ev.text, "logprobs": None, "finish_reason": FINISH.get(ev.finished or "")}
+                if body.return_token_ids:
+                    choice["token_ids"] = ev.token_ids
+                return head | {"choices": [choice]} | ({"verispec": ev.stats} if ev.stats else {})
+            return _sse_response(stream_events(gen, chunk, _include_usage(body),
+                                               lambda u: head | {"choices": [], "usage": u}))
+        choices, stats = await collect(gen, request)
+        out = []
+        for i, c in enumerate(choices):
+            choice = {"index": i, "text": c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
+            if body.return_token_ids:
+                choice |= {"prompt_token_ids": prompts[i], "token_ids": c["token_ids"]}
+            out.append(choice)
+        tokens = sum(len(c["token_ids"]) for c in choices)
+        return head | {"choices": out, "usage": usage(prompts, tokens), "verispec": merge_stats(stats)}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        drafter = check_common(state, body)
+        try:
+            prompt = encode_prompt(state.model, body.chat_messages())
+        except ValueError as e:
+            raise ApiError(400, str(e), "messages") from None
+        budget = max_new_tokens(body.max_completion_tokens or body.max_tokens, state.config.default_max_tokens,
+                                len(prompt), state.max_len, "messages")
+        gen = Generation(state, f"chatcmpl-{uuid.uuid4().hex}", [prompt], sampling_params(body, budget), drafter)
+        gen.submit()
+        head = {"id": gen.base_id, "object": "chat.completion", "created": int(time.time()), "model": state.name}
+        if body.stream:
+            chead = head | {"object": "chat.completion.chunk"}
+            first = (chead | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                           "logprobs": None, "finish_reason": None}]},)
+
+            def chunk(i: int, ev: Event) -> dict | None:
+                if not (ev.text or ev.finished or (body.return_token_ids and ev.token_ids)):
+                    return None
+                choice = {"index": 0, "delta": {"content": ev.text} if ev.text else {}, "logprobs": None,
+                          "finish_reason": FINISH.get(ev.finished or "")}
+                if body.return_token_ids:
+                    choice["token_ids"] = ev.token_ids
+                return chead | {"choices": [choice]} | ({"verispec": ev.stats} if ev.stats else {})
+            return _sse_response(stream_events(gen, chunk, _include_usage(body),
+                                               lambda u: chead | {"choices": [], "usage": u}, first))
+        choices, stats = await collect(gen, request)
+        c = choices[0]
+        choice = {"index": 0, "message": {"role": "assistant", "content": c["text"]}, "logprobs": None,
+                  "finish_reason": c["finish_reason"]}
+        if body.return_token_ids:
+            choice |= {"prompt_token_ids": prompt, "token_ids": c["token_ids"]}
+        return head | {"choices": [choice], "usage": usage([prompt], len(c["token_ids"])), "verispec": stats[0]}
+
+    return app
+
+
+def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+def _is_type_tag(loc: Any) -> bool:
+    """pydantic names the union member in error locations ("str", "list[int]", ...): not a param."""
+    return isinstance(loc, str) and ("[" in loc or loc in ("str", "int", "float", "bool") or "-" in loc)
+
+
+def _sse_response(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, e: ApiError) -> JSONResponse:
+        return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+        errs = e.errors()
+        first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body" and not _is_type_tag(x)]
+        if first.get("type") == "json_invalid":
+            return JSONResponse(error_body(f"malformed JSON: {first.get('msg')}", param=None, code="invalid_json"), 400)
+        param = ".".join(loc) or None
+        msg = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        return JSONResponse(error_body(msg, param=param, code="invalid_value"), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(e.detail), kind), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, e: Exception) -> JSONResponse:
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), status_code=500)
+
+
+def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+          graceful_timeout: float = 30.0) -> None:
+    """Load, build and run until SIGINT/SIGTERM; in-flight requests get ``graceful_timeout``
+    seconds to finish, then the worker cancels the rest and frees their caches."""
+    import signal
+    import threading
+
+    import uvicorn
+
+    app = create_app(build_state(config))
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal under the
+    # handler that was installed before it: a no-op one makes a clean shutdown exit with 0
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=graceful_timeout)

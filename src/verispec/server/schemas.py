@@ -1,0 +1,146 @@
+"""OpenAI-compatible request bodies (pydantic) and the error body.
+
+Only what verispec can honour is accepted: fields of the OpenAI API that would change the
+output in ways the engine does not implement (``n > 1``, ``logprobs``, ``echo``, penalties,
+``logit_bias``, tools, ...) are declared so that a non-default value is refused with HTTP 400
+naming the field, instead of being silently ignored. Unknown fields are ignored (as OpenAI
+clients send extras). Extensions: ``top_k``, ``drafter``, ``ignore_eos``,
+``return_token_ids`` (vLLM's name).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+
+
+class _Sampling(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: StrictFloat | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: StrictInt | None = Field(default=None, ge=0)  # extension (vLLM); 0 or -1 = off
+    seed: StrictInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    n: StrictInt = 1
+    presence_penalty: StrictFloat = 0.0
+    frequency_penalty: StrictFloat = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: StrictStr | None = None
+    # extensions
+    drafter: StrictStr | None = None
+    ignore_eos: StrictBool = False
+    return_token_ids: StrictBool = False
+
+    @field_validator("top_k", mode="before")
+    @classmethod
+    def _top_k_off(cls, v: Any) -> Any:
+        return 0 if v == -1 else v  # vLLM spells "disabled" -1
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(param, message) of the first field set to something verispec cannot do."""
+        checks = [
+            ("n", self.n != 1, "only n = 1 is supported"),
+            ("presence_penalty", self.presence_penalty != 0.0, "penalties are not supported"),
+            ("frequency_penalty", self.frequency_penalty != 0.0, "penalties are not supported"),
+            ("logit_bias", bool(self.logit_bias), "logit_bias is not supported"),
+            ("stop", any(not s for s in self.stop_strings()), "stop strings must be non-empty"),
+            ("stop", len(self.stop_strings()) > 4, "at most 4 stop strings"),
+        ]
+        return next(((p, m) for p, bad, m in checks if bad), None)
+
+
+class CompletionRequest(_Sampling):
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    echo: StrictBool = False
+    logprobs: StrictInt | None = None
+    best_of: StrictInt | None = None
+    suffix: StrictStr | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        base = super().unsupported()
+        if base:
+            return base
+        checks = [
+            ("echo", self.echo, "echo is not supported"),
+            ("logprobs", self.logprobs is not None, "logprobs are not supported"),
+            ("best_of", self.best_of not in (None, 1), "only best_of = 1 is supported"),
+            ("suffix", bool(self.suffix), "suffix is not supported"),
+            ("prompt", isinstance(self.prompt, list) and not self.prompt, "the prompt list is empty"),
+        ]
+        return next(((p, m) for p, bad, m in checks if bad), None)
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt(s) as a list: strings or token-id lists."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and isinstance(p[0], int):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer"]
+    content: StrictStr | list[TextPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        base = super().unsupported()
+        if base:
+            return base
+        checks = [
+            ("logprobs", bool(self.logprobs), "logprobs are not supported"),
+            ("top_logprobs", self.top_logprobs is not None, "logprobs are not supported"),
+            ("tools", bool(self.tools), "tools are not supported"),
+            ("tool_choice", self.tool_choice not in (None, "none"), "tools are not supported"),
+            ("response_format", (self.response_format or {}).get("type", "text") != "text",
+             "only the text response format is supported"),
+            ("max_tokens", self.max_tokens is not None and self.max_completion_tokens is not None
+             and self.max_tokens != self.max_completion_tokens, "max_tokens and max_completion_tokens disagree"),
+        ]
+        return next(((p, m) for p, bad, m in checks if bad), None)
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        # "developer" is OpenAI's newer name for "system"; chat templates know "system"
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
