@@ -234,6 +234,14 @@ def test_calibrated_rows_and_thread_change(tiny_path):
         torch.set_num_threads(threads)
 
 
+def test_num_layers_truncates(tiny_dirs):
+    path, hf = tiny_dirs["llama"]
+    model = NativeLlama.from_hf_dir(path, dtype=torch.float32, num_layers=1, min_rows=1, attn_min_rows=1)
+    assert model.args.n_layers == 1 and model.info.name.endswith("[:1]")
+    with pytest.raises(ValueError, match="num_layers"):
+        NativeLlama.from_hf_dir(path, num_layers=3)
+
+
 def test_batch_invariant_off_is_not_padded(load):
     model = load("llama", dtype=torch.float32, batch_invariant=False)
     assert model.options.min_rows == 1 and model.options.calibrated_threads is None

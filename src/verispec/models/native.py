@@ -536,8 +536,9 @@ class NativeLlama:
 
     @classmethod
     def from_hf_dir(cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                    max_length: int | None = None, **options) -> NativeLlama:
-        """Load ``config.json`` + ``*.safetensors``. ``options``: fields of ``NativeOptions``."""
+                    max_length: int | None = None, num_layers: int | None = None, **options) -> NativeLlama:
+        """Load ``config.json`` + ``*.safetensors``. ``num_layers`` keeps only the first layers
+        (a truncated self-drafter); ``options``: fields of ``NativeOptions``."""
         path = Path(path)
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} is not an HF model directory (no config.json)")
@@ -545,13 +546,17 @@ class NativeLlama:
         LlamaArgs.from_hf_config(cfg)  # unsupported architectures fail before reading weights
         state = _read_safetensors(path)
         return cls.from_state_dict(cfg, state, NativeOptions(dtype=dtype, **options), device,
-                                   max_length, name=cfg.get("_name_or_path") or path.name)
+                                   max_length, name=cfg.get("_name_or_path") or path.name, num_layers=num_layers)
 
     @classmethod
     def from_state_dict(cls, cfg: dict, state: dict[str, torch.Tensor], options: NativeOptions,
                         device: str | torch.device = "cpu", max_length: int | None = None,
-                        name: str = "native-llama") -> NativeLlama:
+                        name: str = "native-llama", num_layers: int | None = None) -> NativeLlama:
         """Build from an HF config dict and an HF-named state dict."""
+        if num_layers is not None:
+            if not 1 <= num_layers <= cfg["num_hidden_layers"]:
+                raise ValueError(f"num_layers must be in [1, {cfg['num_hidden_layers']}], got {num_layers}")
+            cfg, name = {**cfg, "num_hidden_layers": num_layers}, f"{name}[:{num_layers}]"
         args = LlamaArgs.from_hf_config(cfg)
         device = torch.device(device)
         prep = _weight_preparer(options, device)
