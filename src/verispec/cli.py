@@ -210,7 +210,7 @@ def serve(
     max_queue: int = typer.Option(64, help="most requests waiting; more get HTTP 429"),
     max_model_len: int = typer.Option(2048, help="context per request (prompt + new tokens)"),
     default_max_tokens: int = typer.Option(256, help="chat max_tokens when the request gives none"),
-    token_budget: int = typer.Option(64, help="tokens per batched verify forward; drafts shrink as the batch grows (0 = no cap)"),
+    token_budget: int = typer.Option(32, help="tokens per batched verify forward; drafts shrink as the batch grows (0 = no cap)"),
     disable_spec_at: int = typer.Option(0, help="batch size from which speculation is off (0 = never)"),
     served_model_name: Optional[str] = typer.Option(None, help="model id clients send (default: --model)"),
     dtype: str = typer.Option("float32", help="float32 or bfloat16"),

@@ -42,27 +42,35 @@ class SpecSchedule:
     here the draft is first shortened, then turned off).
 
     token_budget  at most this many tokens (roots + drafts) per verify forward, summed
-                  over the batch; 0 = unlimited.
+                  over the batch; 0 = unlimited. The default is where the native fp32
+                  forward turns compute-bound on the 2-core CPU we measured
+                  (docs/benchmarks.md, "Serving (issue 7)").
     disable_at    batch size from which speculation is off (0 = never).
+
+    The schedule only applies to batched verification: stepped one by one, a request's
+    forward does not get dearer when the batch grows.
     """
 
-    token_budget: int = 64
+    token_budget: int = 32
     disable_at: int = 0
 
     def __post_init__(self) -> None:
         if self.token_budget < 0 or self.disable_at < 0:
             raise ValueError(f"token_budget and disable_at must be >= 0, got {self}")
 
-    def max_drafted(self, batch_size: int) -> int | None:
-        return draft_cap(batch_size, self.token_budget, self.disable_at)
+    def max_drafted(self, batch_size: int, free_tokens: int = 1) -> int | None:
+        return draft_cap(batch_size, self.token_budget, self.disable_at, free_tokens)
 
 
-def draft_cap(batch_size: int, token_budget: int, disable_at: int) -> int | None:
+def draft_cap(batch_size: int, token_budget: int, disable_at: int, free_tokens: int = 1) -> int | None:
     """Most draft tokens per request this step (None = no cap).
 
     Each row feeds its root plus its drafts, so a budget of T tokens leaves
-    ``T // B - 1`` drafts per row. Examples with T = 64: B=4 -> 15, B=8 -> 7, B=16 -> 3,
-    B=40 -> 0 (plain decoding); ``disable_at=8`` makes B=8 -> 0.
+    ``T // B - 1`` drafts per row. ``free_tokens``: a backend that pads every row to that
+    many tokens anyway (the batch-invariant native runtime's ``min_rows``) verifies up to
+    ``free_tokens - 1`` drafts at no extra cost, so the cap never goes below that.
+    Examples with T = 32: B=4 -> 7, B=8 -> 3, B=16 -> 1, B=40 -> 0 (plain decoding);
+    with free_tokens=4, B=16 -> 3; ``disable_at=8`` makes B=8 -> 0.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -70,7 +78,7 @@ def draft_cap(batch_size: int, token_budget: int, disable_at: int) -> int | None
         return 0
     if not token_budget:
         return None
-    return max(0, token_budget // batch_size - 1)
+    return max(0, free_tokens - 1, token_budget // batch_size - 1)
 
 
 def pack_trees(
@@ -102,6 +110,11 @@ def pack_trees(
         pos[row, :k] = start + torch.tensor(tree.depths)
         masks[row, :k, :k] = tree.ancestor_mask()
     return ids.to(device), pos.to(device), masks.to(device), [t.size for t in trees]
+
+
+def padded_tokens(target: CausalLM) -> int:
+    """Tokens per row a batched forward costs at least (native ``options.min_rows``; else 1)."""
+    return int(getattr(getattr(target, "options", None), "min_rows", None) or 1)
 
 
 def supports_batching(target: CausalLM) -> bool:
@@ -202,7 +215,7 @@ class BatchEngine:
     # ---- one step over the batch -------------------------------------------------------
     def step(self, reqs: Sequence[Request]) -> BatchStep:
         """Propose for every request, verify all drafts in one target forward, commit each."""
-        cap = self.schedule.max_drafted(len(reqs)) if reqs else None
+        cap = self.schedule.max_drafted(len(reqs), padded_tokens(self.target)) if reqs and self.batched else None
         results: list[StepResult | Exception | None] = [None] * len(reqs)
         planned: list[tuple[int, Request, Engine, DraftTree, tuple[float, float]]] = []
         for i, req in enumerate(reqs):

@@ -57,7 +57,7 @@ class ServerConfig:
     max_queue: int = 64
     max_model_len: int = 2048
     default_max_tokens: int = 256
-    token_budget: int = 64
+    token_budget: int = 32
     disable_spec_at: int = 0
     served_model_name: str | None = None
 
