@@ -314,3 +314,21 @@ def test_bench_quick_runs_and_greedy_outputs_match(tmp_path):
     counts = data["exactness"]["counts"]["prompt-lookup"]
     assert counts["mismatch"] == 0 and counts["equal"] + counts["near-tie"] == 2
     assert (out / "results.md").is_file() and (out / "speedup.png").is_file()
+
+
+def test_transformers_peers_match_our_baseline_on_a_toy_target(toy_target):
+    from verispec.bench.peers import HFGenerateRunner
+
+    eos = toy_target.info.eos_token_ids
+    runners = [EngineRunner("none", toy_target, NoDrafter(), 4),
+               HFGenerateRunner("hf-generate", toy_target.model, "plain", 4, eos),
+               HFGenerateRunner("hf-pld", toy_target.model, "pld", 4, eos)]
+    builder = PromptBuilder(lambda m: [1, 5, 6, 7, 5, 6, 7, 5, 6], lambda ids: "", 100)
+    for ignore_eos in (True, False):
+        params = SamplingParams(max_new_tokens=16, ignore_eos=ignore_eos)
+        records = run(runners, [BenchPrompt(1, "qa", ("x",))], builder, params, warmup=0)
+        by = {r.method: r for r in records}
+        assert by["hf-generate"].token_ids == by["none"].token_ids
+        assert by["hf-pld"].token_ids == by["none"].token_ids
+        assert by["hf-generate"].target_forwards == by["none"].target_forwards
+        assert by["hf-pld"].target_forwards <= by["hf-generate"].target_forwards

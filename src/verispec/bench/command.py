@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import shlex
 import sys
 import time
@@ -191,6 +192,7 @@ def _meta(o: BenchOptions, lm, num_prompts: int, notices: list[str]) -> dict:
         "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "seed": o.seed,
         "repeats": o.repeats, "warmup": o.warmup, "ignore_eos": o.ignore_eos, "near_tie": o.near_tie,
         "quick": o.quick, "notices": notices,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # whole process
     }
 
 
@@ -200,6 +202,20 @@ def _progress():
 
     return Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err)
+
+
+class _LineLog:
+    """One progress line per generation (with an ETA) when stderr is not a terminal."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.t0 = total, 0, time.perf_counter()
+
+    def tick(self, label: str) -> None:
+        self.done += 1
+        elapsed = time.perf_counter() - self.t0
+        eta = elapsed / self.done * (self.total - self.done)
+        err.print(f"[{self.done}/{self.total}] {label} · elapsed {elapsed:.0f} s · ETA {eta:.0f} s",
+                  highlight=False, soft_wrap=True)
 
 
 def run_bench(o: BenchOptions) -> tuple[dict, int]:
@@ -241,15 +257,22 @@ def _run_loaded(o: BenchOptions, specs, params, prompts) -> tuple[dict, int]:
     total = num_generations(prompts, len(runners), o.repeats) + o.warmup * len(runners)
     with _progress() as progress:
         task = progress.add_task("bench", total=total)
+        log = _LineLog(total) if not err.is_terminal else None  # rich shows no live bar in a log file
+
+        def tick(label: str) -> None:
+            progress.update(task, advance=1, description=label[:28])
+            if log:
+                log.tick(label)
+
         records = run(runners, prompts, make_builder(lm, o), params, repeats=o.repeats, warmup=o.warmup,
-                      on_generation=lambda label: progress.update(task, advance=1, description=label[:28]))
+                      on_generation=tick)
+    meta, memory = _meta(o, lm, len(prompts), notices), {r.label: r.memory_bytes() for r in runners}
+    write_all(o.output_dir, meta, records, [], [], memory)  # measurements first: never lost to a later error
     rows = check_records(records, BASELINE, lm.backend, o.near_tie) if params.greedy else []
-    summaries = summarize(records, BASELINE)
-    memory = {r.label: r.memory_bytes() for r in runners}
-    paths = write_all(o.output_dir, _meta(o, lm, len(prompts), notices), records, summaries, rows, memory)
+    paths = write_all(o.output_dir, meta, records, summarize(records, BASELINE), rows, memory)
     ours = {s.label for s in specs if not s.is_peer}
     bad = sum(1 for r in rows if r.status == "mismatch" and r.method in ours)
-    return {"paths": paths, "summaries": summaries, "rows": rows}, bad
+    return {"paths": paths, "summaries": summarize(records, BASELINE), "rows": rows}, bad
 
 
 def _resolve(quick: bool, categories: list[str], limit: Optional[int], methods: list[str],

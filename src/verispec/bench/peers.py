@@ -77,10 +77,11 @@ class HFGenerateRunner:
     def _config(self, params: SamplingParams):
         from transformers import GenerationConfig
 
-        kw: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "pad_token_id": self.eos_ids[0]}
-        if params.ignore_eos:  # generate never stops early; the output is still cut ourselves
-            kw["min_new_tokens"] = params.max_new_tokens
-        kw["eos_token_id"] = list(self.eos_ids)
+        # ignore_eos: an empty (not None: None is filled in from the model's config) EOS list
+        # never stops, and EOS stays a normal token, as in our engine (min_new_tokens would
+        # instead mask EOS and change the output).
+        kw: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "pad_token_id": self.eos_ids[0] if self.eos_ids else 0,
+                              "eos_token_id": [] if params.ignore_eos else list(self.eos_ids)}
         if params.greedy:
             kw |= {"do_sample": False}
         else:

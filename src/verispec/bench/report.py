@@ -102,7 +102,8 @@ def markdown(meta: dict, summaries: Sequence[Summary], rows: Sequence[ExactnessR
     lines = [f"# verispec bench: {meta['model']} ({meta['backend']}, {meta['dtype']}), {mode}", "",
              f"{meta['started']} · {meta['machine']} · torch threads {meta['threads']} · "
              f"{meta['prompts']} prompts · max_new_tokens {meta['max_new_tokens']} · k {meta['num_draft_tokens']} · "
-             f"repeats {meta['repeats']} · warm-up {meta['warmup']}", "",
+             f"repeats {meta['repeats']} · warm-up {meta['warmup']} · peak RSS {meta.get('peak_rss_mb', '?')} MB "
+             "(whole process: every method and peer loaded)", "",
              f"Command: `{meta['command']}`", ""]
     for note in meta.get("notices", []):
         lines.append(f"> {note}")
@@ -143,7 +144,8 @@ def plot_speedup(summaries: Sequence[Summary], path: Path) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(cats)), cats)
     ax.set_ylabel("speedup over plain decoding")
-    ax.legend(fontsize=7)
+    if methods:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
