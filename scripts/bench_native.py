@@ -7,6 +7,7 @@ bandwidth floor is weight bytes / measured memory bandwidth (a large tensor copy
 
     python scripts/bench_native.py                     # all configurations
     python scripts/bench_native.py --configs native-fp32 native-int8 --reps 5
+    python scripts/bench_native.py --ab --threads 1 --reps 6   # invariance cost, interleaved
 
 Times are the minimum over ``--reps`` runs (the machine may be shared; the minimum is the
 least disturbed). Run one benchmark at a time.
@@ -113,6 +114,35 @@ def bench_hf(path, name: str, ids: torch.Tensor, reps: int) -> Result:
     return Result(name, "eager, DynamicCache", ctx / prefill_ms * 1e3, {k: best_of(step(k), reps) for k in KS}, nbytes)
 
 
+def ab_invariance(path, ids: torch.Tensor, rounds: int, console: Console) -> None:
+    """Invariance on vs off, interleaved round by round so both see the same machine load."""
+    ctx, ks = ids.shape[1] - max(KS), (1, 4, 8, 16)
+    models = {}
+    for name, dtype, quant in (("fp32", torch.float32, "none"), ("int8", torch.bfloat16, "int8"),
+                               ("bf16", torch.bfloat16, "none")):
+        for inv in (True, False):
+            m = NativeLlama.from_hf_dir(path, dtype=dtype, quant=quant, batch_invariant=inv, max_length=ids.shape[1] + 64)
+            cache = m.new_cache()
+            m.forward(ids[:, :ctx], torch.arange(ctx)[None], cache)
+            models[name, inv] = (m, cache)
+    best: dict = {}
+    for _ in range(rounds):
+        for k in ks:
+            for key, (m, cache) in models.items():
+                cache.truncate(ctx)
+                t = time.perf_counter()
+                m.forward(ids[:, ctx:ctx + k], torch.arange(ctx, ctx + k)[None], cache)
+                best[key, k] = min(best.get((key, k), 1e9), (time.perf_counter() - t) * 1e3)
+    table = Table(title=f"batch invariance cost, interleaved A/B ({rounds} rounds, min)")
+    for col in ("dtype", "k", "invariant ms", "off ms", "cost"):
+        table.add_column(col, justify="right")
+    for name in ("fp32", "int8", "bf16"):
+        for k in ks:
+            a, b = best[(name, True), k], best[(name, False), k]
+            table.add_row(name, str(k), f"{a:.1f}", f"{b:.1f}", f"{a / b:.2f}x")
+    console.print(table)
+
+
 def render(results: list[Result], bandwidth: float, console: Console) -> None:
     table = Table(title=f"SmolLM2-135M, {torch.get_num_threads()} threads, copy bandwidth {bandwidth / 1e9:.1f} GB/s")
     for col in ("config", "setup", "ms/step", "tok/s", *(f"t({k})/t(1)" for k in KS[1:]), "prefill tok/s", "floor ms"):
@@ -138,6 +168,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512, help="prompt length (prefill) and decode position")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ab", action="store_true", help="only the interleaved invariance on/off comparison")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     console = Console()
@@ -145,6 +176,9 @@ def main() -> None:
     ids = torch.randint(0, 49152, (1, args.context + max(KS)), generator=torch.Generator().manual_seed(0))
     bandwidth = copy_bandwidth()
     console.print(f"load average {os.getloadavg()[0]:.1f}; model dir {path}")
+    if args.ab:
+        ab_invariance(path, ids, args.reps, console)
+        return
     results = []
     for name in args.configs:
         t = time.perf_counter()
