@@ -36,7 +36,8 @@ from verispec.api import load_model
 from verispec.drafters.base import DraftContext, NoDrafter, StatelessDrafter
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
 from verispec.engine import Engine
-from verispec.engine.batch import BatchEngine, SpecSchedule, draft_cap, pack_trees
+from verispec.engine.batch import (BatchEngine, SpecSchedule, acceptance_estimate, draft_cap, expected_tokens,
+                                   goodput_cap, pack_trees)
 from verispec.models.native import NativeLlama
 from verispec.server.app import ServerConfig, build_state, create_app
 from verispec.tree import DraftTree
@@ -58,6 +59,23 @@ def test_draft_cap_examples() -> None:
         draft_cap(0, 64, 0)
     with pytest.raises(ValueError):
         SpecSchedule(token_budget=-1)
+
+
+def test_goodput_schedule_examples() -> None:
+    assert expected_tokens(0.5, 2) == 1.75 and expected_tokens(0.0, 5) == 1.0 and expected_tokens(1.0, 3) == 4.0
+    assert goodput_cap([0.8], 8, 18.0) == 8
+    assert goodput_cap([0.3] * 16, 8, 18.0) == 0
+    assert goodput_cap([0.3] * 16, 8, 18.0, free_tokens=4) == 3  # padded rows are free
+    caps = [goodput_cap([0.9] * b, 8, 18.0) for b in (1, 2, 4, 8, 16, 32)]
+    assert caps == sorted(caps, reverse=True) and caps[0] == 8 and caps[-1] < 8  # shrinks with the batch
+    assert acceptance_estimate(0, 0) == 0.5 and acceptance_estimate(100, 100) > 0.95
+    sched = SpecSchedule(disable_at=4)
+    assert sched.max_drafted([0.9] * 4, 8) == 0 and sched.max_drafted([0.9], 8) == 8
+    assert SpecSchedule("budget", 32).max_drafted([0.1] * 8, 8) == 3
+    with pytest.raises(ValueError):
+        SpecSchedule("sometimes")
+    with pytest.raises(ValueError):
+        goodput_cap([], 8, 18.0)
 
 
 def test_pack_trees_docstring_example() -> None:
@@ -122,7 +140,7 @@ def test_batch_engine_equals_single_requests(backend, tiny_native, toy_target) -
     target = tiny_native if backend == "native" else toy_target
     vocab = target.info.vocab_size
     prompts = _jobs(vocab, 6)
-    params = [SamplingParams(temperature=t, max_new_tokens=24, seed=i, ignore_eos=True)
+    params = [SamplingParams(temperature=t, max_new_tokens=16, seed=i, ignore_eos=True)
               for i, t in enumerate([0, 0, 0, 0.8, 0, 1.0])]
     plain = Engine(target, NoDrafter(), 1)
     refs = [_alone(plain, p, sp) for p, sp in zip(prompts, params)]
@@ -138,7 +156,7 @@ def test_batch_engine_equals_single_requests(backend, tiny_native, toy_target) -
     alone = [_alone(engines()[n], p, sp) for n, p, sp in zip(names, prompts, params)]
     for i in (0, 1, 2, 4, 5):  # greedy rows: lossless -> plain decoding
         assert alone[i] == refs[i]
-    be = BatchEngine(target, engines(), max_batch=6, max_length=128, schedule=SpecSchedule(0),
+    be = BatchEngine(target, engines(), max_batch=6, max_length=128, schedule=SpecSchedule("budget", 0),
                      batched=backend == "native")
     got, sizes = _batched(be, list(zip(prompts, params, names)), stagger=2)
     assert max(sizes) >= 4 and be.free_slots == 6
@@ -153,7 +171,7 @@ def test_batch_engine_schedule_caps_drafts(tiny_native) -> None:
     prompts = _jobs(target.info.vocab_size, 4)
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     be = BatchEngine(target, {"pl": Engine(target, PromptLookupDrafter(), 8)}, 4, 64,
-                     SpecSchedule(token_budget=24, disable_at=4))
+                     SpecSchedule("budget", token_budget=24, disable_at=4))
     free = target.options.min_rows  # rows the invariant runtime pads to: drafts below it are free
     reqs = [be.add_request(f"q{i}", p, params, "pl") for i, p in enumerate(prompts[:3])]
     step = be.step(reqs)

@@ -210,7 +210,9 @@ def serve(
     max_queue: int = typer.Option(64, help="most requests waiting; more get HTTP 429"),
     max_model_len: int = typer.Option(2048, help="context per request (prompt + new tokens)"),
     default_max_tokens: int = typer.Option(256, help="chat max_tokens when the request gives none"),
-    token_budget: int = typer.Option(32, help="tokens per batched verify forward; drafts shrink as the batch grows (0 = no cap)"),
+    spec_schedule: str = typer.Option("goodput", help="draft cap per batched step: goodput (acceptance- and cost-aware) or budget"),
+    fixed_cost_rows: float = typer.Option(18.0, help="goodput cost model: a forward's fixed cost, in token rows"),
+    token_budget: int = typer.Option(32, help="budget schedule: tokens per batched verify forward (0 = no cap)"),
     disable_spec_at: int = typer.Option(0, help="batch size from which speculation is off (0 = never)"),
     served_model_name: Optional[str] = typer.Option(None, help="model id clients send (default: --model)"),
     dtype: str = typer.Option("float32", help="float32 or bfloat16"),
@@ -231,7 +233,8 @@ def serve(
                               drafter_options=tuple(parse_options(drafter_option).items()),
                               num_draft_tokens=num_draft_tokens, policy=policy, max_batch=max_batch,
                               max_queue=max_queue, max_model_len=max_model_len,
-                              default_max_tokens=default_max_tokens, token_budget=token_budget,
+                              default_max_tokens=default_max_tokens, spec_schedule=spec_schedule,
+                              fixed_cost_rows=fixed_cost_rows, token_budget=token_budget,
                               disable_spec_at=disable_spec_at, served_model_name=served_model_name)
         run_server(config, host=host, port=port, graceful_timeout=graceful_timeout)
     except (ValueError, ModelError) as e:

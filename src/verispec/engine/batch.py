@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -38,32 +39,45 @@ from .request import Request
 
 @dataclass(frozen=True)
 class SpecSchedule:
-    """How speculation shrinks as the batch grows (vLLM disables speculation by batch size;
-    here the draft is first shortened, then turned off).
+    """How long drafts may be this step, given the batch (vLLM turns speculation off by
+    batch size; here the draft is shortened first, then turned off).
 
-    token_budget  at most this many tokens (roots + drafts) per verify forward, summed
-                  over the batch; 0 = unlimited. The default is where the native fp32
-                  forward turns compute-bound on the 2-core CPU we measured
-                  (docs/benchmarks.md, "Serving (issue 7)").
-    disable_at    batch size from which speculation is off (0 = never).
+    policy "goodput" (default): pick the cap k that maximizes expected committed tokens per
+        unit of forward cost over the whole batch (SmartSpec, Liu et al. 2024, arXiv
+        2406.14066), from each request's acceptance rate so far (``goodput_cap``). The cost
+        model is affine in the rows of the batched forward, ``fixed_cost_rows + rows``: the
+        fixed part (reading the weights) expressed in rows; 18 is what we measured for
+        SmolLM2 fp32 on the native runtime (docs/benchmarks.md, "Serving (issue 7)").
+    policy "budget": at most ``token_budget`` tokens (roots + drafts) per forward, summed over
+        the batch (``draft_cap``); 0 = unlimited.
+    disable_at: batch size from which speculation is off (0 = never), under either policy.
 
     The schedule only applies to batched verification: stepped one by one, a request's
     forward does not get dearer when the batch grows.
     """
 
+    policy: Literal["goodput", "budget"] = "goodput"
     token_budget: int = 32
     disable_at: int = 0
+    fixed_cost_rows: float = 18.0
 
     def __post_init__(self) -> None:
-        if self.token_budget < 0 or self.disable_at < 0:
-            raise ValueError(f"token_budget and disable_at must be >= 0, got {self}")
+        if self.policy not in ("goodput", "budget"):
+            raise ValueError(f"unknown speculation schedule {self.policy!r}; use goodput or budget")
+        if self.token_budget < 0 or self.disable_at < 0 or not self.fixed_cost_rows >= 0:
+            raise ValueError(f"token_budget, disable_at and fixed_cost_rows must be >= 0, got {self}")
 
-    def max_drafted(self, batch_size: int, free_tokens: int = 1) -> int | None:
-        return draft_cap(batch_size, self.token_budget, self.disable_at, free_tokens)
+    def max_drafted(self, alphas: Sequence[float], k_max: int, free_tokens: int = 1) -> int | None:
+        """The cap for a batch whose requests have acceptance rates ``alphas``."""
+        if self.disable_at and len(alphas) >= self.disable_at:
+            return 0
+        if self.policy == "budget":
+            return draft_cap(len(alphas), self.token_budget, 0, free_tokens)
+        return goodput_cap(alphas, k_max, self.fixed_cost_rows, free_tokens)
 
 
 def draft_cap(batch_size: int, token_budget: int, disable_at: int, free_tokens: int = 1) -> int | None:
-    """Most draft tokens per request this step (None = no cap).
+    """Most draft tokens per request this step under a token budget (None = no cap).
 
     Each row feeds its root plus its drafts, so a budget of T tokens leaves
     ``T // B - 1`` drafts per row. ``free_tokens``: a backend that pads every row to that
@@ -79,6 +93,40 @@ def draft_cap(batch_size: int, token_budget: int, disable_at: int, free_tokens: 
     if not token_budget:
         return None
     return max(0, free_tokens - 1, token_budget // batch_size - 1)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens one step commits when drafting k tokens, each accepted with
+    probability alpha (Leviathan et al. 2023, eq. 1): (1 - alpha^(k+1)) / (1 - alpha).
+
+    ``expected_tokens(0.5, 2) == 1.75``; alpha = 0 gives 1 (the bonus token); alpha = 1 gives k + 1.
+    """
+    return float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def goodput_cap(alphas: Sequence[float], k_max: int, fixed_cost_rows: float, free_tokens: int = 1) -> int:
+    """The draft cap k in [0, k_max] maximizing batch goodput
+    ``sum_b expected_tokens(alpha_b, k) / (fixed_cost_rows + B * max(k + 1, free_tokens))``.
+
+    Example (fixed 18 rows, no padding): one request with alpha 0.8 drafts 8 (goodput
+    4.33 / 27 = 0.16 vs 1 / 19 = 0.05 without drafts); 16 requests with alpha 0.3 get
+    k = 0, since 16 * 1.3 / 50 = 0.42 < 16 / 34 = 0.47. Ties go to the shorter draft.
+    """
+    if not alphas:
+        raise ValueError("goodput_cap needs at least one request")
+    b = len(alphas)
+    best_k, best = 0, -1.0
+    for k in range(max(0, k_max) + 1):
+        value = sum(expected_tokens(a, k) for a in alphas) / (fixed_cost_rows + b * max(k + 1, free_tokens))
+        if value > best * (1 + 1e-9):
+            best_k, best = k, value
+    return best_k
+
+
+def acceptance_estimate(accepted: int, drafted: int, prior: float = 0.5, weight: float = 4.0) -> float:
+    """A request's per-token acceptance rate so far, shrunk toward ``prior`` while it has
+    few drafts: ``(accepted + prior * weight) / (drafted + weight)``; (0, 0) -> 0.5."""
+    return (accepted + prior * weight) / (drafted + weight)
 
 
 def pack_trees(
@@ -215,7 +263,7 @@ class BatchEngine:
     # ---- one step over the batch -------------------------------------------------------
     def step(self, reqs: Sequence[Request]) -> BatchStep:
         """Propose for every request, verify all drafts in one target forward, commit each."""
-        cap = self.schedule.max_drafted(len(reqs), padded_tokens(self.target)) if reqs and self.batched else None
+        cap = self._draft_cap(reqs)
         results: list[StepResult | Exception | None] = [None] * len(reqs)
         planned: list[tuple[int, Request, Engine, DraftTree, tuple[float, float]]] = []
         for i, req in enumerate(reqs):
@@ -241,6 +289,13 @@ class BatchEngine:
             except Exception as e:  # noqa: BLE001
                 results[i] = e
         return BatchStep(results, len(reqs), cap, batched, forward_s)  # type: ignore[arg-type]
+
+    def _draft_cap(self, reqs: Sequence[Request]) -> int | None:
+        if not reqs or not self.batched:
+            return None
+        alphas = [acceptance_estimate(r.stats.accepted, r.stats.drafted) for r in reqs]
+        k_max = max(r.policy.budget() for r in reqs)
+        return self.schedule.max_drafted(alphas, k_max, padded_tokens(self.target))
 
     def _forward_all(self, rows: list[tuple[Request, Engine, DraftTree]]):
         """Logits/hidden per row ([N_b, V], [N_b, H] | None) or the row's exception."""

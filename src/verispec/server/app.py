@@ -57,6 +57,8 @@ class ServerConfig:
     max_queue: int = 64
     max_model_len: int = 2048
     default_max_tokens: int = 256
+    spec_schedule: str = "goodput"
+    fixed_cost_rows: float = 18.0
     token_budget: int = 32
     disable_spec_at: int = 0
     served_model_name: str | None = None
@@ -100,7 +102,8 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
         engines[name] = Engine(target, drafter, config.num_draft_tokens, config.policy)
     max_len = min(config.max_model_len, target.info.max_length)
     batch = BatchEngine(target, engines, config.max_batch, max_len,
-                        SpecSchedule(config.token_budget, config.disable_spec_at))
+                        SpecSchedule(config.spec_schedule, config.token_budget, config.disable_spec_at,
+                                     config.fixed_cost_rows))
     name = config.served_model_name or config.model
     metrics = ServerMetrics(name)
     worker = EngineWorker(batch, model.tokenizer, metrics, config.max_queue)
@@ -327,69 +330,81 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        drafter = check_common(state, body)
-        prompts = [encode_completion_prompt(state, p) for p in body.prompts()]
-        lens = [max_new_tokens(body.max_tokens, 16, len(p), state.max_len, "prompt") for p in prompts]
-        params = sampling_params(body, min(lens))
-        gen = Generation(state, f"cmpl-{uuid.uuid4().hex}", prompts, params, drafter)
-        gen.submit()
-        head = {"id": gen.base_id, "object": "text_completion", "created": int(time.time()), "model": state.name}
-        if body.stream:
-            def chunk(i: int, ev: Event) -> dict | None:
-                if not (ev.text or ev.finished or (body.return_token_ids and ev.token_ids)):
-                    return None
-                choice = {"index": i, "text": ev.text, "logprobs": None, "finish_reason": FINISH.get(ev.finished or "")}
-                if body.return_token_ids:
-                    choice["token_ids"] = ev.token_ids
-                return head | {"choices": [choice]} | ({"verispec": ev.stats} if ev.stats else {})
-            return _sse_response(stream_events(gen, chunk, _include_usage(body),
-                                               lambda u: head | {"choices": [], "usage": u}))
-        choices, stats = await collect(gen, request)
-        out = []
-        for i, c in enumerate(choices):
-            choice = {"index": i, "text": c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
-            if body.return_token_ids:
-                choice |= {"prompt_token_ids": prompts[i], "token_ids": c["token_ids"]}
-            out.append(choice)
-        tokens = sum(len(c["token_ids"]) for c in choices)
-        return head | {"choices": out, "usage": usage(prompts, tokens), "verispec": merge_stats(stats)}
+        return await handle_completion(state, body, request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        drafter = check_common(state, body)
-        try:
-            prompt = encode_prompt(state.model, body.chat_messages())
-        except ValueError as e:
-            raise ApiError(400, str(e), "messages") from None
-        budget = max_new_tokens(body.max_completion_tokens or body.max_tokens, state.config.default_max_tokens,
-                                len(prompt), state.max_len, "messages")
-        gen = Generation(state, f"chatcmpl-{uuid.uuid4().hex}", [prompt], sampling_params(body, budget), drafter)
-        gen.submit()
-        head = {"id": gen.base_id, "object": "chat.completion", "created": int(time.time()), "model": state.name}
-        if body.stream:
-            chead = head | {"object": "chat.completion.chunk"}
-            first = (chead | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                           "logprobs": None, "finish_reason": None}]},)
-
-            def chunk(i: int, ev: Event) -> dict | None:
-                if not (ev.text or ev.finished or (body.return_token_ids and ev.token_ids)):
-                    return None
-                choice = {"index": 0, "delta": {"content": ev.text} if ev.text else {}, "logprobs": None,
-                          "finish_reason": FINISH.get(ev.finished or "")}
-                if body.return_token_ids:
-                    choice["token_ids"] = ev.token_ids
-                return chead | {"choices": [choice]} | ({"verispec": ev.stats} if ev.stats else {})
-            return _sse_response(stream_events(gen, chunk, _include_usage(body),
-                                               lambda u: chead | {"choices": [], "usage": u}, first))
-        choices, stats = await collect(gen, request)
-        c = choices[0]
-        choice = {"index": 0, "message": {"role": "assistant", "content": c["text"]}, "logprobs": None,
-                  "finish_reason": c["finish_reason"]}
-        if body.return_token_ids:
-            choice |= {"prompt_token_ids": prompt, "token_ids": c["token_ids"]}
-        return head | {"choices": [choice], "usage": usage([prompt], len(c["token_ids"])), "verispec": stats[0]}
+        return await handle_chat(state, body, request)
 
     return app
+
+
+# ----------------------------------------------------------------------------- routes
+
+
+async def handle_completion(state: ServerState, body: CompletionRequest, request: Request):
+    """POST /v1/completions: one choice per prompt; SSE when ``stream``."""
+    drafter = check_common(state, body)
+    prompts = [encode_completion_prompt(state, p) for p in body.prompts()]
+    lens = [max_new_tokens(body.max_tokens, 16, len(p), state.max_len, "prompt") for p in prompts]
+    gen = Generation(state, f"cmpl-{uuid.uuid4().hex}", prompts, sampling_params(body, min(lens)), drafter)
+    gen.submit()
+    head = {"id": gen.base_id, "object": "text_completion", "created": int(time.time()), "model": state.name}
+    if body.stream:
+        def chunk(i: int, ev: Event) -> dict | None:
+            if not (ev.text or ev.finished or (body.return_token_ids and ev.token_ids)):
+                return None
+            choice = {"index": i, "text": ev.text, "logprobs": None, "finish_reason": FINISH.get(ev.finished or "")}
+            if body.return_token_ids:
+                choice["token_ids"] = ev.token_ids
+            return head | {"choices": [choice]} | ({"verispec": ev.stats} if ev.stats else {})
+        return _sse_response(stream_events(gen, chunk, _include_usage(body),
+                                           lambda u: head | {"choices": [], "usage": u}))
+    choices, stats = await collect(gen, request)
+    out = []
+    for i, c in enumerate(choices):
+        choice = {"index": i, "text": c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
+        if body.return_token_ids:
+            choice |= {"prompt_token_ids": prompts[i], "token_ids": c["token_ids"]}
+        out.append(choice)
+    tokens = sum(len(c["token_ids"]) for c in choices)
+    return head | {"choices": out, "usage": usage(prompts, tokens), "verispec": merge_stats(stats)}
+
+
+async def handle_chat(state: ServerState, body: ChatCompletionRequest, request: Request):
+    """POST /v1/chat/completions: the model's chat template; SSE chunks when ``stream``."""
+    drafter = check_common(state, body)
+    try:
+        prompt = encode_prompt(state.model, body.chat_messages())
+    except ValueError as e:
+        raise ApiError(400, str(e), "messages") from None
+    budget = max_new_tokens(body.max_completion_tokens or body.max_tokens, state.config.default_max_tokens,
+                            len(prompt), state.max_len, "messages")
+    gen = Generation(state, f"chatcmpl-{uuid.uuid4().hex}", [prompt], sampling_params(body, budget), drafter)
+    gen.submit()
+    head = {"id": gen.base_id, "object": "chat.completion", "created": int(time.time()), "model": state.name}
+    if body.stream:
+        chead = head | {"object": "chat.completion.chunk"}
+        first = (chead | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                       "logprobs": None, "finish_reason": None}]},)
+
+        def chunk(i: int, ev: Event) -> dict | None:
+            if not (ev.text or ev.finished or (body.return_token_ids and ev.token_ids)):
+                return None
+            choice = {"index": 0, "delta": {"content": ev.text} if ev.text else {}, "logprobs": None,
+                      "finish_reason": FINISH.get(ev.finished or "")}
+            if body.return_token_ids:
+                choice["token_ids"] = ev.token_ids
+            return chead | {"choices": [choice]} | ({"verispec": ev.stats} if ev.stats else {})
+        return _sse_response(stream_events(gen, chunk, _include_usage(body),
+                                           lambda u: chead | {"choices": [], "usage": u}, first))
+    choices, stats = await collect(gen, request)
+    c = choices[0]
+    choice = {"index": 0, "message": {"role": "assistant", "content": c["text"]}, "logprobs": None,
+              "finish_reason": c["finish_reason"]}
+    if body.return_token_ids:
+        choice |= {"prompt_token_ids": prompt, "token_ids": c["token_ids"]}
+    return head | {"choices": [choice], "usage": usage([prompt], len(c["token_ids"])), "verispec": stats[0]}
 
 
 def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
