@@ -18,3 +18,6 @@ test: install
 
 test-all: install
 	$(PYTHON) -m pytest -q -m ''
+
+bench-quick: install
+	verispec bench --quick
