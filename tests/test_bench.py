@@ -332,3 +332,27 @@ def test_transformers_peers_match_our_baseline_on_a_toy_target(toy_target):
         assert by["hf-pld"].token_ids == by["none"].token_ids
         assert by["hf-generate"].target_forwards == by["none"].target_forwards
         assert by["hf-pld"].target_forwards <= by["hf-generate"].target_forwards
+
+
+def test_presets_yield_to_explicit_options():
+    from verispec.bench.command import QUICK, _resolve
+
+    assert _resolve(True, [], None, [], None, None) == QUICK
+    p = _resolve(True, ["qa"], 3, ["draft"], 16, 2)
+    assert (p.categories, p.limit, p.methods, p.max_new_tokens, p.warmup) == (("qa",), 3, ("draft",), 16, 2)
+    assert _resolve(False, [], 0, [], None, None).limit == 0  # 0 = all prompts
+
+
+def test_peers_that_cannot_run_are_skipped_with_a_notice(tmp_path):
+    from verispec.api import load_model
+    from verispec.bench.command import BenchOptions, build_runners
+
+    lm = load_model("stories260k")
+    opts = BenchOptions(None, ("qa",), 1, (), "stories260k", "hf", "float32", 0.0, 1.0, 0, 0, 8, 4, "fixed",
+                        1, 0, 1, False, None, 1e-3, tmp_path, False, False)
+    specs = with_baseline([parse_method(m, DRAFTERS) for m in ["llamacpp-pld", "hf-generate"]])
+    runners, notices = build_runners(specs, lm, opts)
+    assert [r.label for r in runners] == ["none", "hf-generate"]
+    assert len(notices) == 1 and notices[0].startswith("llamacpp-pld skipped")
+    with pytest.raises(ValueError, match="no option"):
+        build_runners([parse_method("hf-pld:bogus=1", DRAFTERS)], lm, opts)
