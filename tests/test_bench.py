@@ -30,10 +30,10 @@ DRAFTERS = ("none", "prompt-lookup", "draft")
 
 def rec(method="none", qid=1, category="rag", turn=0, repeat=0, tokens=(5, 6, 7), wall=1.0, prefill=0.5,
         steps=2, drafted=0, accepted=0, accepted_at=(), drafted_at=(), forwards=None, prompt=(1, 2),
-        finish="length") -> Record:
+        finish="length", cpu=None) -> Record:
     return Record(method, qid, category, turn, repeat, tuple(prompt), tuple(tokens), finish, wall, prefill,
                   steps + 1 if forwards is None else forwards, steps, drafted, accepted,
-                  tuple(accepted_at), tuple(drafted_at), 100.0)
+                  tuple(accepted_at), tuple(drafted_at), 100.0, cpu_s=cpu)
 
 
 # ---- methods --------------------------------------------------------------------------------
@@ -170,11 +170,14 @@ def test_speedup_is_a_ratio_of_totals_per_category_with_spread_over_repeats():
     assert by[("none", OVERALL)].speedup.mean == pytest.approx(1.0)
 
 
-def test_decode_speedup_leaves_prefill_out():
-    rs = [rec("none", tokens=range(11), wall=3.0, prefill=1.0), rec("pld", tokens=range(11), wall=2.0, prefill=1.0)]
+def test_decode_and_cpu_speedups():
+    rs = [rec("none", tokens=range(11), wall=3.0, prefill=1.0, cpu=2.0),
+          rec("pld", tokens=range(11), wall=2.0, prefill=1.0, cpu=0.5)]
     s = {x.method: x for x in summarize(rs, "none") if x.category == OVERALL}["pld"]
     assert s.speedup.mean == pytest.approx(1.5)
-    assert s.decode_speedup.mean == pytest.approx(2.0)
+    assert s.decode_speedup.mean == pytest.approx(2.0)  # prefill time left out
+    assert s.cpu_speedup.mean == pytest.approx(4.0)
+    assert summarize([replace(r, cpu_s=None) for r in rs], "none")[-1].cpu_speedup.mean is None
 
 
 def test_spread_of_single_and_empty():
@@ -356,3 +359,5 @@ def test_peers_that_cannot_run_are_skipped_with_a_notice(tmp_path):
     assert len(notices) == 1 and notices[0].startswith("llamacpp-pld skipped")
     with pytest.raises(ValueError, match="no option"):
         build_runners([parse_method("hf-pld:bogus=1", DRAFTERS)], lm, opts)
+    (pld,), _ = build_runners([parse_method("prompt-lookup:num_candidates=3,k=24", DRAFTERS)], lm, opts)
+    assert pld.engine.num_draft_tokens == 24 and pld.drafter.num_candidates == 3

@@ -90,21 +90,21 @@ def _check_empty(label: str, opts: dict[str, str]) -> None:
         raise BenchError(f"method {label} has no option(s) {', '.join(sorted(opts))}")
 
 
-def _hf_runner(spec, lm, o: BenchOptions, shared: _Shared):
+def _hf_runner(spec, opts: dict[str, str], k: int, lm, o: BenchOptions, shared: _Shared):
     from ..api import DTYPES
     from .peers import HFGenerateRunner, configure_assistant, load_hf_model
 
     dtype = DTYPES[o.dtype]
     if shared.hf_model is None:
         shared.hf_model = load_hf_model(lm.hf_dir, dtype)
-    opts, eos = spec.option_dict(), lm.backend.info.eos_token_ids
+    eos = lm.backend.info.eos_token_ids
     if spec.name == "hf-generate":
         _check_empty(spec.label, opts)
-        return HFGenerateRunner(spec.label, shared.hf_model, "plain", o.num_draft_tokens, eos)
+        return HFGenerateRunner(spec.label, shared.hf_model, "plain", k, eos)
     if spec.name == "hf-pld":
         ngram = _pop_int(opts, "max_ngram", 2)
         _check_empty(spec.label, opts)
-        return HFGenerateRunner(spec.label, shared.hf_model, "pld", o.num_draft_tokens, eos, max_ngram=ngram)
+        return HFGenerateRunner(spec.label, shared.hf_model, "pld", k, eos, max_ngram=ngram)
     draft = opts.pop("model", "truncated:4")
     confidence = float(opts.pop("confidence", 0.4))
     _check_empty(spec.label, opts)
@@ -117,11 +117,11 @@ def _hf_runner(spec, lm, o: BenchOptions, shared: _Shared):
         from ..models.loading import materialize, resolve_model
 
         assistant = load_hf_model(materialize(resolve_model(draft)), dtype)
-    configure_assistant(assistant, o.num_draft_tokens, confidence)
-    return HFGenerateRunner(spec.label, shared.hf_model, "assisted", o.num_draft_tokens, eos, assistant=assistant)
+    configure_assistant(assistant, k, confidence)
+    return HFGenerateRunner(spec.label, shared.hf_model, "assisted", k, eos, assistant=assistant)
 
 
-def _llamacpp_runner(spec, lm, o: BenchOptions, shared: _Shared):
+def _llamacpp_runner(spec, opts: dict[str, str], k: int, lm, o: BenchOptions, shared: _Shared):
     from ..models.loading import resolve_model
     from .peers import LlamaCppRunner, llamacpp_available
 
@@ -133,29 +133,33 @@ def _llamacpp_runner(spec, lm, o: BenchOptions, shared: _Shared):
     if source.kind != "gguf":
         shared.notices.append(f"{spec.label} skipped: model {o.model} is not a GGUF file")
         return None
-    opts = spec.option_dict()
     ngram = _pop_int(opts, "max_ngram", 2)
     _check_empty(spec.label, opts)
-    k = o.num_draft_tokens if spec.name == "llamacpp-pld" else None
     n_ctx = min(lm.backend.info.max_length, 4096)
-    return LlamaCppRunner(spec.label, source.path, lm.backend.info.eos_token_ids, o.threads, n_ctx, k, ngram)
+    return LlamaCppRunner(spec.label, source.path, lm.backend.info.eos_token_ids, o.threads, n_ctx,
+                          k if spec.name == "llamacpp-pld" else None, ngram)
 
 
 def build_runners(specs, lm, o: BenchOptions) -> tuple[list, list[str]]:
     """One runner per method spec (baseline first); peers that cannot run are skipped
-    with a notice. Returns (runners, notices)."""
+    with a notice. Every method takes the option ``k`` (its own draft budget, default
+    ``-k``). Returns (runners, notices)."""
     from ..registry import make_drafter
     from .runners import EngineRunner
 
     shared, runners = _Shared(), []
     for spec in specs:
+        opts = spec.option_dict()
+        k = _pop_int(opts, "k", o.num_draft_tokens)
+        if k < 1:
+            raise BenchError(f"method {spec.label}: k must be >= 1")
         if spec.kind == "engine":
-            drafter = make_drafter(spec.name, lm, spec.option_dict())
-            runners.append(EngineRunner(spec.label, lm.backend, drafter, o.num_draft_tokens, o.policy))
+            drafter = make_drafter(spec.name, lm, opts)
+            runners.append(EngineRunner(spec.label, lm.backend, drafter, k, o.policy))
         elif spec.kind == "hf":
-            runners.append(_hf_runner(spec, lm, o, shared))
+            runners.append(_hf_runner(spec, opts, k, lm, o, shared))
         else:
-            runner = _llamacpp_runner(spec, lm, o, shared)
+            runner = _llamacpp_runner(spec, opts, k, lm, o, shared)
             if runner is not None:
                 runners.append(runner)
     return runners, shared.notices
@@ -297,7 +301,7 @@ def bench(
     top_k: int = typer.Option(0),
     seed: int = typer.Option(0, help="sampling seed of repeat r is seed + r"),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", "-n", help="default 128 (48 with --quick)"),
-    num_draft_tokens: int = typer.Option(8, "--num-draft-tokens", "-k", help="draft budget per step (all methods)"),
+    num_draft_tokens: int = typer.Option(8, "--num-draft-tokens", "-k", help="draft budget per step (a method's option k overrides it)"),
     policy: str = typer.Option("fixed", help="draft length policy of our engine: fixed or heuristic"),
     repeats: int = typer.Option(1, help="runs of every prompt per method (spread = std over repeats)"),
     warmup: Optional[int] = typer.Option(None, help="warm-up prompts per method, not recorded (default 1; 0 with --quick)"),

@@ -5,6 +5,9 @@
                         computed per repeat; reported as the mean over repeats, with the
                         standard deviation and range over repeats as the spread
     decode_speedup      the same ratio with prefill time left out (wall - prefill)
+    cpu_speedup         the same ratio over the process's CPU time instead of wall time:
+                        on a machine shared with other jobs, time slices taken by them do
+                        not count (with 1 thread, CPU time is the work done)
     tau                 mean tokens committed per decode step, bonus included:
                         (accepted + steps) / steps. For peers that expose only target
                         forwards: tokens committed after prefill (EOS included) / decode
@@ -36,6 +39,7 @@ class Totals:
     new_tokens: int
     wall_s: float
     decode_s: float | None  # None when some record has no prefill time
+    cpu_s: float | None  # None when some record has no CPU time
     target_forwards: int | None  # None when some record has no forward count
     steps: int | None
     drafted: int | None
@@ -66,6 +70,7 @@ def totals(records: Sequence[Record]) -> Totals:
         records=len(records), eos_records=sum(r.finish_reason == "eos" for r in records),
         new_tokens=sum(r.new_tokens for r in records),
         wall_s=sum(r.wall_s for r in records), decode_s=_sum_known(decode),
+        cpu_s=_sum_known([r.cpu_s for r in records]),
         target_forwards=_sum_known([r.target_forwards for r in records]),
         steps=_sum_known([r.steps for r in records]), drafted=_sum_known([r.drafted for r in records]),
         accepted=_sum_known([r.accepted for r in records]),
@@ -74,9 +79,12 @@ def totals(records: Sequence[Record]) -> Totals:
     )
 
 
-def tokens_per_s(t: Totals, decode_only: bool = False) -> float | None:
+def tokens_per_s(t: Totals, decode_only: bool = False, cpu: bool = False) -> float | None:
     """Generated tokens per second; decode-only drops the prefill time (and, since the
-    prefill forward yields each record's first token, that token too)."""
+    prefill forward yields each record's first token, that token too); ``cpu`` divides
+    by CPU time instead of wall time."""
+    if cpu:
+        return t.new_tokens / t.cpu_s if t.cpu_s else None
     if decode_only:
         if t.decode_s is None or t.decode_s <= 0:
             return None
@@ -139,20 +147,22 @@ class Summary:
     tokens_per_s: float | None
     speedup: Spread  # over repeats, vs the baseline on the same records
     decode_speedup: Spread
+    cpu_speedup: Spread
     tau: float | None
     alpha: float | None
     per_position: tuple[float, ...] | None
     forwards_per_token: float | None
 
 
-def _speedups(mine: Sequence[Record], base: Sequence[Record], decode_only: bool) -> Spread:
+def _speedups(mine: Sequence[Record], base: Sequence[Record], decode_only: bool = False,
+              cpu: bool = False) -> Spread:
     """One ratio per repeat, each over the records both methods share."""
     per_repeat = []
     for rep in sorted({r.repeat for r in mine}):
         keys = {r.key for r in base if r.repeat == rep} & {r.key for r in mine if r.repeat == rep}
         m = totals([r for r in mine if r.key in keys])
         b = totals([r for r in base if r.key in keys])
-        per_repeat.append(ratio(tokens_per_s(m, decode_only), tokens_per_s(b, decode_only)))
+        per_repeat.append(ratio(tokens_per_s(m, decode_only, cpu), tokens_per_s(b, decode_only, cpu)))
     return Spread.of(per_repeat)
 
 
@@ -160,7 +170,8 @@ def summarize_group(method: str, category: str, mine: Sequence[Record], base: Se
     t = totals(mine)
     return Summary(
         method, category, t.records, t.new_tokens, t.wall_s, tokens_per_s(t),
-        _speedups(mine, base, False), _speedups(mine, base, True), tau(t), alpha(t),
+        _speedups(mine, base), _speedups(mine, base, decode_only=True), _speedups(mine, base, cpu=True),
+        tau(t), alpha(t),
         per_position(t), ratio(t.target_forwards, t.new_tokens),
     )
 

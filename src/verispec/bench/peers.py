@@ -99,16 +99,16 @@ class HFGenerateRunner:
             torch.manual_seed(params.seed)  # transformers samples from the global generator
         sync(device)
         with _ForwardCounter(self.model) as counter, torch.inference_mode():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                       generation_config=self._config(params), **extra)
             sync(device)
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         eos = () if params.ignore_eos else self.eos_ids
         gen, reason = cut_at_eos(out[0, len(prompt_ids):].tolist(), eos, params.max_new_tokens)
         prefill = counter.first_end - t0 if counter.first_end else None
         return Generation(tuple(gen), reason, wall, prefill, counter.count, max(counter.count - 1, 0),
-                          None, None, None, None)
+                          None, None, None, None, cpu)
 
     def memory_bytes(self) -> int:
         """The peer's own copy of the target weights (+ the assistant's)."""
@@ -159,7 +159,7 @@ class LlamaCppRunner:
         self.llm.reset()  # no KV prefix reuse across prompts, methods or repeats
         eos = () if params.ignore_eos else self.eos_ids
         out, reason, first = [], "length", None
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for tok in self.llm.generate(prompt_ids, min_p=0.0, typical_p=1.0, repeat_penalty=1.0, **sampling):
             first = first or time.perf_counter()
             if tok in eos:
@@ -168,9 +168,9 @@ class LlamaCppRunner:
             out.append(int(tok))
             if len(out) >= params.max_new_tokens:
                 break
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         return Generation(tuple(out), reason, wall, (first - t0) if first else None,
-                          None, None, None, None, None, None)
+                          None, None, None, None, None, None, cpu)
 
     def memory_bytes(self) -> int:
         return self.gguf.stat().st_size  # weights are mmapped from the file

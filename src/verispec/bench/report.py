@@ -40,8 +40,9 @@ def _ordered(summaries: Sequence[Summary]) -> tuple[list[str], list[str]]:
     return methods, cats
 
 
-def speedup_table(summaries: Sequence[Summary], decode_only: bool = False) -> list[str]:
-    """Methods x categories (+ overall); each cell the mean speedup over repeats."""
+def speedup_table(summaries: Sequence[Summary], kind: str = "speedup") -> list[str]:
+    """Methods x categories (+ overall); each cell the mean over repeats of ``kind``:
+    "speedup", "decode_speedup" or "cpu_speedup"."""
     methods, cats = _ordered(summaries)
     cell = {(s.method, s.category): s for s in summaries}
     rows = []
@@ -49,7 +50,7 @@ def speedup_table(summaries: Sequence[Summary], decode_only: bool = False) -> li
         row = [f"`{m}`"]
         for c in cats:
             s = cell.get((m, c))
-            row.append("–" if s is None else fmt_spread(s.decode_speedup if decode_only else s.speedup))
+            row.append("–" if s is None else fmt_spread(getattr(s, kind)))
         rows.append(row)
     return _table(["method", *cats], rows)
 
@@ -62,9 +63,10 @@ def method_table(summaries: Sequence[Summary], counts: dict[str, dict[str, int]]
         exact = ("reference" if c is None and greedy else "not checked (sampling)" if not greedy
                  else f"{c['equal']} equal, {c['near-tie']} near-tie, {c['mismatch']} mismatch")
         rows.append([f"`{s.method}`", fmt(s.tokens_per_s, 1), fmt_spread(s.speedup), fmt_spread(s.decode_speedup),
+                     fmt_spread(s.cpu_speedup),
                      fmt(s.tau), fmt(s.alpha), fmt(s.forwards_per_token, 3),
                      fmt(memory.get(s.method, 0) / 2**20, 1), exact])
-    header = ["method", "tokens/s", "speedup", "decode speedup", "tau", "alpha",
+    header = ["method", "tokens/s", "speedup", "decode speedup", "CPU-time speedup", "tau", "alpha",
               "target fw / token", "extra memory MB", "greedy exactness vs `none`"]
     return _table(header, rows)
 
@@ -109,7 +111,9 @@ def markdown(meta: dict, summaries: Sequence[Summary], rows: Sequence[ExactnessR
         lines.append(f"> {note}")
     lines += ["", "## Speedup over plain decoding (tokens/s ratio, prefill included; ± = std over repeats)", "",
               *speedup_table(summaries), "", "## Decode-only speedup (prefill time excluded)", "",
-              *speedup_table(summaries, decode_only=True), "", "## Per method (all categories)", "",
+              *speedup_table(summaries, "decode_speedup"), "",
+              "## CPU-time speedup (process CPU time instead of wall time; robust to other jobs' load)", "",
+              *speedup_table(summaries, "cpu_speedup"), "", "## Per method (all categories)", "",
               *method_table(summaries, exactness_counts(list(rows)), memory, greedy), "",
               "## Per category", "", *category_table(summaries), "",
               "## Per-position acceptance (all categories)", "", *acceptance_table(summaries), ""]

@@ -33,6 +33,7 @@ class Generation:
     accepted: int | None
     accepted_at: tuple[int, ...] | None  # steps that accepted draft depth i+1
     drafted_at: tuple[int, ...] | None  # steps that drafted depth i+1
+    cpu_s: float | None = None  # CPU time of this process (all threads) during the call
 
 
 class Runner(Protocol):
@@ -77,7 +78,7 @@ class EngineRunner:
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         sync(self._device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         req = self.engine.add_request(prompt_ids, params)
         try:
             while not req.finished:
@@ -85,11 +86,11 @@ class EngineRunner:
         finally:
             self.engine.finish(req, req.finished or "stop")
         sync(self._device)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         s = req.stats
         return Generation(tuple(req.generated), str(req.finished), wall, s.prefill_s,
                           s.target_forwards, s.steps, s.drafted, s.accepted,
-                          tuple(s.accepted_at), tuple(s.drafted_at))
+                          tuple(s.accepted_at), tuple(s.drafted_at), cpu)
 
     def memory_bytes(self) -> int:
         return self._static_bytes + int(self.drafter.memory_bytes())
