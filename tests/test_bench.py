@@ -208,7 +208,7 @@ def test_report_tables_json_and_plots(tmp_path):
     data = json.loads(paths["json"].read_text())
     assert len(data["records"]) == 4 and data["exactness"]["counts"]["pld"]["mismatch"] == 1
     assert data["records"][1]["token_ids"] == [3, 4]
-    for key in ("speedup_plot", "acceptance_plot"):
+    for key in ("speedup_plot", "cpu_speedup_plot", "acceptance_plot"):
         assert paths[key].read_bytes()[:4] == b"\x89PNG"
     sampled = markdown(_meta(temperature=0.7), summaries, [], {})
     assert "exactness" not in sampled.split("## Per method")[0] and "not checked (sampling)" in sampled

@@ -130,26 +130,27 @@ def to_json(meta: dict, records: Sequence[Record], summaries: Sequence[Summary],
             "records": [asdict(r) | {"new_tokens": r.new_tokens} for r in records]}
 
 
-def plot_speedup(summaries: Sequence[Summary], path: Path) -> None:
-    """Grouped bars: speedup per category (x) per method (bars), std over repeats as error bars."""
+def plot_speedup(summaries: Sequence[Summary], path: Path, kind: str = "speedup") -> None:
+    """Grouped bars: ``kind`` ("speedup", "decode_speedup", "cpu_speedup") per category (x)
+    per method (bars), std over repeats as error bars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     methods, cats = _ordered(summaries)
-    cell = {(s.method, s.category): s.speedup for s in summaries}
+    cell = {(s.method, s.category): getattr(s, kind) for s in summaries}
     width = 0.8 / max(len(methods), 1)
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(cats) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(cats) + 2) + 2.5, 4))
     for i, m in enumerate(methods):
         spreads = [cell.get((m, c), Spread(None, None, None, None)) for c in cats]
         xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(cats))]
         ax.bar(xs, [s.mean or 0 for s in spreads], width, yerr=[s.std or 0 for s in spreads], label=m, capsize=2)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(cats)), cats)
-    ax.set_ylabel("speedup over plain decoding")
+    ax.set_ylabel(kind.replace("_", " ") + " over plain decoding")
     if methods:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never hides a bar
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -179,9 +180,11 @@ def write_all(out_dir: Path, meta: dict, records: Sequence[Record], summaries: S
               rows: Sequence[ExactnessRow], memory: dict[str, int]) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md",
-             "speedup_plot": out_dir / "speedup.png", "acceptance_plot": out_dir / "acceptance.png"}
+             "speedup_plot": out_dir / "speedup.png", "cpu_speedup_plot": out_dir / "cpu_speedup.png",
+             "acceptance_plot": out_dir / "acceptance.png"}
     paths["json"].write_text(json.dumps(to_json(meta, records, summaries, rows, memory), indent=1))
     paths["markdown"].write_text(markdown(meta, summaries, rows, memory))
     plot_speedup(summaries, paths["speedup_plot"])
+    plot_speedup(summaries, paths["cpu_speedup_plot"], "cpu_speedup")
     plot_acceptance(summaries, paths["acceptance_plot"])
     return paths
