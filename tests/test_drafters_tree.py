@@ -44,6 +44,11 @@ def make(name: str, vocab: int, corpus: list[list[int]]):
 NAMES = ["suffix", "suffix-wide", "token-recycling", "lookahead", "lookahead-small", "rest", "pld-tree"]
 
 
+def rounds(name: str) -> int:
+    """Drafters that learn across requests (global trie, matrix) get a second round."""
+    return 2 if name in ("suffix", "suffix-wide", "token-recycling") else 1
+
+
 @pytest.fixture(scope="module")
 def toy_plain(toy_target):
     return [run(toy_target, NoDrafter(), p, GREEDY)[0] for p in TOY_PROMPTS]
@@ -56,7 +61,7 @@ def test_toy_greedy_equals_plain(toy_target, toy_plain, name, policy):
     corpus = [p + o[:20] for p, o in zip(TOY_PROMPTS, toy_plain)] + [o[15:] for o in toy_plain] + [[3, 4, 5] * 5]
     drafter, k = make(name, toy_target.info.vocab_size, corpus)
     accepted = 0
-    for _ in range(2):  # the second round uses state learned in the first (global trie, matrix)
+    for _ in range(rounds(name)):
         for prompt, plain in zip(TOY_PROMPTS, toy_plain):
             ids, stats = run(toy_target, drafter, prompt, GREEDY, k=k, policy=policy)
             assert ids == plain
@@ -90,8 +95,7 @@ def test_stories_greedy_equals_plain(stories, stories_case, name):
     corpus = [tok(t)["input_ids"] for t in ["Once upon a time, there was a little girl named Lily.",
                                              "She liked to play with her ball in the park."]]
     drafter, k = make(name, stories.backend.info.vocab_size, corpus)
-    rounds = 2 if name in ("suffix", "token-recycling") else 1  # these learn across requests
-    for _ in range(rounds):
+    for _ in range(rounds(name)):
         for prompt, want in zip(prompts, plain):
             ids, stats = run(stories.backend, drafter, prompt, params, k=k)
             assert ids == want
