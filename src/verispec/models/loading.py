@@ -127,7 +127,12 @@ def _find_shared_file(rel: str) -> Path:
 
     The repo keeps large read-only assets in a ``shared/`` directory next to the checkout
     (``/work/shared`` beside ``/work/main``); walking up works from any checkout or worktree.
+    ``$VERISPEC_SHARED`` names that directory explicitly when the checkout lives elsewhere.
     """
+    if os.environ.get("VERISPEC_SHARED"):
+        candidate = Path(os.environ["VERISPEC_SHARED"]).expanduser() / rel
+        if candidate.is_file():
+            return candidate
     starts = [Path(__file__).resolve().parent, Path.cwd().resolve()]
     for start in starts:
         for directory in (start, *start.parents):
