@@ -30,7 +30,7 @@ from verispec.models.native import NativeLlama
 
 KS = (1, 2, 4, 8, 16, 32)
 CONFIGS = ("hf-fp32", "hf-bf16", "native-fp32", "native-fp32-noinv", "native-bf16", "native-bf16-noinv",
-           "native-int8", "native-int8-noinv")
+           "native-int8", "native-int8-noinv", "native-int4", "native-int4-noinv")
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,10 @@ def copy_bandwidth(mb: int = 512) -> float:
 
 
 def bench_native(path, name: str, ids: torch.Tensor, reps: int) -> Result:
-    dtype = torch.float32 if "fp32" in name else torch.bfloat16
-    model = NativeLlama.from_hf_dir(path, dtype=dtype, max_length=ids.shape[1] + 64,
-                                    quant="int8" if "int8" in name else "none", batch_invariant="noinv" not in name)
+    dtype = torch.float32 if "fp32" in name or "int4" in name else torch.bfloat16
+    quant = next((q for q in ("int8", "int4") if q in name), "none")
+    model = NativeLlama.from_hf_dir(path, dtype=dtype, max_length=ids.shape[1] + 64, quant=quant,
+                                    batch_invariant="noinv" not in name)
     ctx = ids.shape[1] - max(KS)
     cache = model.new_cache()
 

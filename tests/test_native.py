@@ -201,15 +201,18 @@ def test_hidden_is_final_normed_state(load, tiny_dirs):
 # ----------------------------------------------------------------------------- batch invariance
 
 
-@pytest.mark.parametrize("dtype,quant", [(torch.float32, "none"), (torch.bfloat16, "none"), (torch.bfloat16, "int8")])
+QUANTS = [(torch.float32, "none"), (torch.bfloat16, "none"), (torch.bfloat16, "int8"), (torch.float32, "int4")]
+
+
+@pytest.mark.parametrize("dtype,quant", QUANTS)
 def test_chain_is_bitwise_equal_to_sequential(load, dtype, quant):
     model = load("llama", dtype=dtype, quant=quant)
     assert_chain_bitwise(model, VOCAB)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_tree_is_bitwise_equal_to_paths(load, dtype):
-    model = load("llama", dtype=dtype)
+@pytest.mark.parametrize("dtype,quant", QUANTS)
+def test_tree_is_bitwise_equal_to_paths(load, dtype, quant):
+    model = load("llama", dtype=dtype, quant=quant)
     assert_tree_bitwise(model, VOCAB)
 
 
@@ -446,6 +449,13 @@ def smollm_dir():
 @pytest.mark.real
 def test_real_smollm2_bf16_bitwise(smollm_dir):
     model = NativeLlama.from_hf_dir(smollm_dir, max_length=512)
+    assert_chain_bitwise(model, 49152, prefix_len=24)
+    assert_tree_bitwise(model, 49152, prefix_len=24)
+
+
+@pytest.mark.real
+def test_real_smollm2_int4_bitwise(smollm_dir):
+    model = NativeLlama.from_hf_dir(smollm_dir, dtype=torch.float32, quant="int4", max_length=512)
     assert_chain_bitwise(model, 49152, prefix_len=24)
     assert_tree_bitwise(model, 49152, prefix_len=24)
 

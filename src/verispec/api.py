@@ -20,7 +20,7 @@ from .drafters.base import Drafter
 from .engine import Engine
 from .models.base import CausalLM, ModelError
 from .models.catalog import DEFAULT_MODEL
-from .models.loading import materialize, resolve_model
+from .models.loading import default_quant, materialize, resolve_model
 from .registry import make_drafter
 from .types import FinishReason, GenerationOutput, RequestStats, SamplingParams
 
@@ -36,6 +36,7 @@ class LoadedModel:
     hf_dir: Path
     has_chat_template: bool
     backend_kind: str
+    quant: str = "none"  # weight format of the native backend (none, int8, int4)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -44,20 +45,34 @@ def _dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+QUANTS = ("auto", "none", "int8", "int4")
+
+
+def _native_supports(hf_dir: Path) -> bool:
+    """Is this checkpoint a Llama-family model the native runtime runs?"""
+    import json
+
+    from .models.native import LlamaArgs
+
+    try:
+        LlamaArgs.from_hf_config(json.loads((hf_dir / "config.json").read_text()))
+    except (ModelError, KeyError, ValueError, OSError):
+        return False
+    return True
+
+
 def _load_backend(hf_dir: Path, name: str, dtype: torch.dtype, backend: str, device: str,
-                  num_layers: int | None = None) -> tuple[CausalLM, str]:
+                  num_layers: int | None = None, quant: str = "none") -> tuple[CausalLM, str]:
+    """``auto``: the native runtime for Llama-family models, transformers for the rest."""
     if backend not in ("auto", "hf", "native"):
         raise ValueError(f"unknown backend {backend!r}; use auto, hf or native")
-    if backend in ("auto", "native"):
-        try:
-            from .models.native import NativeLlama  # noqa: PLC0415  (optional until it lands)
-        except ImportError:
-            NativeLlama = None
-        if NativeLlama is not None:
-            kw = {"num_layers": num_layers} if num_layers else {}
-            return NativeLlama.from_hf_dir(hf_dir, dtype=dtype, device=device, **kw), "native"
-        if backend == "native":
-            raise ModelError("the native backend is not available in this build")
+    if backend == "native" or (backend == "auto" and _native_supports(hf_dir)):
+        from .models.native import NativeLlama
+
+        kw = {"num_layers": num_layers} if num_layers else {}
+        return NativeLlama.from_hf_dir(hf_dir, dtype=dtype, device=device, quant=quant, **kw), "native"
+    if quant != "none":
+        raise ValueError(f"quant={quant!r} needs the native backend (transformers runs unquantized weights)")
     from .models.hf import HFCausalLM
 
     if num_layers:
@@ -69,16 +84,25 @@ def _load_backend(hf_dir: Path, name: str, dtype: torch.dtype, backend: str, dev
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32",
-               backend: str = "hf", device: str = "cpu") -> LoadedModel:
-    """Resolve a catalog name or path, materialize it once as an HF dir, load a backend."""
+               backend: str = "auto", device: str = "cpu", quant: str = "auto") -> LoadedModel:
+    """Resolve a catalog name or path, materialize it once as an HF dir, load a backend.
+
+    ``backend="auto"`` runs Llama-family models on the native runtime (bit-exact
+    speculation) and others on transformers. ``quant="auto"`` keeps the checkpoint's own
+    precision on the native runtime (a Q4 GGUF runs as int4 groups: ``default_quant``);
+    ``dtype`` is the activation dtype (and the weights' when unquantized)."""
     from transformers import AutoTokenizer
 
+    if quant not in QUANTS:
+        raise ValueError(f"unknown quant {quant!r}; use {', '.join(QUANTS)}")
     source = resolve_model(name_or_path)
     hf_dir = materialize(source)
-    model, kind = _load_backend(hf_dir, source.name, _dtype(dtype), backend, device)
+    if quant == "auto":
+        quant = default_quant(source) if backend != "hf" and (backend == "native" or _native_supports(hf_dir)) else "none"
+    model, kind = _load_backend(hf_dir, source.name, _dtype(dtype), backend, device, quant=quant)
     tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
     chat = bool(getattr(tokenizer, "chat_template", None))
-    return LoadedModel(source.name, model, tokenizer, hf_dir, chat, kind)
+    return LoadedModel(source.name, model, tokenizer, hf_dir, chat, kind, quant)
 
 
 def load_draft_model(target: LoadedModel, spec: str) -> CausalLM:
@@ -90,9 +114,10 @@ def load_draft_model(target: LoadedModel, spec: str) -> CausalLM:
         if n < 1:
             raise ValueError("truncated:N needs N >= 1")
         dtype = info.dtype
-        return _load_backend(target.hf_dir, target.name, dtype, target.backend_kind, str(info.device), n)[0]
+        return _load_backend(target.hf_dir, target.name, dtype, target.backend_kind, str(info.device), n,
+                             quant=target.quant)[0]
     draft = load_model(spec, dtype=str(info.dtype).removeprefix("torch."), backend=target.backend_kind,
-                       device=str(info.device))
+                       device=str(info.device), quant=target.quant)
     if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
         raise ValueError(f"draft model {spec} does not share the target's tokenizer")
     return draft.backend

@@ -77,8 +77,9 @@ def generate(
     chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="wrap the prompt as a user message (default: when the model has a chat template)"),
     stream: bool = typer.Option(False, "--stream", help="print text as it is generated"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-    dtype: str = typer.Option("float32", help="float32 or bfloat16"),
-    backend: str = typer.Option("hf", help="auto, hf or native"),
+    dtype: str = typer.Option("float32", help="activation dtype (and weights' when unquantized): float32 or bfloat16"),
+    backend: str = typer.Option("auto", help="auto (native for Llama-family models), hf or native"),
+    quant: str = typer.Option("auto", help="native weights: auto (the checkpoint's precision), none, int8 or int4"),
 ) -> None:
     """Generate text with speculative decoding and print speculation statistics."""
     from .api import SpecDecoder, load_model
@@ -93,7 +94,7 @@ def generate(
     try:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                                 max_new_tokens=max_new_tokens, seed=seed, stop=tuple(stop))
-        lm = load_model(model, dtype=dtype, backend=backend)
+        lm = load_model(model, dtype=dtype, backend=backend, quant=quant)
         dec = SpecDecoder(lm, drafter, parse_options(drafter_option), num_draft_tokens, policy)
         chunks = []
         for chunk in dec.stream(text, params, chat):
@@ -217,6 +218,7 @@ def serve(
     served_model_name: Optional[str] = typer.Option(None, help="model id clients send (default: --model)"),
     dtype: str = typer.Option("float32", help="float32 or bfloat16"),
     backend: str = typer.Option("auto", help="auto, hf or native (native batches verification)"),
+    quant: str = typer.Option("auto", help="native weights: auto (the checkpoint's precision), none, int8 or int4"),
     threads: int = typer.Option(0, help="torch threads (0 = torch default)"),
     graceful_timeout: float = typer.Option(30.0, help="seconds in-flight requests get on shutdown"),
 ) -> None:
@@ -229,7 +231,7 @@ def serve(
 
         torch.set_num_threads(threads)
     try:
-        config = ServerConfig(model=model, backend=backend, dtype=dtype, drafters=tuple(drafter),
+        config = ServerConfig(model=model, backend=backend, dtype=dtype, quant=quant, drafters=tuple(drafter),
                               drafter_options=tuple(parse_options(drafter_option).items()),
                               num_draft_tokens=num_draft_tokens, policy=policy, max_batch=max_batch,
                               max_queue=max_queue, max_model_len=max_model_len,

@@ -503,6 +503,21 @@ _GGUF_STRING, _GGUF_ARRAY = 8, 9
 _GGUF_EXPECTED = "a GGUF v2/v3 file (magic 'GGUF')"
 
 
+# llama.cpp's ``general.file_type`` (enum llama_ftype) -> weight-only format of the native runtime
+_GGUF_FTYPE_QUANT = {0: "none", 1: "none", 32: "none",  # F32, F16, BF16
+                     7: "int8", 8: "int8", 9: "int8", 16: "int8", 17: "int8", 18: "int8",  # Q8_0, Q5_*, Q6_K
+                     2: "int4", 3: "int4", 10: "int4", 11: "int4", 12: "int4", 13: "int4", 14: "int4", 15: "int4"}
+
+
+def default_quant(source: ModelSource) -> str:
+    """The native runtime's weight format closest to the checkpoint's own precision: a 4-bit
+    GGUF (Q4_0, Q4_1, Q4_K, ...) runs as int4 groups, a 5-8 bit one as int8, anything else
+    unquantized. Running a Q4 file in fp32 would read 8x the bytes per token for no gain."""
+    if source.kind != "gguf":
+        return "none"
+    return _GGUF_FTYPE_QUANT.get(int(read_gguf_metadata(source.path).get("general.file_type", 0)), "none")
+
+
 def read_gguf_metadata(path: Path, arrays: frozenset[str] = frozenset()) -> dict[str, object]:
     """Key/value metadata of a GGUF file without touching tensor data.
 

@@ -61,9 +61,9 @@ import torch
 import torch.nn.functional as F
 
 from verispec.models.base import ModelError, ModelInfo, ModelOutput
-from verispec.models.quant import Int8Weight, int8_linear, quantize_int8
+from verispec.models.quant import QuantWeight, quant_linear, quantize_int4, quantize_int8
 
-Weight = torch.Tensor | Int8Weight
+Weight = torch.Tensor | QuantWeight
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "smollm")
 
 
@@ -157,8 +157,10 @@ def _rope_scaling(rs: dict) -> RopeScaling | None:
 class NativeOptions:
     """Runtime choices (not architecture). ``min_rows=None`` means calibrate at load time."""
 
-    dtype: torch.dtype = torch.bfloat16  # weights + activations (int8: activations)
-    quant: Literal["none", "int8"] = "none"  # int8 = weight-only per-channel, bf16 activations
+    dtype: torch.dtype = torch.bfloat16  # weights + activations (quantized linears: activations)
+    # weight-only quantization of the linears (models/quant.py): int8 per channel; int4 in
+    # groups of 32 (Q4_1's layout) with an int8 lm_head. Products run with bf16 inputs.
+    quant: Literal["none", "int8", "int4"] = "none"
     batch_invariant: bool = True
     max_rows: int = 64  # largest forward on the invariant path; larger ones are prefill
     min_rows: int | None = None  # invariant forwards are padded to at least this many token rows
@@ -217,9 +219,14 @@ def _layer_weights(state: dict, i: int, prep) -> LayerWeights:
 
 
 def _weight_preparer(opts: NativeOptions, device: torch.device):
-    def prep(t: torch.Tensor, linear: bool = False) -> Weight:
+    if opts.quant not in ("none", "int8", "int4"):
+        raise ValueError(f"unknown quant {opts.quant!r}; use none, int8 or int4")
+
+    def prep(t: torch.Tensor, linear: bool = False, head: bool = False) -> Weight:
         t = t.to(device=device, dtype=opts.dtype).contiguous()
-        return quantize_int8(t, opts.dtype) if linear and opts.quant == "int8" else t
+        if not linear or opts.quant == "none":
+            return t
+        return quantize_int4(t) if opts.quant == "int4" and not head else quantize_int8(t)
 
     return prep
 
@@ -227,7 +234,7 @@ def _weight_preparer(opts: NativeOptions, device: torch.device):
 def weight_nbytes(w: Weight | None) -> int:
     if w is None:
         return 0
-    return w.nbytes if isinstance(w, Int8Weight) else w.numel() * w.element_size()
+    return w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes
 
 
 # ----------------------------------------------------------------------------- math
@@ -235,7 +242,7 @@ def weight_nbytes(w: Weight | None) -> int:
 
 def linear(x: torch.Tensor, w: Weight, b: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ w[N, K].T (+ b) -> [..., N]."""
-    y = int8_linear(x, w) if isinstance(w, Int8Weight) else F.linear(x, w)
+    y = F.linear(x, w) if isinstance(w, torch.Tensor) else quant_linear(x, w)
     return y if b is None else y + b
 
 
@@ -566,7 +573,7 @@ class NativeLlama:
                          bos_token_id=args.bos_token_id, eos_token_ids=args.eos_token_ids, hidden_size=args.dim,
                          dtype=options.dtype, device=device)
         layers = tuple(_layer_weights(state, i, prep) for i in range(args.n_layers))
-        lm_head = prep(state["model.embed_tokens.weight"] if head is None else head, linear=True)
+        lm_head = prep(state["model.embed_tokens.weight"] if head is None else head, linear=True, head=True)
         return cls(args, embed, layers, prep(_take(state, "model.norm.weight")), lm_head, options, info)
 
     def _resolve_options(self, opts: NativeOptions) -> NativeOptions:
@@ -854,6 +861,4 @@ def check_window_invariance(args: LlamaArgs, chunk: int, device: torch.device, m
 
 def _row_slice(w: Weight, n: int) -> Weight:
     """The first n output features of a weight (probing cost stays small for big matrices)."""
-    if isinstance(w, Int8Weight):
-        return replace(w, q=w.q[:n], scales=w.scales[:n])
-    return w[:n]
+    return w[:n] if isinstance(w, torch.Tensor) else w.probe_rows(n)

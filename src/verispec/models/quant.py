@@ -1,12 +1,17 @@
-"""Weight-only int8 linears for the native runtime (models/native.py).
+"""Weight-only quantized linears for the native runtime (models/native.py).
 
-Symmetric per-output-channel quantization: ``w ≈ q * scale[:, None]`` with ``q`` int8.
-Activations stay in the compute dtype (bf16). On CPU the product runs in torch's
-``_weight_int8pack_mm`` kernel, which reads 1 byte per weight instead of 2 (bf16) or 4 (fp32)
-and, on the CPUs we measured, computes every output row with the same instruction
-sequence whatever the number of rows (so the batch-invariance property of the runtime is
-kept; ``NativeLlama`` re-checks that at load time). Where that kernel is missing (for
-example some CUDA builds) we dequantize on the fly, which is exact but not faster.
+* ``int8``: symmetric per-output-channel, ``w ≈ q * scale[:, None]`` (torch's
+  ``_weight_int8pack_mm``).
+* ``int4``: asymmetric groups of 32 input features, ``w ≈ q * scale + min`` with q in 0..15,
+  the layout of GGUF's Q4_1 (so a Q4_1 file's weights are reproduced up to the rounding of
+  the bf16 scales), run by torch's ``_weight_int4pack_mm_for_cpu`` (gpt-fast's int4 scheme).
+
+Both kernels read 1 byte (int8) or half a byte (int4) per weight instead of 4 (fp32), take
+bf16 activations, and on the CPUs we measured compute every output row with the same
+instruction sequence whatever the number of rows, so the runtime's batch invariance is
+kept (``NativeLlama`` re-checks that at load time). Activations of another dtype are cast
+to bf16 for the product and the result cast back. Where a kernel is missing (for example
+CUDA builds, whose int4 packing differs) we dequantize on the fly: exact, not faster.
 """
 
 from __future__ import annotations
@@ -16,14 +21,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+KERNEL_DTYPE = torch.bfloat16  # activation dtype of the packed kernels
+
 
 @dataclass(frozen=True)
 class Int8Weight:
     """An int8 weight matrix with one scale per output channel (row)."""
 
     q: torch.Tensor  # [N, K] int8
-    scales: torch.Tensor  # [N] compute dtype
-    packed_kernel: bool  # True: torch._weight_int8pack_mm works on this device/dtype
+    scales: torch.Tensor  # [N] bf16
+    packed_kernel: bool  # True: torch._weight_int8pack_mm works on this device
 
     @property
     def shape(self) -> torch.Size:
@@ -33,29 +40,102 @@ class Int8Weight:
     def nbytes(self) -> int:
         return self.q.numel() * self.q.element_size() + self.scales.numel() * self.scales.element_size()
 
+    def probe_rows(self, n: int) -> Int8Weight:
+        """A cheaper weight whose outputs start with the first n output features."""
+        return Int8Weight(self.q[:n], self.scales[:n], self.packed_kernel)
 
-def quantize_int8(w: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> Int8Weight:
-    """Quantize ``w`` [N, K] per output row; ``dtype`` is the activation/compute dtype."""
+
+@dataclass(frozen=True)
+class Int4Weight:
+    """A 4-bit weight matrix, groups of ``group_size`` input features with a scale and a min.
+
+    ``packed`` is the kernel's layout ([N, K/2] uint8 on CPU) when ``packed_kernel``, else the
+    unpacked codes [N, K] uint8. ``scales_zeros`` [K/g, N, 2] bf16 holds (scale, min + 8 scale),
+    the kernel's convention ``w = (q - 8) * scale + zero``.
+    """
+
+    packed: torch.Tensor
+    scales_zeros: torch.Tensor
+    group_size: int
+    shape: torch.Size  # [N, K]
+    packed_kernel: bool
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+
+    def probe_rows(self, n: int) -> Int4Weight:
+        """A cheaper weight whose outputs start with the first n output features (the packed
+        CPU layout interleaves blocks of rows and cannot be sliced: it is returned whole)."""
+        if self.packed_kernel:
+            return self
+        return Int4Weight(self.packed[:n], self.scales_zeros[:, :n], self.group_size,
+                          torch.Size((n, self.shape[1])), self.packed_kernel)
+
+
+QuantWeight = Int8Weight | Int4Weight
+
+
+def quantize_int8(w: torch.Tensor) -> Int8Weight:
+    """Quantize ``w`` [N, K] per output row."""
     w32 = w.float()
     scales = (w32.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # [N]
     q = torch.round(w32 / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-    scales = scales.to(dtype)
-    return Int8Weight(q=q, scales=scales, packed_kernel=_packed_kernel_works(q, scales))
+    scales = scales.to(KERNEL_DTYPE)
+    return Int8Weight(q=q, scales=scales, packed_kernel=_works(lambda x: torch._weight_int8pack_mm(x, q, scales), q))
 
 
-def int8_linear(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
-    """``x @ dequant(w).T`` for x [..., K] in the scales' dtype -> [..., N]."""
-    if w.packed_kernel:
-        out = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), w.q, w.scales)  # [M, N]
-        return out.reshape(*x.shape[:-1], out.shape[-1])
-    return F.linear(x, w.q.to(x.dtype)) * w.scales
-
-
-def _packed_kernel_works(q: torch.Tensor, scales: torch.Tensor) -> bool:
-    """Capability probe: does this torch build have the packed int8 kernel for this device?"""
-    x = torch.zeros(1, q.shape[1], dtype=scales.dtype, device=q.device)
+def quantize_int4(w: torch.Tensor, group_size: int = 32) -> Int4Weight:
+    """Quantize ``w`` [N, K] in groups of ``group_size`` along K: min/max per group, 16 levels."""
+    n, k = w.shape
+    if k % group_size:
+        raise ValueError(f"int4: in_features {k} is not a multiple of the group size {group_size}")
+    g = w.float().reshape(n, k // group_size, group_size)
+    lo, hi = g.amin(-1), g.amax(-1)
+    # round scale and zero to the kernel's bf16 first, then pick each code against them
+    scales = ((hi - lo) / 15).clamp(min=1e-10).to(KERNEL_DTYPE)
+    zeros = (lo + 8 * scales.float()).to(KERNEL_DTYPE)
+    q = ((g - zeros.float()[..., None]) / scales.float()[..., None] + 8).round().clamp(0, 15)
+    q = q.reshape(n, k).to(torch.int32)
+    sz = torch.stack([scales, zeros], -1).transpose(0, 1).contiguous()  # [K/g, N, 2]
     try:
-        torch._weight_int8pack_mm(x, q, scales)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.cpu(), 1).to(w.device)
+        ok = w.device.type == "cpu" and _works(
+            lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size, sz), q)
+    except (RuntimeError, NotImplementedError, AttributeError):
+        ok = False
+    if not ok:
+        packed = q.to(torch.uint8)
+    return Int4Weight(packed, sz, group_size, torch.Size((n, k)), ok)
+
+
+def quant_linear(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+    """``x @ dequant(w).T`` for x [..., K] -> [..., N] in x's dtype."""
+    x2 = x.reshape(-1, x.shape[-1]).to(KERNEL_DTYPE)
+    if isinstance(w, Int8Weight):
+        out = (torch._weight_int8pack_mm(x2, w.q, w.scales) if w.packed_kernel
+               else F.linear(x2, w.q.to(x2.dtype)) * w.scales)
+    elif w.packed_kernel:
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, w.packed, w.group_size, w.scales_zeros)
+    else:
+        out = F.linear(x2, dequantize_int4(w).to(x2.dtype))
+    return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
+
+
+def dequantize_int4(w: Int4Weight) -> torch.Tensor:
+    """The float32 [N, K] matrix an unpacked ``Int4Weight`` stands for."""
+    if w.packed_kernel:
+        raise ValueError("dequantize_int4 needs the unpacked layout")
+    n, k = w.shape
+    scale, zero = w.scales_zeros.float().transpose(0, 1).unbind(-1)  # [N, K/g] each
+    q = w.packed.float().reshape(n, k // w.group_size, w.group_size) - 8
+    return (q * scale[..., None] + zero[..., None]).reshape(n, k)
+
+
+def _works(kernel, q: torch.Tensor) -> bool:
+    """Capability probe: does this torch build run ``kernel`` on this device?"""
+    try:
+        kernel(torch.zeros(1, q.shape[1], dtype=KERNEL_DTYPE, device=q.device))
     except (RuntimeError, NotImplementedError, AttributeError):
         return False
     return True

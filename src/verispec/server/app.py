@@ -49,6 +49,7 @@ class ServerConfig:
     model: str = DEFAULT_MODEL
     backend: str = "auto"
     dtype: str = "float32"
+    quant: str = "auto"
     drafters: tuple[str, ...] = ("prompt-lookup", "none")
     drafter_options: tuple[tuple[str, str], ...] = ()
     num_draft_tokens: int = 8
@@ -92,7 +93,7 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
                 extra_drafters: dict[str, Drafter] | None = None) -> ServerState:
     """Load the model (unless given) and drafters, build the batch engine and its worker.
     ``extra_drafters`` adds ready-made drafters by name (tests use it)."""
-    model = model or load_model(config.model, dtype=config.dtype, backend=config.backend)
+    model = model or load_model(config.model, dtype=config.dtype, backend=config.backend, quant=config.quant)
     target = model.backend
     engines: dict[str, Engine] = {}
     for i, name in enumerate(config.drafters):
