@@ -30,7 +30,7 @@ from verispec.models.native import NativeLlama
 
 KS = (1, 2, 4, 8, 16, 32)
 CONFIGS = ("hf-fp32", "hf-bf16", "native-fp32", "native-fp32-noinv", "native-bf16", "native-bf16-noinv",
-           "native-int8", "native-int8-noinv", "native-int4", "native-int4-noinv")
+           "native-int8", "native-int8-noinv", "native-int4", "native-int4-noinv", "llamacpp")
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,35 @@ def bench_hf(path, name: str, ids: torch.Tensor, reps: int) -> Result:
     return Result(name, "eager, DynamicCache", ctx / prefill_ms * 1e3, {k: best_of(step(k), reps) for k in KS}, nbytes)
 
 
+def bench_llamacpp(source, name: str, ids: torch.Tensor, reps: int, threads: int) -> Result:
+    """llama.cpp (llama-cpp-python) on the same GGUF file: ``eval`` of k tokens after
+    rolling ``n_tokens`` back (it drops the KV entries past it), logits for every token as a
+    speculative verifier needs (``logits_all``)."""
+    from llama_cpp import Llama
+
+    if source.kind != "gguf":
+        raise SystemExit("llamacpp needs a GGUF model")
+    llm = Llama(model_path=str(source.path), n_ctx=ids.shape[1] + 64, n_threads=threads, n_threads_batch=threads,
+                logits_all=True, verbose=False)
+    toks = ids[0].tolist()
+    ctx = ids.shape[1] - max(KS)
+
+    def prefill():
+        llm.reset()
+        llm.eval(toks[:ctx])
+
+    prefill_ms = best_of(prefill, max(1, reps // 2))
+
+    def step(k: int) -> Callable[[], None]:
+        def run():
+            llm.n_tokens = ctx
+            llm.eval(toks[ctx:ctx + k])
+        return run
+
+    return Result(name, f"llama-cpp-python, {source.path.name}", ctx / prefill_ms * 1e3,
+                  {k: best_of(step(k), reps) for k in KS}, source.path.stat().st_size)
+
+
 def ab_invariance(path, ids: torch.Tensor, rounds: int, console: Console) -> None:
     """Invariance on vs off, interleaved round by round so both see the same machine load."""
     ctx, ks = ids.shape[1] - max(KS), (1, 4, 8, 16)
@@ -183,8 +212,11 @@ def main() -> None:
     results = []
     for name in args.configs:
         t = time.perf_counter()
-        bench = bench_hf if name.startswith("hf") else bench_native
-        results.append(bench(path, name, ids, args.reps))
+        if name == "llamacpp":
+            results.append(bench_llamacpp(resolve_model(args.model), name, ids, args.reps, args.threads))
+        else:
+            bench = bench_hf if name.startswith("hf") else bench_native
+            results.append(bench(path, name, ids, args.reps))
         console.print(f"{name}: done in {time.perf_counter() - t:.0f} s, t(1) = {results[-1].ms[1]:.1f} ms")
     render(results, bandwidth, console)
 
