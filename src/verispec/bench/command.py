@@ -229,13 +229,13 @@ def run_bench(o: BenchOptions) -> tuple[dict, int]:
 
     from ..registry import DRAFTERS
     from ..types import SamplingParams
-    from .datasets import GROUPS, load_spec_bench
+    from .datasets import GROUPS, load_prompts
     from .methods import parse_method, with_baseline
 
     specs = with_baseline([parse_method(m, tuple(DRAFTERS)) for m in o.methods])
     params = SamplingParams(temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
                             max_new_tokens=o.max_new_tokens, seed=o.seed, ignore_eos=o.ignore_eos)
-    prompts = load_spec_bench(o.data, o.categories or GROUPS, o.limit)
+    prompts = load_prompts(o.data, o.categories or GROUPS, o.limit)
     if not prompts:
         raise BenchError("no prompts selected")
     threads_before = torch.get_num_threads()
@@ -290,8 +290,8 @@ def _resolve(quick: bool, categories: list[str], limit: Optional[int], methods: 
 
 def bench(
     data: Optional[Path] = typer.Option(None, "--data", help="Spec-Bench question.jsonl (default ../shared/data/spec_bench/question.jsonl)"),
-    category: list[str] = typer.Option([], "--category", "-c", help="mt_bench, translation, summarization, qa, math_reasoning, rag (repeatable; default all)"),
-    limit: Optional[int] = typer.Option(None, "--limit", help="prompts per category (default 10; 0 = all)"),
+    category: list[str] = typer.Option([], "--category", "-c", help="Spec-Bench groups mt_bench, translation, summarization, qa, math_reasoning, rag (default: these six), and our multi-turn agentic workload `agentic` (code/text revision loops, JSON tool calls; shipped with verispec); repeatable"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="prompts (agentic: sessions) per category (default 10; 0 = all)"),
     method: list[str] = typer.Option([], "--method", "-m", help="drafter[:k=v,...] or a peer (hf-generate, hf-pld, hf-assisted:model=truncated:4, llamacpp, llamacpp-pld); repeatable; the baseline `none` always runs"),
     model: str = typer.Option("smollm2-135m-instruct", help="catalog name or path"),
     backend: str = typer.Option("hf", help="auto, hf or native"),
@@ -313,7 +313,7 @@ def bench(
     strict: bool = typer.Option(False, "--strict", help="exit 1 if one of our methods mismatches (not a near-tie)"),
     quick: bool = typer.Option(False, "--quick", help="CI smoke run: 1 summarization + 1 rag prompt, 48 tokens, none vs prompt-lookup"),
 ) -> None:
-    """Benchmark methods on Spec-Bench against plain decoding (and peer engines)."""
+    """Benchmark methods on Spec-Bench (and our agentic workload) against plain decoding (and peer engines)."""
     from transformers.utils import logging as hf_logging
 
     from ..models.base import ModelError

@@ -1,9 +1,17 @@
-"""Spec-Bench / MT-Bench JSONL prompts."""
+"""Benchmark prompts: Spec-Bench / MT-Bench JSONL, and our own multi-turn agentic workload.
+
+Both use Spec-Bench's ``question.jsonl`` format, one object per line: ``question_id``,
+``category``, ``turns`` (the user turns of one conversation, in order). The harness runs
+every turn of a conversation in order with the method's own earlier answers in context.
+
+    load_prompts(None, ("rag", "agentic"), 3)  # 3 Spec-Bench rag prompts + 3 agentic sessions
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from ..models.loading import _find_shared_file
@@ -12,36 +20,78 @@ SPEC_BENCH = "data/spec_bench/question.jsonl"
 # Spec-Bench's six task groups; mt_bench is its eight MT-Bench categories.
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+# Our repetitive, agentic workload (bench/data/agentic.jsonl, shipped with the package; not
+# derived from Spec-Bench): multi-turn sessions whose turns revise the previous answer
+# (code edit loops, "rewrite it with X changed") or are JSON tool-call steps of one agent
+# task with a repeated structure. Its categories form the group ``agentic``.
+AGENTIC = "agentic"
+AGENTIC_CATEGORIES = ("code_revision", "rewrite", "tool_calls")
+WORKLOADS = (AGENTIC,)
+ALL_GROUPS = GROUPS + WORKLOADS
 
 
 @dataclass(frozen=True)
 class BenchPrompt:
     question_id: int | str
-    category: str  # one of GROUPS
+    category: str  # one of ALL_GROUPS
     turns: tuple[str, ...]
 
 
 def group_of(category: str) -> str:
-    return "mt_bench" if category in MT_BENCH_CATEGORIES else category
+    if category in MT_BENCH_CATEGORIES:
+        return "mt_bench"
+    return AGENTIC if category in AGENTIC_CATEGORIES else category
 
 
-def load_spec_bench(path: str | Path | None = None, categories: tuple[str, ...] = GROUPS,
-                    limit_per_category: int | None = None) -> list[BenchPrompt]:
-    """Prompts in file order, grouped by Spec-Bench group, at most ``limit`` per group."""
-    path = Path(path) if path else _find_shared_file(SPEC_BENCH)
-    if not path.is_file():
-        raise ValueError(f"benchmark file {path} not found (expected Spec-Bench question.jsonl)")
-    unknown = set(categories) - set(GROUPS)
-    if unknown:
-        raise ValueError(f"unknown categories {sorted(unknown)}; choose from {', '.join(GROUPS)}")
-    out, counts = [], {c: 0 for c in categories}
+def agentic_path() -> Path:
+    """The shipped agentic workload file."""
+    return Path(str(resources.files("verispec.bench") / "data" / "agentic.jsonl"))
+
+
+def _read(path: Path, counts: dict[str, int], limit: int | None) -> list[BenchPrompt]:
+    out = []
     for line in path.read_text().splitlines():
         if not line.strip():
             continue
         row = json.loads(line)
         group = group_of(row["category"])
-        if group not in counts or (limit_per_category is not None and counts[group] >= limit_per_category):
+        if group not in counts or (limit is not None and counts[group] >= limit):
             continue
         counts[group] += 1
         out.append(BenchPrompt(row["question_id"], group, tuple(row["turns"])))
+    return out
+
+
+def check_groups(categories: tuple[str, ...]) -> None:
+    unknown = set(categories) - set(ALL_GROUPS)
+    if unknown:
+        raise ValueError(f"unknown categories {sorted(unknown)}; choose from {', '.join(ALL_GROUPS)}")
+
+
+def load_spec_bench(path: str | Path | None = None, categories: tuple[str, ...] = GROUPS,
+                    limit_per_category: int | None = None) -> list[BenchPrompt]:
+    """Spec-Bench prompts in file order, grouped by Spec-Bench group, at most ``limit`` per group."""
+    path = Path(path) if path else _find_shared_file(SPEC_BENCH)
+    if not path.is_file():
+        raise ValueError(f"benchmark file {path} not found (expected Spec-Bench question.jsonl)")
+    unknown = set(categories) - set(GROUPS)
+    if unknown:
+        raise ValueError(f"unknown Spec-Bench groups {sorted(unknown)}; choose from {', '.join(GROUPS)}")
+    return _read(path, {c: 0 for c in categories}, limit_per_category)
+
+
+def load_agentic(limit: int | None = None) -> list[BenchPrompt]:
+    """Our agentic sessions in file order (the categories interleave, so any prefix mixes them)."""
+    return _read(agentic_path(), {AGENTIC: 0}, limit)
+
+
+def load_prompts(path: str | Path | None = None, categories: tuple[str, ...] = GROUPS,
+                 limit_per_category: int | None = None) -> list[BenchPrompt]:
+    """Spec-Bench groups from ``path`` (read only when one is selected), then the selected
+    workloads of our own, at most ``limit`` prompts per group."""
+    check_groups(categories)
+    spec = tuple(c for c in categories if c in GROUPS)
+    out = load_spec_bench(path, spec, limit_per_category) if spec else []
+    if AGENTIC in categories:
+        out += load_agentic(limit_per_category)
     return out

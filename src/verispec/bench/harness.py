@@ -2,9 +2,16 @@
 
 Methods run *interleaved* prompt by prompt (and repeat by repeat) in one process, with the
 method order rotated each time, so slow drifts of a shared machine (other jobs, thermal
-state) hit every method alike and cancel in the speed ratios. MT-Bench prompts have two
-turns: the second user turn is appended after the method's own first answer through the
-chat template (Spec-Bench convention), so each turn is one Record.
+state) hit every method alike and cancel in the speed ratios. A prompt may have several
+turns (MT-Bench: two; our agentic sessions: four or five): every turn is appended after the
+method's own previous answers through the chat template (Spec-Bench convention), so each
+turn is one Record and later turns can repeat earlier outputs.
+
+Each method keeps one drafter for the whole run, so drafters that learn across requests
+(SuffixDecoding's global trie, Token Recycling's matrix) carry what they learned from
+earlier turns and prompts into later ones, as in a served deployment. What they learned
+during the warm-up is forgotten (``reset_learned``): the warm-up runs measured prompts, and
+a greedy warm-up answer is the very answer the drafter would later be measured on.
 
     records = run(runners, prompts, PromptBuilder(encode, decode, limit), params, repeats=3)
 """
@@ -127,8 +134,8 @@ def num_generations(prompts: Sequence[BenchPrompt], num_methods: int, repeats: i
 def run(runners: Sequence[Runner], prompts: Sequence[BenchPrompt], builder: PromptBuilder,
         params: SamplingParams, *, repeats: int = 1, warmup: int = 1,
         on_generation: Callable[[str], None] | None = None) -> list[Record]:
-    """Warm every runner up on the first ``warmup`` prompts (first turn, not recorded), then
-    run all (prompt, repeat) pairs with the method order rotated each time. Sampling
+    """Warm every runner up on the first ``warmup`` prompts (first turn, not recorded; then
+    runners with ``reset_learned`` forget what they learned), then run all (prompt, repeat) pairs with the method order rotated each time. Sampling
     repeats use seeds ``params.seed + repeat``; greedy repeats are identical runs."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
@@ -140,6 +147,10 @@ def run(runners: Sequence[Runner], prompts: Sequence[BenchPrompt], builder: Prom
         for r in runners:
             r.generate(builder.prompt([{"role": "user", "content": bp.turns[0]}])[0], params)
             tick(f"warm-up {r.label}")
+    for r in runners:  # never measure a drafter on an answer it saw in the warm-up
+        reset = getattr(r, "reset_learned", None)
+        if reset is not None:
+            reset()
     records: list[Record] = []
     for i, bp in enumerate(prompts):
         for rep in range(repeats):

@@ -92,5 +92,11 @@ class EngineRunner:
                           s.target_forwards, s.steps, s.drafted, s.accepted,
                           tuple(s.accepted_at), tuple(s.drafted_at), cpu)
 
+    def reset_learned(self) -> None:
+        """Forget what the drafter learned across requests (its optional ``reset``)."""
+        reset = getattr(self.drafter, "reset", None)
+        if reset is not None:
+            reset()
+
     def memory_bytes(self) -> int:
         return self._static_bytes + int(self.drafter.memory_bytes())

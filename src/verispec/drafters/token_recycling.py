@@ -140,5 +140,9 @@ class TokenRecyclingDrafter:
     def finish(self, request_id: str) -> None:
         self._requests.discard(request_id)
 
+    def reset(self) -> None:
+        """Forget every successor learned so far (the matrix starts empty again)."""
+        self._adjacency.fill_(-1)
+
     def memory_bytes(self) -> int:
         return self._adjacency.numel() * self._adjacency.element_size()
