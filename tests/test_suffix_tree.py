@@ -179,3 +179,15 @@ def test_options_validated():
         SuffixDecodingDrafter(max_depth=8, max_match=8)
     with pytest.raises(ValueError):
         SuffixDecodingDrafter(min_token_prob=1.5)
+
+
+def test_min_score_drops_drafts_not_worth_a_wider_forward():
+    prompt = [1, 2, 3, 9, 1, 5]  # after [1]: 2 or 5 (one each) -> a 1-token match, score 1
+    for min_score, drafted in ((1.5, 0), (0.0, 2)):
+        d = SuffixDecodingDrafter(min_token_prob=0.0, max_spec_factor=2.0, min_score=min_score,
+                                  max_global_tokens=0)
+        d.start("r", prompt)
+        tree = d.propose(DraftContext("r", prompt + [1], 8, SamplingParams(), make_generator(0, 1)))
+        assert tree.num_drafted == drafted
+    with pytest.raises(ValueError):
+        SuffixDecodingDrafter(min_score=-1.0)

@@ -57,9 +57,10 @@ def _suffix(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
 
     return SuffixDecodingDrafter(
         max_depth=int(opts.pop("max_depth", 64)), max_match=int(opts.pop("max_match", 32)),
-        max_spec_factor=float(opts.pop("max_spec_factor", 1.0)),
+        max_spec_factor=float(opts.pop("max_spec_factor", 2.0)),
         min_token_prob=float(opts.pop("min_token_prob", 0.1)),
         max_global_tokens=int(opts.pop("max_global_tokens", 100_000)),
+        min_score=float(opts.pop("min_score", 1.5)),
     )
 
 
@@ -93,7 +94,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "none": (lambda target, opts: NoDrafter(), "plain autoregressive decoding (the baseline)"),
     "prompt-lookup": (_prompt_lookup, "n-gram match over prompt + output (options: max_ngram, min_ngram, num_candidates)"),
     "eagle": (_eagle, "EAGLE feature head on target hidden states, EAGLE-2 dynamic trees (options: mode=tree|chain, depth, top_k, weights=<dir>)"),
-    "suffix": (_suffix, "SuffixDecoding: per-request + global suffix tries, adaptive trees (options: max_depth, max_match, max_spec_factor, min_token_prob, max_global_tokens)"),
+    "suffix": (_suffix, "SuffixDecoding: per-request + global suffix tries, adaptive trees (options: max_depth, max_match, max_spec_factor, min_token_prob, min_score, max_global_tokens)"),
     "token-recycling": (_token_recycling, "Token Recycling: [V, k] successor matrix from past verifications, static tree template (options: k, max_depth)"),
     "lookahead": (_lookahead, "Lookahead decoding: Jacobi window + n-gram pool in one forward; give -k >= (window+guesses)*(ngram-1) (options: window, ngram, guesses, max_keys)"),
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),

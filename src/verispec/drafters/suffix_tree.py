@@ -386,22 +386,35 @@ class SuffixDecodingDrafter:
     """Per-request + global suffix tries; proposes the better-scoring continuation tree.
 
     Options: ``max_depth`` (trie depth cap, 64), ``max_match`` (longest matched suffix, 32),
-    ``max_spec_factor`` (draft <= factor x match length, 1.0), ``min_token_prob`` (0.1),
-    ``max_global_tokens`` (global trie size bound, 100k tokens; 0 disables the global trie).
+    ``max_spec_factor`` (draft <= factor x match length, 2.0), ``min_token_prob`` (0.1),
+    ``min_score`` (draft nothing when the best tree's score, its expected number of accepted
+    tokens by the counts, is below this; 1.5), ``max_global_tokens`` (global trie size
+    bound, 100k tokens; 0 disables the global trie).
+
+    Why ``min_score`` (and factor 2.0 rather than ArcticInference's 1.0): on a CPU target a
+    forward over root + 1 draft token costs about 1.7x a forward over the root alone
+    (SmolLM2-135M, transformers backend, one thread), while each further token adds only
+    about 3-5%; a draft worth less than about 1.5 expected tokens slows decoding down, and
+    once a step pays for a draft, drafting up to twice the match length is nearly free.
+    Offline greedy simulation on recorded SmolLM2 outputs with the measured cost curve
+    (scripts/simulate_drafters.py): predicted decode speedup at k = 8 from 1.24x to 1.41x on
+    Spec-Bench and from 2.13x to 2.33x on the agentic workload; neutral (within 2%) with the
+    native backend's flatter small-draft costs. Drafting nothing is always lossless.
     """
 
     name: ClassVar[str] = "suffix"
     needs_hidden_states: ClassVar[bool] = False
     provides_probs: ClassVar[bool] = False
 
-    def __init__(self, max_depth: int = 64, max_match: int = 32, max_spec_factor: float = 1.0,
-                 min_token_prob: float = 0.1, max_global_tokens: int = 100_000):
+    def __init__(self, max_depth: int = 64, max_match: int = 32, max_spec_factor: float = 2.0,
+                 min_token_prob: float = 0.1, max_global_tokens: int = 100_000, min_score: float = 1.5):
         if not 1 <= max_match < max_depth:
             raise ValueError("suffix drafter needs 1 <= max_match < max_depth")
-        if max_spec_factor <= 0 or not 0.0 <= min_token_prob <= 1.0 or max_global_tokens < 0:
-            raise ValueError("need max_spec_factor > 0, 0 <= min_token_prob <= 1, max_global_tokens >= 0")
+        if max_spec_factor <= 0 or not 0.0 <= min_token_prob <= 1.0 or max_global_tokens < 0 or min_score < 0:
+            raise ValueError("need max_spec_factor > 0, 0 <= min_token_prob <= 1, max_global_tokens >= 0, "
+                             "min_score >= 0")
         self.max_depth, self.max_match = max_depth, max_match
-        self.max_spec_factor, self.min_token_prob = max_spec_factor, min_token_prob
+        self.max_spec_factor, self.min_token_prob, self.min_score = max_spec_factor, min_token_prob, min_score
         self.max_global_tokens = max_global_tokens
         self._global = SuffixTrie(max_depth)
         self._next_doc = 0
@@ -434,6 +447,8 @@ class SuffixDecodingDrafter:
         if self.max_global_tokens:
             other = self._global.speculate(*args)
             best = other if other.score > best.score else best
+        if best.score < self.min_score:
+            return EMPTY_DRAFT.to_tree(ctx.tokens[-1])  # not worth a wider target forward
         return best.to_tree(ctx.tokens[-1])
 
     def observe(self, obs: Observation) -> None:
@@ -455,6 +470,10 @@ class SuffixDecodingDrafter:
             self._global.remove_document(docs.pop(0))
         self._global.add_document(self._next_doc, response, sealed=True)
         self._next_doc += 1
+
+    def reset(self) -> None:
+        """Forget the global trie (earlier responses); requests in flight are kept."""
+        self._global = SuffixTrie(self.max_depth)
 
     def memory_bytes(self) -> int:
         return self._global.memory_bytes() + sum(s.trie.memory_bytes() for s in self._requests.values())
