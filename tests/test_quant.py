@@ -20,7 +20,8 @@ def q4_1_weights(n: int = 64, k: int = 128, seed: int = 0) -> torch.Tensor:
 def test_int4_reproduces_q4_1_weights():
     w = q4_1_weights()
     qw = quantize_int4(w)
-    deq = dequantize_int4(_unpacked(w, qw))
+    deq = dequantize_int4(qw)
+    assert torch.equal(deq, dequantize_int4(_unpacked(w, qw)))  # stored codes == codes recomputed
     step = (w.reshape(64, 4, 32).amax(-1) - w.reshape(64, 4, 32).amin(-1)) / 15  # Q4_1's d per group
     err = (deq - w).abs().reshape(64, 4, 32).amax(-1)
     # only the bf16 rounding of scale and zero separates them: a small fraction of one step
@@ -63,3 +64,14 @@ def test_rows_slice_and_row_invariance(quantize):
 def test_int4_rejects_ragged_groups():
     with pytest.raises(ValueError, match="group size"):
         quantize_int4(torch.randn(8, 40))
+
+
+def test_dense_prefill_path_matches_kernel():
+    """A prefill may dequantize and run a float GEMM: same weights, so close to the kernel."""
+    w = q4_1_weights(n=96, k=128, seed=5)
+    qw = quantize_int4(w)
+    x = torch.randn(1, 80, 128, generator=torch.Generator().manual_seed(6))
+    dense, kernel = quant_linear(x, qw, dense=True), quant_linear(x, qw)
+    torch.testing.assert_close(dense, kernel, atol=2e-2 * kernel.abs().max().item(), rtol=0)
+    assert torch.equal(dense, x @ dequantize_int4(qw).t())
+    assert torch.equal(quant_linear(x[:, :3], qw, dense=True), quant_linear(x[:, :3], qw))  # few rows: the kernel

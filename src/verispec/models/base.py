@@ -73,6 +73,8 @@ class CausalLM(Protocol):
     (RoPE). ``tree_mask`` ([N, N] bool, True = may attend) says which new tokens see which
     other new tokens; every new token also sees all cached slots. ``tree_mask=None``
     means causal. The keys/values of the new tokens are appended to the cache.
+    ``last_logits_only`` returns logits [1, 1, V] of the last token only (a prefill needs
+    no more, and the LM head over a long prompt is a large share of its cost).
     """
 
     info: ModelInfo
@@ -86,6 +88,7 @@ class CausalLM(Protocol):
         cache: KVCache,
         tree_mask: torch.Tensor | None = None,  # [N, N] bool
         want_hidden: bool = False,
+        last_logits_only: bool = False,
     ) -> ModelOutput: ...
 
 

@@ -87,7 +87,8 @@ class HFCausalLM:
         return mask.masked_fill(~visible, torch.finfo(self.info.dtype).min)[None, None]
 
     @torch.inference_mode()
-    def forward(self, input_ids, positions, cache: HFCache, tree_mask=None, want_hidden=False) -> ModelOutput:
+    def forward(self, input_ids, positions, cache: HFCache, tree_mask=None, want_hidden=False,
+                last_logits_only=False) -> ModelOutput:
         n, past = input_ids.shape[1], cache.length
         if past + n > cache.capacity:
             raise ValueError(f"sequence of {past + n} tokens exceeds the context of {cache.capacity}")
@@ -100,5 +101,6 @@ class HFCausalLM:
             use_cache=True,
         )
         hidden = out.last_hidden_state  # [1, N, H], after the final norm
-        logits = self.model.get_output_embeddings()(hidden).float()  # [1, N, V]
+        head_in = hidden[:, -1:] if last_logits_only else hidden
+        logits = self.model.get_output_embeddings()(head_in).float()  # [1, N or 1, V]
         return ModelOutput(logits=logits, hidden=hidden if want_hidden else None)

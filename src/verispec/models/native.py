@@ -240,9 +240,10 @@ def weight_nbytes(w: Weight | None) -> int:
 # ----------------------------------------------------------------------------- math
 
 
-def linear(x: torch.Tensor, w: Weight, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ w[N, K].T (+ b) -> [..., N]."""
-    y = F.linear(x, w) if isinstance(w, torch.Tensor) else quant_linear(x, w)
+def linear(x: torch.Tensor, w: Weight, b: torch.Tensor | None = None, dense: bool = False) -> torch.Tensor:
+    """x [..., K] @ w[N, K].T (+ b) -> [..., N]. ``dense``: a prefill, where a quantized
+    weight may be dequantized for a float GEMM (faster than the int kernels at many rows)."""
+    y = F.linear(x, w) if isinstance(w, torch.Tensor) else quant_linear(x, w, dense)
     return y if b is None else y + b
 
 
@@ -519,6 +520,7 @@ class _Plan:
     cos: torch.Tensor  # [B, Np, D/2] fp32
     sin: torch.Tensor  # [B, Np, D/2] fp32
     invariant: bool
+    dense: bool  # a prefill (more than max_rows tokens): quantized linears may run dequantized
     mask: torch.Tensor | None = None  # fast path: [B, 1, G * Np, W] bool
     n_shared: int = 0  # invariant path: chunks shared by all rows
     tail_idx: torch.Tensor | None = None  # invariant path: [B, Np, T] slot per virtual position
@@ -632,20 +634,22 @@ class NativeLlama:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: NativeCache,
-                tree_mask: torch.Tensor | None = None, want_hidden: bool = False) -> ModelOutput:
+                tree_mask: torch.Tensor | None = None, want_hidden: bool = False,
+                last_logits_only: bool = False) -> ModelOutput:
         """input_ids, positions [1, N]; tree_mask [N, N] bool or None (causal)."""
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:
             raise ValueError(f"forward: input_ids must be [1, N], got {tuple(input_ids.shape)}")
         masks = None if tree_mask is None else tree_mask.unsqueeze(0)
-        return self.forward_batch(input_ids, positions, [cache], masks, want_hidden)
+        return self.forward_batch(input_ids, positions, [cache], masks, want_hidden, last_logits_only=last_logits_only)
 
     @torch.inference_mode()
     def forward_batch(self, input_ids: torch.Tensor, positions: torch.Tensor, caches: list[NativeCache],
                       tree_masks: torch.Tensor | None = None, want_hidden: bool = False,
-                      num_tokens: list[int] | None = None) -> ModelOutput:
+                      num_tokens: list[int] | None = None, last_logits_only: bool = False) -> ModelOutput:
         """One forward over B requests of one pool. input_ids, positions [B, N];
         tree_masks [B, N, N] bool or None (causal). ``num_tokens[b] <= N`` real tokens in
-        row b (the rest is padding: not cached, logits meaningless); default all N."""
+        row b (the rest is padding: not cached, logits meaningless); default all N.
+        ``last_logits_only``: logits [B, 1, V] of each row's last real token."""
         n_real = list(num_tokens) if num_tokens is not None else [input_ids.shape[1]] * len(caches)
         self._check_threads()
         self._validate(input_ids, positions, caches, tree_masks, n_real)
@@ -655,10 +659,15 @@ class NativeLlama:
         ids, pos, tree = _pad_inputs(input_ids, positions, tree_masks, n_real, n_pad)
         plan = self._plan(caches, pos, tree, invariant)
         hidden = self._run(ids, plan)  # [B, Np, H]
-        logits = linear(hidden, self.lm_head).float()  # all Np rows: the row count is part of invariance
+        rows = (torch.arange(len(caches), device=hidden.device), torch.tensor(n_real, device=hidden.device) - 1)
+        if last_logits_only and not invariant:  # a prefill: the head over one row per request
+            logits = linear(hidden[rows][:, None], self.lm_head).float()  # [B, 1, V]
+        else:  # all Np rows: the row count is part of invariance
+            logits = linear(hidden, self.lm_head).float()
+            logits = logits[rows][:, None] if last_logits_only else logits[:, :n]
         for cache, k in zip(caches, n_real):
             cache._advance(k)
-        return ModelOutput(logits[:, :n], hidden[:, :n].float() if want_hidden else None)
+        return ModelOutput(logits, hidden[:, :n].float() if want_hidden else None)
 
     def _validate(self, ids, pos, caches, tree, n_real) -> None:
         b, n = ids.shape if ids.dim() == 2 else (0, 0)
@@ -688,7 +697,8 @@ class NativeLlama:
         lengths = torch.tensor(starts, device=dev)[:, None]  # [B, 1]
         common = dict(pool=caches[0].pool, rows=tuple(c.row for c in caches),
                       row_index=torch.tensor([c.row for c in caches], device=dev), starts=starts,
-                      slots=lengths + torch.arange(n_pad, device=dev), cos=self._cos[pos], sin=self._sin[pos])
+                      slots=lengths + torch.arange(n_pad, device=dev), cos=self._cos[pos], sin=self._sin[pos],
+                      dense=n_pad > self.options.max_rows)
         if invariant:
             n_shared = min(starts) // chunk
             size = _round_up(max(starts) + n_pad, chunk) - n_shared * chunk
@@ -707,18 +717,18 @@ class NativeLlama:
         x = F.embedding(ids, self.embed)  # [B, Np, H]
         for i, lw in enumerate(self.layers):
             x = x + self._attention(rms_norm(x, lw.attn_norm, eps), lw, i, plan)
-            x = x + self._mlp(rms_norm(x, lw.mlp_norm, eps), lw)
+            x = x + self._mlp(rms_norm(x, lw.mlp_norm, eps), lw, plan.dense)
         return rms_norm(x, self.norm, eps)
 
-    def _mlp(self, h: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
-        gate, up = linear(h, lw.w13).chunk(2, dim=-1)  # [B, Np, I] each
-        return linear(F.silu(gate) * up, lw.w2)
+    def _mlp(self, h: torch.Tensor, lw: LayerWeights, dense: bool) -> torch.Tensor:
+        gate, up = linear(h, lw.w13, dense=dense).chunk(2, dim=-1)  # [B, Np, I] each
+        return linear(F.silu(gate) * up, lw.w2, dense=dense)
 
     def _attention(self, h: torch.Tensor, lw: LayerWeights, layer: int, plan: _Plan) -> torch.Tensor:
         a = self.args
         b, n, _ = h.shape
         d, hkv = a.head_dim, a.n_kv_heads
-        q, k, v = linear(h, lw.wqkv, lw.bqkv).split([a.n_heads * d, hkv * d, hkv * d], dim=-1)
+        q, k, v = linear(h, lw.wqkv, lw.bqkv, plan.dense).split([a.n_heads * d, hkv * d, hkv * d], dim=-1)
         q = apply_rope(q.view(b, n, a.n_heads, d), plan.cos, plan.sin)  # [B, Np, Hq, D]
         k = apply_rope(k.view(b, n, hkv, d), plan.cos, plan.sin)  # [B, Np, Hkv, D]
         self._write_kv(layer, k, v.view(b, n, hkv, d), plan)
@@ -730,7 +740,7 @@ class NativeLlama:
         else:  # query heads sharing a kv head are folded into rows: [B, Hkv, G * Np, D]
             o = sdpa_attention(q.reshape(b, hkv, a.group * n, d), kw, vw, plan.mask)
         o = o.reshape(b, hkv, a.group, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, a.n_heads * d)
-        return linear(o, lw.wo)
+        return linear(o, lw.wo, dense=plan.dense)
 
     def _write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor, plan: _Plan) -> None:
         """k, v [B, Np, Hkv, D] -> pool slots ``plan.slots`` of rows ``plan.rows``."""

@@ -51,7 +51,9 @@ class Int4Weight:
 
     ``packed`` is the kernel's layout ([N, K/2] uint8 on CPU) when ``packed_kernel``, else the
     unpacked codes [N, K] uint8. ``scales_zeros`` [K/g, N, 2] bf16 holds (scale, min + 8 scale),
-    the kernel's convention ``w = (q - 8) * scale + zero``.
+    the kernel's convention ``w = (q - 8) * scale + zero``. ``codes`` [N, K] uint8 (beside a
+    packed kernel) lets a prefill dequantize for a float GEMM: the int kernel's cost grows
+    linearly with the rows, so at hundreds of rows fp32 GEMM wins by ~2x on this CPU.
     """
 
     packed: torch.Tensor
@@ -59,9 +61,11 @@ class Int4Weight:
     group_size: int
     shape: torch.Size  # [N, K]
     packed_kernel: bool
+    codes: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
+        """Bytes a decode step reads (``codes`` are read by prefills only)."""
         return self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
 
     def probe_rows(self, n: int) -> Int4Weight:
@@ -104,13 +108,19 @@ def quantize_int4(w: torch.Tensor, group_size: int = 32) -> Int4Weight:
             lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size, sz), q)
     except (RuntimeError, NotImplementedError, AttributeError):
         ok = False
-    if not ok:
-        packed = q.to(torch.uint8)
-    return Int4Weight(packed, sz, group_size, torch.Size((n, k)), ok)
+    codes = q.to(torch.uint8)
+    return Int4Weight(packed, sz, group_size, torch.Size((n, k)), True, codes) if ok else \
+        Int4Weight(codes, sz, group_size, torch.Size((n, k)), False)
 
 
-def quant_linear(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
-    """``x @ dequant(w).T`` for x [..., K] -> [..., N] in x's dtype."""
+DENSE_MIN_ROWS = 64  # a dense prefill pays one dequantization per weight: worth it from here
+
+
+def quant_linear(x: torch.Tensor, w: QuantWeight, dense: bool = False) -> torch.Tensor:
+    """``x @ dequant(w).T`` for x [..., K] -> [..., N] in x's dtype. ``dense`` (prefills):
+    dequantize an int4 weight and run a float GEMM when there are enough rows."""
+    if dense and isinstance(w, Int4Weight) and w.codes is not None and x.numel() // x.shape[-1] >= DENSE_MIN_ROWS:
+        return F.linear(x, _dequantize(w.codes, w).to(x.dtype))
     x2 = x.reshape(-1, x.shape[-1]).to(KERNEL_DTYPE)
     if isinstance(w, Int8Weight):
         out = (torch._weight_int8pack_mm(x2, w.q, w.scales) if w.packed_kernel
@@ -124,11 +134,15 @@ def quant_linear(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
 
 def dequantize_int4(w: Int4Weight) -> torch.Tensor:
     """The float32 [N, K] matrix an unpacked ``Int4Weight`` stands for."""
-    if w.packed_kernel:
-        raise ValueError("dequantize_int4 needs the unpacked layout")
+    if w.packed_kernel and w.codes is None:
+        raise ValueError("dequantize_int4 needs the unpacked codes")
+    return _dequantize(w.codes if w.packed_kernel else w.packed, w)
+
+
+def _dequantize(codes: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     n, k = w.shape
     scale, zero = w.scales_zeros.float().transpose(0, 1).unbind(-1)  # [N, K/g] each
-    q = w.packed.float().reshape(n, k // w.group_size, w.group_size) - 8
+    q = codes.float().reshape(n, k // w.group_size, w.group_size) - 8
     return (q * scale[..., None] + zero[..., None]).reshape(n, k)
 
 
