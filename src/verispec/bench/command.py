@@ -51,6 +51,7 @@ class BenchOptions:
     output_dir: Path
     strict: bool
     quick: bool
+    quant: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ def _meta(o: BenchOptions, lm, num_prompts: int, notices: list[str]) -> dict:
     return {
         "command": shlex.join(["verispec", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else "verispec bench (API)",
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "model": lm.name, "backend": lm.backend_kind,
-        "dtype": o.dtype, "machine": f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}",
+        "dtype": o.dtype, "quant": lm.quant, "machine": f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}",
         "threads": o.threads, "prompts": num_prompts, "categories": list(o.categories), "limit": o.limit,
         "max_new_tokens": o.max_new_tokens, "num_draft_tokens": o.num_draft_tokens, "policy": o.policy,
         "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "seed": o.seed,
@@ -254,7 +255,7 @@ def _run_loaded(o: BenchOptions, specs, params, prompts) -> tuple[dict, int]:
     from .metrics import summarize
     from .report import write_all
 
-    lm = load_model(o.model, dtype=o.dtype, backend=o.backend)
+    lm = load_model(o.model, dtype=o.dtype, backend=o.backend, quant=o.quant)
     runners, notices = build_runners(specs, lm, o)
     for note in notices:
         err.print(f"[yellow]notice:[/yellow] {note}", highlight=False, soft_wrap=True)
@@ -294,7 +295,8 @@ def bench(
     limit: Optional[int] = typer.Option(None, "--limit", help="prompts (agentic: sessions) per category (default 10; 0 = all)"),
     method: list[str] = typer.Option([], "--method", "-m", help="drafter[:k=v,...] or a peer (hf-generate, hf-pld, hf-assisted:model=truncated:4, llamacpp, llamacpp-pld); repeatable; the baseline `none` always runs"),
     model: str = typer.Option("smollm2-135m-instruct", help="catalog name or path"),
-    backend: str = typer.Option("hf", help="auto, hf or native"),
+    backend: str = typer.Option("auto", help="auto (native for Llama-family models), hf or native"),
+    quant: str = typer.Option("auto", help="native weights: auto (the checkpoint's precision), none, int8 or int4"),
     dtype: str = typer.Option("float32", help="float32 or bfloat16"),
     temperature: float = typer.Option(0.0, help="0 = greedy (exactness is checked); > 0 = sampling"),
     top_p: float = typer.Option(1.0),
@@ -323,7 +325,7 @@ def bench(
     out = output_dir or Path("results") / time.strftime("bench-%Y%m%d-%H%M%S")
     opts = BenchOptions(data, p.categories, p.limit or None, p.methods, model, backend, dtype, temperature,
                         top_p, top_k, seed, p.max_new_tokens, num_draft_tokens, policy, repeats, p.warmup,
-                        threads, ignore_eos, max_prompt_tokens, near_tie, out, strict, quick)
+                        threads, ignore_eos, max_prompt_tokens, near_tie, out, strict, quick, quant)
     try:
         if threads < 1 or repeats < 1 or p.warmup < 0 or (p.limit or 0) < 0 or num_draft_tokens < 1:
             raise BenchError("threads, repeats and --num-draft-tokens must be >= 1; warmup and limit >= 0")
