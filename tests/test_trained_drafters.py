@@ -17,6 +17,7 @@ from verispec.drafters.base import DraftContext, NoDrafter, Observation
 from verispec.drafters.dynamic_tree import rerank, select_frontier, tree_from_candidates
 from verispec.drafters.eagle import EagleDrafter, EagleHead, load_target_embedding
 from verispec.drafters.medusa import MedusaDrafter, MedusaHeads, sparse_tree_paths
+from verispec.engine.engine import Engine
 from verispec.sampling import target_probs
 from verispec.train import features
 from verispec.train.data import continuation_sequences
@@ -94,6 +95,24 @@ def _eagle(trained, embed, mode):
     return EagleDrafter(EagleHead.load(trained[0]), embed, mode=mode, depth=4, top_k=4)
 
 
+@pytest.mark.parametrize("backend", ["native", "hf"])
+def test_prefill_hidden_states_make_the_first_step_draft(trained, embed, backend):
+    """The engine hands hidden-state drafters the prefill's features: EAGLE (whose layer
+    then attends over the prompt) and Medusa draft at the first decode step, on both
+    backends, and the output stays plain decoding's."""
+    target = load_model("stories260k", backend=backend).backend
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    plain, _ = run(target, NoDrafter(), PROMPTS[0], params)
+    for drafter in (_eagle(trained, embed, "chain"), _eagle(trained, embed, "tree"),
+                    MedusaDrafter(MedusaHeads.load(trained[1]), embed)):
+        engine = Engine(target, drafter, 6)
+        req = engine.add_request(PROMPTS[0], params)
+        assert engine.step(req).num_drafted > 0, drafter.name
+        while not req.finished:
+            engine.step(req)
+        assert req.generated == plain
+
+
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_eagle_greedy_equals_plain(stories, trained, embed, mode):
     params = SamplingParams(max_new_tokens=48, ignore_eos=True)
@@ -122,9 +141,9 @@ def test_medusa_greedy_equals_plain(stories, trained, embed):
 @pytest.mark.parametrize("which", ["eagle-chain", pytest.param("eagle-tree", marks=pytest.mark.slow),
                                    pytest.param("medusa", marks=pytest.mark.slow)])
 def test_sampling_distribution_matches_target(stories, trained, embed, which):
-    """The third token is the first one a speculative step can commit (prefill gives no
-    hidden states, so step one drafts nothing); given the first two, its law must be the
-    target's p(. | prompt, t1, t2)."""
+    """Given the first two sampled tokens (the second already from a speculative step: the
+    prefill hands the drafter its hidden states), the third's law must be the target's
+    p(. | prompt, t1, t2)."""
     if which == "medusa":
         drafter = MedusaDrafter(MedusaHeads.load(trained[1]), embed)
     else:

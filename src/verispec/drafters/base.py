@@ -28,7 +28,13 @@ class DraftContext:
 
 @dataclass(frozen=True)
 class Observation:
-    """What one verification step taught: handed to ``Drafter.observe``."""
+    """What one verification step taught: handed to ``Drafter.observe``.
+
+    Drafters with ``needs_hidden_states`` also observe the prefill, as the verification
+    of a chain draft equal to the prompt: ``tree = chain(prompt[0], prompt[1:])``, every
+    node accepted, ``new_tokens = prompt[1:] + [first generated token]``, and the target's
+    logits and hidden states at every prompt position. That observation comes after
+    ``start`` and before the first ``propose``."""
 
     request_id: str
     tree: DraftTree
@@ -41,7 +47,7 @@ class Observation:
 @runtime_checkable
 class Drafter(Protocol):
     name: ClassVar[str]
-    needs_hidden_states: ClassVar[bool]  # engine asks the target for hidden states
+    needs_hidden_states: ClassVar[bool]  # engine asks the target for hidden states (and reports the prefill)
     provides_probs: ClassVar[bool]  # trees carry draft_probs when sampling
 
     def start(self, request_id: str, prompt_ids: list[int]) -> None: ...

@@ -24,11 +24,14 @@ deterministic top-k expansion of EAGLE-2 (a function of the committed context on
 they are proposed as point masses (``draft_probs=None``) and verified by recursive
 rejection over siblings, which keeps the target distribution exact.
 
-Per-request lifecycle: ``start`` records the prompt length; the engine's prefill gives no
-hidden states, so the first step drafts nothing. Every ``observe`` appends (target
+Per-request lifecycle: ``start`` opens the state at position 0. The engine reports the
+prefill as a first observation (the prompt as an accepted chain, with the target's hidden
+states at every prompt position), so the head attends over the prompt's features and
+drafts from the first decode step, as in EAGLE. Every ``observe`` appends (target
 feature, following token) pairs for the root and the accepted path; ``propose`` first runs
 the pending pairs through the layer (extending the head's own KV cache, which therefore
-only ever holds true target features and never needs rollback), then drafts.
+only ever holds true target features and never needs rollback), then drafts. A request
+with no observation yet drafts nothing.
 """
 
 from __future__ import annotations
@@ -218,7 +221,7 @@ class EagleDrafter:
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
         if request_id in self._states:
             raise ValueError(f"request {request_id!r} already started")
-        self._states[request_id] = _EagleState(root_pos=len(prompt_ids))
+        self._states[request_id] = _EagleState(root_pos=0)  # the prefill observation starts at prompt[0]
 
     def finish(self, request_id: str) -> None:
         self._states.pop(request_id, None)
@@ -265,12 +268,14 @@ class EagleDrafter:
     def propose(self, ctx: DraftContext) -> DraftTree:
         st = self._state(ctx.request_id)
         root = ctx.tokens[-1]
+        if st.last_pred is None and not st.pending_tokens:
+            return DraftTree.chain(root, [])  # nothing observed yet: no features
         if len(ctx.tokens) - 1 != st.root_pos:
             raise ValueError(f"request {ctx.request_id}: context has {len(ctx.tokens)} tokens but the "
                              f"drafter expected {st.root_pos + 1} (missed an observe?)")
         self._catch_up(st)
-        if st.last_pred is None or ctx.budget < 1:
-            return DraftTree.chain(root, [])  # no features yet (first step after prefill)
+        if ctx.budget < 1:
+            return DraftTree.chain(root, [])
         if self.mode == "chain":
             return self._chain(st, ctx)
         return self._tree(st, ctx)

@@ -127,7 +127,7 @@ class MedusaDrafter:
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
         if request_id in self._last:
             raise ValueError(f"request {request_id!r} already started")
-        self._last[request_id] = None  # prefill gives no hidden states: first step drafts nothing
+        self._last[request_id] = None  # set by the prefill observation (engine)
 
     def finish(self, request_id: str) -> None:
         self._last.pop(request_id, None)

@@ -80,15 +80,25 @@ class Engine:
         return req
 
     def _prefill(self, req: Request) -> None:
+        """One forward over the prompt. A drafter that needs hidden states observes it as
+        a verified chain: root = the first prompt token, the rest of the prompt accepted,
+        the first generated token as bonus (``Observation`` of the prefill)."""
         t0 = time.perf_counter()
         device = self.target.info.device
-        ids = torch.tensor([req.prompt_ids], device=device)
-        pos = torch.arange(len(req.prompt_ids), device=device)[None]
-        logits = self.target.forward(ids, pos, req.cache).logits[0, -1:]  # [1, V]
-        first = int(logits.argmax()) if req.params.greedy else sample(
-            target_probs(logits, req.params)[0].cpu(), req.verify_generator
+        prompt = req.prompt_ids
+        ids = torch.tensor([prompt], device=device)
+        pos = torch.arange(len(prompt), device=device)[None]
+        want = self.drafter.needs_hidden_states
+        out = self.target.forward(ids, pos, req.cache, want_hidden=want, last_logits_only=not want)
+        last = out.logits[0, -1:]  # [1, V]
+        first = int(last.argmax()) if req.params.greedy else sample(
+            target_probs(last, req.params)[0].cpu(), req.verify_generator
         )
         req.stats.target_forwards += 1
+        if want:
+            tree = DraftTree.chain(prompt[0], prompt[1:])
+            self.drafter.observe(Observation(req.request_id, tree, list(range(1, len(prompt))),
+                                             [*prompt[1:], first], out.logits[0], out.hidden[0]))
         req.stats.prefill_s = time.perf_counter() - t0
         self._commit(req, [first])
 
