@@ -32,15 +32,16 @@ class Observation:
 
     Drafters with ``needs_hidden_states`` also observe the prefill, as the verification
     of a chain draft equal to the prompt: ``tree = chain(prompt[0], prompt[1:])``, every
-    node accepted, ``new_tokens = prompt[1:] + [first generated token]``, and the target's
-    logits and hidden states at every prompt position. That observation comes after
-    ``start`` and before the first ``propose``."""
+    node accepted, ``new_tokens = prompt[1:] + [first generated token]``, the target's
+    hidden states at every prompt position, and logits of the last position only ([1, V]:
+    the LM head over a long prompt is a large share of the prefill). That observation
+    comes after ``start`` and before the first ``propose``."""
 
     request_id: str
     tree: DraftTree
     path: list[int]  # accepted node indices (root excluded)
     new_tokens: list[int]  # tokens committed this step (accepted + recovered/bonus)
-    logits: torch.Tensor  # [N, V] target logits at every tree node
+    logits: torch.Tensor  # [N, V] target logits at every tree node ([1, V] for the prefill)
     hidden: torch.Tensor | None  # [N, H] target last hidden states, if requested
 
 

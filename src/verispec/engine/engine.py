@@ -89,7 +89,7 @@ class Engine:
         ids = torch.tensor([prompt], device=device)
         pos = torch.arange(len(prompt), device=device)[None]
         want = self.drafter.needs_hidden_states
-        out = self.target.forward(ids, pos, req.cache, want_hidden=want, last_logits_only=not want)
+        out = self.target.forward(ids, pos, req.cache, want_hidden=want, last_logits_only=True)
         last = out.logits[0, -1:]  # [1, V]
         first = int(last.argmax()) if req.params.greedy else sample(
             target_probs(last, req.params)[0].cpu(), req.verify_generator
