@@ -50,7 +50,7 @@ def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Pat
     out = Path(out)
     model = load_model(model_name)
     dirs = feature_dirs(model, data, out)
-    cfg = TrainConfig(steps=steps, lr=lr, seed=seed, warmup=min(20, max(1, steps // 10)),
+    cfg = TrainConfig(steps=steps, lr=lr, seed=seed, warmup=min(40, max(1, steps // 10)),
                       ckpt_every=max(1, min(50, steps // 4)))
     if kind == "eagle":
         from .eagle import train_eagle
