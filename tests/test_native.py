@@ -175,6 +175,17 @@ def test_prefill_path_matches_transformers(load, tiny_dirs):
     torch.testing.assert_close(out.logits, ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("quant,n", [("none", 50), ("int4", 80), ("int4", 10)])
+def test_last_logits_only(load, quant, n):
+    """A prefill's last-token logits alone (int4 prefills of >= 64 rows run dequantized)."""
+    model = load("llama", dtype=torch.float32, quant=quant, max_rows=16)
+    ids, pos = tokens(n, seed=5), torch.arange(n)[None]
+    full = model.forward(ids, pos, model.new_cache()).logits
+    last = model.forward(ids, pos, model.new_cache(), last_logits_only=True).logits
+    assert last.shape == (1, 1, VOCAB)
+    torch.testing.assert_close(last[0, 0], full[0, -1], atol=2e-2 if quant == "int4" else 1e-5, rtol=0)
+
+
 def test_bf16_close_to_transformers(load, tiny_dirs):
     path, hf = tiny_dirs["llama"]
     model = load("llama")  # bf16 default
