@@ -44,13 +44,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--backend", default="hf", choices=["hf", "native"])
+    ap.add_argument("--eagle-weights", default=None, help="EAGLE weights dir (default: the shipped head)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     lm = load_model("smollm2-135m-instruct", dtype="float32", backend=args.backend)
     rows = load_spec_bench(limit_per_category=args.per_category)
     params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
     names = args.configs.split(",")
-    decs = {n: SpecDecoder(lm, CONFIGS[n][0], CONFIGS[n][1], num_draft_tokens=CONFIGS[n][2]) for n in names}
+    def options(n: str) -> dict:
+        extra = {"weights": args.eagle_weights} if args.eagle_weights and CONFIGS[n][0] == "eagle" else {}
+        return {**CONFIGS[n][1], **extra}
+
+    decs = {n: SpecDecoder(lm, CONFIGS[n][0], options(n), num_draft_tokens=CONFIGS[n][2]) for n in names}
     agg = defaultdict(lambda: defaultdict(lambda: [0.0, 0, 0, 0, 0.0]))  # cat -> cfg -> [time, tokens, steps, acc, cpu]
     mismatches = defaultdict(int)
     for row in rows:
