@@ -160,7 +160,7 @@ class SpecDecoder:
     """A target, a drafter and an engine; generates text losslessly."""
 
     def __init__(self, model: LoadedModel, drafter: str | Drafter = "prompt-lookup",
-                 drafter_options: dict[str, Any] | None = None, num_draft_tokens: int = 8,
+                 drafter_options: dict[str, Any] | None = None, num_draft_tokens: int = 4,
                  policy: Literal["fixed", "heuristic"] = "fixed"):
         self.model = model
         self.drafter = make_drafter(drafter, model, drafter_options) if isinstance(drafter, str) else drafter

@@ -52,7 +52,7 @@ class ServerConfig:
     quant: str = "auto"
     drafters: tuple[str, ...] = ("prompt-lookup", "none")
     drafter_options: tuple[tuple[str, str], ...] = ()
-    num_draft_tokens: int = 8
+    num_draft_tokens: int = 4
     policy: str = "fixed"
     max_batch: int = 16
     max_queue: int = 64
