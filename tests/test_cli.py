@@ -66,3 +66,13 @@ def test_empty_chat_message_rejected():
 def test_models_lists_catalog():
     r = invoke("models")
     assert r.exit_code == 0 and "smollm2-135m-instruct" in r.stdout and "stories260k" in r.stdout
+
+
+def test_drafter_aliases_resolve(tmp_path):
+    """The names the issues use (recycling, retrieval, pld) build the same drafters."""
+    from verispec.api import load_model
+    from verispec.registry import make_drafter
+
+    lm = load_model("stories260k")
+    assert type(make_drafter("recycling", lm)).__name__ == type(make_drafter("token-recycling", lm)).__name__
+    assert type(make_drafter("pld", lm)).__name__ == type(make_drafter("prompt-lookup", lm)).__name__

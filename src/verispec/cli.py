@@ -86,9 +86,9 @@ def generate(
     from .models.base import ModelError
     from .types import SamplingParams
 
-    from .registry import DRAFTERS
+    from .registry import ALIASES, DRAFTERS
 
-    if drafter not in DRAFTERS:
+    if drafter not in DRAFTERS and drafter not in ALIASES:
         fail(f"unknown drafter {drafter!r}; choose one of: {', '.join(DRAFTERS)}")
     text = read_prompt(prompt, file)
     try:
@@ -129,11 +129,12 @@ def models() -> None:
 @app.command()
 def drafters() -> None:
     """List the drafters and their options."""
-    from .registry import DRAFTERS
+    from .registry import ALIASES, DRAFTERS
 
     table = Table("name", "description")
     for name, (_, desc) in DRAFTERS.items():
-        table.add_row(name, desc)
+        aliases = [a for a, n in ALIASES.items() if n == name]
+        table.add_row(name + (f" ({', '.join(aliases)})" if aliases else ""), desc)
     Console().print(table)
 
 

@@ -103,8 +103,12 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
 }
 
 
+ALIASES = {"recycling": "token-recycling", "retrieval": "rest", "pld": "prompt-lookup"}  # the names the issues use
+
+
 def make_drafter(name: str, target: "LoadedModel", options: dict[str, Any] | None = None) -> Drafter:
-    """Build a drafter by name; unknown names and unknown options raise ValueError."""
+    """Build a drafter by name (or an alias); unknown names and unknown options raise ValueError."""
+    name = ALIASES.get(name, name)
     if name not in DRAFTERS:
         raise ValueError(f"unknown drafter {name!r}; choose one of: {', '.join(DRAFTERS)}")
     opts = dict(options or {})
