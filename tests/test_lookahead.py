@@ -60,7 +60,7 @@ def test_window_advances_harvests_and_verifies():
     d = LookaheadDrafter(window=2, ngram=3, guesses=2)
     prompt = [10, 11, 12, 13]
     d.start("r", prompt)
-    state = d._requests["r"]
+    state = d._requests.get("r")
     assert [c[0] for c in state.columns] == [10, 12]  # spread over the prompt
     tokens = prompt + [20]  # 20: the prefill's token, the first root
     tree = d.propose(_ctx(tokens, 8))
@@ -69,7 +69,7 @@ def test_window_advances_harvests_and_verifies():
     logits[0, 21] = logits[1, 30] = logits[2, 31] = 1.0  # argmax after each window node
     d.observe(Observation("r", tree, [], [21], logits, None))
     assert state.columns == [[10, 30], [12, 31]]
-    assert d._requests["r"].pool.get(13) == [(20, 21)]  # n-grams of the committed text
+    assert d._requests.get("r").pool.get(13) == [(20, 21)]  # n-grams of the committed text
     tokens.append(21)
     tree = d.propose(_ctx(tokens, 8))
     # window comb: 10 -> 12 spine, teeth 10 -> 30 and 12 -> 31
@@ -94,7 +94,7 @@ def test_budget_split_and_unfed_columns_keep_state():
     assert tree.num_drafted <= 5
     # half the budget (2 columns of 1) for the window, 3 nodes for the pool's [2, x] paths
     assert tree.tokens[1] == 2 and tree.num_drafted == 5
-    state = d._requests["r"]
+    state = d._requests.get("r")
     before = [list(c) for c in state.columns]
     d.observe(Observation("r", tree, [], [7], torch.zeros(tree.size, 10), None))
     fed = [len(c) for c in state.columns]

@@ -9,7 +9,7 @@ root-only tree means "no draft this step" (the step is then plain decoding).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -60,6 +60,34 @@ class Drafter(Protocol):
     def finish(self, request_id: str) -> None: ...
 
     def memory_bytes(self) -> int: ...
+
+
+S = TypeVar("S")
+
+
+class RequestTable(Generic[S]):
+    """Per-request drafter state keyed by request id, with the lifecycle errors every
+    stateful drafter raises: starting a request twice, or using one never started."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, S] = {}
+
+    def add(self, request_id: str, state: S) -> None:
+        if request_id in self._states:
+            raise ValueError(f"request {request_id!r} already started")
+        self._states[request_id] = state
+
+    def get(self, request_id: str) -> S:
+        if request_id not in self._states:
+            raise ValueError(f"request {request_id!r} was not started (or already finished)")
+        return self._states[request_id]
+
+    def pop(self, request_id: str) -> S | None:
+        """Forget a request; finishing an unknown one is a no-op."""
+        return self._states.pop(request_id, None)
+
+    def values(self):
+        return self._states.values()
 
 
 class StatelessDrafter:

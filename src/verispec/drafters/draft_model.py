@@ -12,7 +12,7 @@ import torch
 from ..models.base import CausalLM, KVCache
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
-from .base import DraftContext, Observation
+from .base import DraftContext, Observation, RequestTable
 
 
 @dataclass
@@ -43,15 +43,13 @@ class DraftModelDrafter:
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError("min_confidence must be in [0, 1)")
         self.model, self.min_confidence = model, min_confidence
-        self._states: dict[str, _DraftState] = {}
+        self._states: RequestTable[_DraftState] = RequestTable()
 
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
-        if request_id in self._states:
-            raise ValueError(f"request {request_id!r} already started")
-        self._states[request_id] = _DraftState(cache=self.model.new_cache())
+        self._states.add(request_id, _DraftState(cache=self.model.new_cache()))
 
     def finish(self, request_id: str) -> None:
-        self._states.pop(request_id, None)
+        self._states.pop(request_id)
 
     def observe(self, obs: Observation) -> None:
         pass  # the cache is re-synchronised lazily in propose()
@@ -70,7 +68,7 @@ class DraftModelDrafter:
         return out.logits[0, -1]
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        state = self._states[ctx.request_id]
+        state = self._states.get(ctx.request_id)
         keep = common_prefix_length(state.fed, ctx.tokens)
         keep = min(keep, len(ctx.tokens) - 1)  # always re-feed the root for its logits
         state.cache.truncate(keep)

@@ -47,7 +47,7 @@ from torch import nn
 
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
-from .base import DraftContext, Observation
+from .base import DraftContext, Observation, RequestTable
 from .dynamic_tree import rerank, select_frontier, tree_from_candidates
 
 
@@ -215,27 +215,20 @@ class EagleDrafter:
         self.embed = embed.float()  # [V, H] target embedding (= tied LM head)
         self.lm_rows = self.embed[head.draft_vocab]  # [Vd, H]
         self.mode, self.depth, self.top_k = mode, depth, top_k
-        self._states: dict[str, _EagleState] = {}
+        self._states: RequestTable[_EagleState] = RequestTable()
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
-        if request_id in self._states:
-            raise ValueError(f"request {request_id!r} already started")
-        self._states[request_id] = _EagleState(root_pos=0)  # the prefill observation starts at prompt[0]
+        self._states.add(request_id, _EagleState(root_pos=0))  # the prefill observation starts at prompt[0]
 
     def finish(self, request_id: str) -> None:
-        self._states.pop(request_id, None)
-
-    def _state(self, request_id: str) -> _EagleState:
-        if request_id not in self._states:
-            raise ValueError(f"request {request_id!r} was not started")
-        return self._states[request_id]
+        self._states.pop(request_id)
 
     def observe(self, obs: Observation) -> None:
         """Queue (feature of node, token that followed it) for the root and accepted path."""
         if obs.hidden is None:
             raise ValueError("the EAGLE drafter needs target hidden states (needs_hidden_states)")
-        st = self._state(obs.request_id)
+        st = self._states.get(obs.request_id)
         nodes = [0, *obs.path]
         if len(obs.new_tokens) != len(nodes):
             raise ValueError(f"expected {len(nodes)} new tokens, got {len(obs.new_tokens)}")
@@ -266,7 +259,7 @@ class EagleDrafter:
         st.pending_tokens.clear()
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        st = self._state(ctx.request_id)
+        st = self._states.get(ctx.request_id)
         root = ctx.tokens[-1]
         if st.last_pred is None and not st.pending_tokens:
             return DraftTree.chain(root, [])  # nothing observed yet: no features

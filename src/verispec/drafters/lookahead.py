@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..tree import DraftTree
-from .base import DraftContext, Observation
+from .base import DraftContext, Observation, RequestTable
 
 NGRAM_ENTRY_BYTES = 64  # a tuple header + an OrderedDict slot, per stored continuation
 TOKEN_REF_BYTES = 8
@@ -173,16 +173,9 @@ class LookaheadDrafter:
         if window < 1 or ngram < 2 or guesses < 1 or max_keys < 1:
             raise ValueError("lookahead needs window >= 1, ngram >= 2, guesses >= 1, max_keys >= 1")
         self.W, self.N, self.G, self.max_keys = window, ngram, guesses, max_keys
-        self._requests: dict[str, _LookaheadState] = {}
-
-    def _state(self, request_id: str) -> _LookaheadState:
-        if request_id not in self._requests:
-            raise ValueError(f"request {request_id!r} was not started (or already finished)")
-        return self._requests[request_id]
+        self._requests: RequestTable[_LookaheadState] = RequestTable()
 
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
-        if request_id in self._requests:
-            raise ValueError(f"request {request_id!r} already started")
         if not prompt_ids:
             raise ValueError(f"request {request_id!r} has an empty prompt")
         pool = NgramPool(self.G, self.max_keys)
@@ -191,10 +184,10 @@ class LookaheadDrafter:
         # random from the prompt; a fixed spread keeps runs deterministic)
         step = max(1, len(prompt_ids) // self.W)
         columns = [[prompt_ids[(j * step) % len(prompt_ids)]] for j in range(self.W)]
-        self._requests[request_id] = _LookaheadState(columns, pool, list(prompt_ids[-(self.N - 1):]))
+        self._requests.add(request_id, _LookaheadState(columns, pool, list(prompt_ids[-(self.N - 1):])))
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        state = self._state(ctx.request_id)
+        state = self._requests.get(ctx.request_id)
         root, budget = ctx.tokens[-1], ctx.budget
         widths = [len(c) for c in state.columns]
         offered = _columns_within(widths, budget // 2)
@@ -207,7 +200,7 @@ class LookaheadDrafter:
         return tree
 
     def observe(self, obs: Observation) -> None:
-        state = self._state(obs.request_id)
+        state = self._requests.get(obs.request_id)
         layout, state.pending = state.pending, None
         if layout is not None and layout.tree is obs.tree and layout.last_nodes:
             guesses = obs.logits[list(layout.last_nodes)].argmax(-1).tolist()
@@ -224,7 +217,7 @@ class LookaheadDrafter:
         state.history = recent[:-1][-(self.N - 1):]
 
     def finish(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
+        self._requests.pop(request_id)
 
     def memory_bytes(self) -> int:
         per_window = self.W * (self.N - 1) * TOKEN_REF_BYTES

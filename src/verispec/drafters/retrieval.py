@@ -30,7 +30,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..tree import DraftTree
-from .base import DraftContext, Observation
+from .base import DraftContext, Observation, RequestTable
 
 SEPARATOR = -1
 
@@ -248,19 +248,13 @@ class RetrievalDrafter:
             raise ValueError("rest needs 1 <= min_match <= max_match and max_candidates >= 1")
         self.datastore = datastore
         self.max_match, self.min_match, self.max_candidates = max_match, min_match, max_candidates
-        self._requests: set[str] = set()
+        self._requests: RequestTable[None] = RequestTable()
 
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
-        if request_id in self._requests:
-            raise ValueError(f"request {request_id!r} already started")
-        self._requests.add(request_id)
-
-    def _check(self, request_id: str) -> None:
-        if request_id not in self._requests:
-            raise ValueError(f"request {request_id!r} was not started (or already finished)")
+        self._requests.add(request_id, None)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        self._check(ctx.request_id)
+        self._requests.get(ctx.request_id)
         lo, hi, m = longest_match(self.datastore, ctx.tokens, self.max_match, self.min_match)
         if hi == lo:
             return DraftTree.chain(ctx.tokens[-1], [])
@@ -268,10 +262,10 @@ class RetrievalDrafter:
         return frequency_tree(ctx.tokens[-1], conts, ctx.budget)
 
     def observe(self, obs: Observation) -> None:
-        self._check(obs.request_id)
+        self._requests.get(obs.request_id)
 
     def finish(self, request_id: str) -> None:
-        self._requests.discard(request_id)
+        self._requests.pop(request_id)
 
     def memory_bytes(self) -> int:
         return self.datastore.nbytes

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import ClassVar, NamedTuple, Union
 
 from ..tree import DraftTree
-from .base import DraftContext, Observation
+from .base import DraftContext, Observation, RequestTable
 
 NODE_BYTES = 48 + 224  # a two-slot object + a small dict (<= 5 children)
 LEAF_BYTES = 32 + 20  # an int object + its share of the parent's dict
@@ -418,26 +418,19 @@ class SuffixDecodingDrafter:
         self.max_global_tokens = max_global_tokens
         self._global = SuffixTrie(max_depth)
         self._next_doc = 0
-        self._requests: dict[str, _RequestState] = {}
+        self._requests: RequestTable[_RequestState] = RequestTable()
 
     @property
     def global_trie(self) -> SuffixTrie:
         return self._global
 
-    def _state(self, request_id: str) -> _RequestState:
-        if request_id not in self._requests:
-            raise ValueError(f"request {request_id!r} was not started (or already finished)")
-        return self._requests[request_id]
-
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
-        if request_id in self._requests:
-            raise ValueError(f"request {request_id!r} already started")
         trie = SuffixTrie(self.max_depth)
         trie.add_document(0, prompt_ids)
-        self._requests[request_id] = _RequestState(trie, len(prompt_ids))
+        self._requests.add(request_id, _RequestState(trie, len(prompt_ids)))
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        state = self._state(ctx.request_id)
+        state = self._requests.get(ctx.request_id)
         seen = state.trie.num_tokens + (0 if state.has_root else 1)
         if seen != len(ctx.tokens):
             raise ValueError(f"request {ctx.request_id!r}: the drafter saw {seen} tokens but "
@@ -452,14 +445,14 @@ class SuffixDecodingDrafter:
         return best.to_tree(ctx.tokens[-1])
 
     def observe(self, obs: Observation) -> None:
-        state = self._state(obs.request_id)
+        state = self._requests.get(obs.request_id)
         if not state.has_root:
             state.trie.extend(0, obs.tree.tokens[:1])
             state.has_root = True
         state.trie.extend(0, obs.new_tokens)
 
     def finish(self, request_id: str) -> None:
-        state = self._requests.pop(request_id, None)
+        state = self._requests.pop(request_id)
         if state is None or not self.max_global_tokens:
             return
         response = state.trie.document(0)[state.prompt_length:][-self.max_global_tokens:]

@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 
 from ..tree import DraftTree
-from .base import DraftContext, Observation
+from .base import DraftContext, Observation, RequestTable
 
 # Roughly the per-rank acceptance of a recycled top-k row on chat text (the top-1 of a
 # stale row is right about half the time); only the order of magnitude matters.
@@ -104,7 +104,7 @@ class TokenRecyclingDrafter:
         self.rank_probs = tuple(rank_probs[:k])
         self._adjacency = torch.full((vocab_size, k), -1, dtype=torch.int32)  # [V, k]
         self._templates: dict[int, tuple[tuple[int, int], ...]] = {}
-        self._requests: set[str] = set()
+        self._requests: RequestTable[None] = RequestTable()
 
     @property
     def adjacency(self) -> torch.Tensor:
@@ -112,13 +112,7 @@ class TokenRecyclingDrafter:
         return self._adjacency.clone()
 
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
-        if request_id in self._requests:
-            raise ValueError(f"request {request_id!r} already started")
-        self._requests.add(request_id)
-
-    def _check(self, request_id: str) -> None:
-        if request_id not in self._requests:
-            raise ValueError(f"request {request_id!r} was not started (or already finished)")
+        self._requests.add(request_id, None)
 
     def _template(self, size: int) -> tuple[tuple[int, int], ...]:
         if size not in self._templates:  # a pure function of (rank_probs, size, depth)
@@ -126,19 +120,19 @@ class TokenRecyclingDrafter:
         return self._templates[size]
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        self._check(ctx.request_id)
+        self._requests.get(ctx.request_id)
         return expand_template(self._adjacency, ctx.tokens[-1], self._template(ctx.budget))
 
     def observe(self, obs: Observation) -> None:
         """Row ``tokens[i]`` <- top-k of the target logits at node i, for every node."""
-        self._check(obs.request_id)
+        self._requests.get(obs.request_id)
         last = {t: i for i, t in enumerate(obs.tree.tokens)}  # a repeated token: its last node
         nodes = torch.tensor(list(last.values()), dtype=torch.long)
         top = obs.logits[nodes].topk(self.k, dim=-1).indices.to(torch.int32).cpu()  # [M, k]
         self._adjacency[torch.tensor(list(last), dtype=torch.long)] = top
 
     def finish(self, request_id: str) -> None:
-        self._requests.discard(request_id)
+        self._requests.pop(request_id)
 
     def reset(self) -> None:
         """Forget every successor learned so far (the matrix starts empty again)."""
