@@ -97,8 +97,10 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32",
         raise ValueError(f"unknown quant {quant!r}; use {', '.join(QUANTS)}")
     source = resolve_model(name_or_path)
     hf_dir = materialize(source)
+    if backend == "auto":  # resolved once here: _load_backend then need not read the config again
+        backend = "native" if _native_supports(hf_dir) else "hf"
     if quant == "auto":
-        quant = default_quant(source) if backend != "hf" and (backend == "native" or _native_supports(hf_dir)) else "none"
+        quant = default_quant(source) if backend == "native" else "none"
     model, kind = _load_backend(hf_dir, source.name, _dtype(dtype), backend, device, quant=quant)
     tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
     chat = bool(getattr(tokenizer, "chat_template", None))
