@@ -25,6 +25,8 @@ CONFIGS = {
     "eagle-tree": ("eagle", {"mode": "tree", "depth": "6", "top_k": "6"}, 24),
     "eagle-tree12": ("eagle", {"mode": "tree", "depth": "5", "top_k": "4"}, 12),
     "medusa": ("medusa", {}, 16),
+    "medusa8": ("medusa", {}, 8),
+    "medusa-sequoia": ("medusa", {"tree": "sequoia"}, 32),  # DP tree, size from the measured t(n)
     "prompt-lookup": ("prompt-lookup", {}, 8),
 }
 

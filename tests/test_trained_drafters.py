@@ -125,27 +125,49 @@ def test_eagle_greedy_equals_plain(stories, trained, embed, mode):
     assert accepted > 0  # the trained head does get tokens accepted
 
 
-def test_medusa_greedy_equals_plain(stories, trained, embed):
+SYNTHETIC_COST = {1: 1.05, 2: 1.1, 4: 1.2, 8: 1.4, 12: 1.7, 16: 2.0}
+
+
+@pytest.mark.parametrize("tree,cost", [("sparse", None), ("sequoia", None), ("sequoia", SYNTHETIC_COST)])
+def test_medusa_greedy_equals_plain(stories, trained, embed, tree, cost):
     params = SamplingParams(max_new_tokens=48, ignore_eos=True)
     accepted = 0
+    drafter = MedusaDrafter(MedusaHeads.load(trained[1]), embed, tree=tree, cost=cost)
     for prompt in PROMPTS:
         plain, _ = run(stories.backend, NoDrafter(), prompt, params)
-        spec, stats = run(stories.backend, MedusaDrafter(MedusaHeads.load(trained[1]), embed), prompt, params, k=8)
+        spec, stats = run(stories.backend, drafter, prompt, params, k=8)
         assert spec == plain
         accepted += stats.accepted
     assert accepted > 0
+    assert len(drafter.paths(8)) <= 8
+
+
+def test_medusa_sequoia_tree_is_at_least_as_good_as_sparse(trained, embed):
+    sparse = MedusaDrafter(MedusaHeads.load(trained[1]), embed)
+    sequoia = MedusaDrafter(MedusaHeads.load(trained[1]), embed, tree="sequoia")
+    acc = sparse.rank_acc  # barely trained heads: not decreasing in rank, so ranks get reordered
+
+    def value(paths):  # rank r of head d is right with probability acc[d][r], independently per depth
+        return sum(torch.tensor([acc[d][r] for d, r in enumerate(q)]).prod().item() for q in paths)
+
+    for budget in (1, 4, 12):
+        assert value(sequoia.paths(budget)) >= value(sparse.paths(budget)) - 1e-9
+    sized = MedusaDrafter(MedusaHeads.load(trained[1]), embed, tree="sequoia", cost={n: 1.0 + n for n in (1, 2, 4)})
+    assert len(sized.paths(16)) <= 1  # verification this expensive: at most one drafted node
 
 
 # eagle-chain (draft probabilities) runs by default; the point-mass tree variants are
 # covered by the PLD-tree law test in the default suite and run here under -m slow (CI time).
 @pytest.mark.parametrize("which", ["eagle-chain", pytest.param("eagle-tree", marks=pytest.mark.slow),
-                                   pytest.param("medusa", marks=pytest.mark.slow)])
+                                   pytest.param("medusa", marks=pytest.mark.slow),
+                                   pytest.param("medusa-sequoia", marks=pytest.mark.slow)])
 def test_sampling_distribution_matches_target(stories, trained, embed, which):
     """Given the first two sampled tokens (the second already from a speculative step: the
     prefill hands the drafter its hidden states), the third's law must be the target's
     p(. | prompt, t1, t2)."""
-    if which == "medusa":
-        drafter = MedusaDrafter(MedusaHeads.load(trained[1]), embed)
+    if which.startswith("medusa"):
+        tree = "sequoia" if which.endswith("sequoia") else "sparse"
+        drafter = MedusaDrafter(MedusaHeads.load(trained[1]), embed, tree=tree)
     else:
         drafter = _eagle(trained, embed, which.split("-")[1])
     prompt = PROMPTS[1]  # its first two sampled tokens are concentrated: enough third-token samples
@@ -203,9 +225,31 @@ def test_lifecycle_errors(trained, embed):
     assert d.memory_bytes() == 0
 
 
+def test_medusa_lifecycle_errors(trained, embed):
+    d = MedusaDrafter(MedusaHeads.load(trained[1]), embed)
+    ctx = DraftContext("r", [1, 2, 3], 4, SamplingParams(), torch.Generator())
+    with pytest.raises(ValueError, match="not started"):
+        d.propose(ctx)
+    with pytest.raises(ValueError, match="not started"):
+        d.observe(Observation("r", DraftTree.chain(3, []), [], [4], torch.zeros(1, 512), torch.zeros(1, 64)))
+    d.start("r", [1, 2])
+    with pytest.raises(ValueError, match="already started"):
+        d.start("r", [1, 2])
+    assert d.propose(ctx).num_drafted == 0  # no features before the first observe
+    with pytest.raises(ValueError, match="hidden states"):
+        d.observe(Observation("r", DraftTree.chain(3, []), [], [4], torch.zeros(1, 512), None))
+    d.finish("r")
+    d.finish("r")  # finishing twice is a no-op
+    with pytest.raises(ValueError, match="not started"):
+        d.propose(ctx)
+    with pytest.raises(ValueError, match="unknown Medusa tree"):
+        MedusaDrafter(MedusaHeads.load(trained[1]), embed, tree="dense")
+
+
 # ---- the real target with the shipped weights ----------------------------------------------
 @pytest.mark.real
-@pytest.mark.parametrize("name,opts", [("eagle", {"mode": "tree"}), ("eagle", {"mode": "chain"}), ("medusa", {})])
+@pytest.mark.parametrize("name,opts", [("eagle", {"mode": "tree"}), ("eagle", {"mode": "chain"}), ("medusa", {}),
+                                      ("medusa", {"tree": "sequoia"})])
 def test_smollm2_shipped_drafters_greedy_exact(name, opts):
     from exactness import compare_greedy
 
@@ -218,7 +262,11 @@ def test_smollm2_shipped_drafters_greedy_exact(name, opts):
     params = SamplingParams(max_new_tokens=32, ignore_eos=True)
     prompts = [encode_prompt(lm, "Explain what a rainbow is in two sentences."),
                encode_prompt(lm, "Write a short poem about the sea.")]
-    plain_dec, dec = SpecDecoder(lm, "none"), SpecDecoder(lm, name, opts, num_draft_tokens=12)
+    drafter = name
+    if opts.get("tree") == "sequoia":  # the DP tree at the engine's budget (hardware-aware size: test_real_native)
+        drafter = MedusaDrafter(MedusaHeads.load(ROOT / SHIPPED[(name, "smollm2-135m-instruct")]),
+                                load_target_embedding(lm.hf_dir), tree="sequoia")
+    plain_dec, dec = SpecDecoder(lm, "none"), SpecDecoder(lm, drafter, opts, num_draft_tokens=12)
     accepted = 0
     for prompt in prompts:
         plain = _ids(plain_dec, prompt, params)

@@ -41,7 +41,16 @@ def _medusa(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     from .weights import shipped_weights
 
     path = opts.pop("weights", None) or shipped_weights("medusa", target.name)
-    return MedusaDrafter(MedusaHeads.load(path), load_target_embedding(target.hf_dir))
+    tree = str(opts.pop("tree", "sparse"))
+    cost = None
+    if tree == "sequoia":  # hardware-aware size: t(n) measured once per configuration, then cached
+        import torch
+
+        from .policies.tree_shape import cached_cost_curve
+
+        key = f"{target.name}-{target.backend_kind}-{target.quant}-{target.backend.info.dtype}-t{torch.get_num_threads()}"
+        cost = cached_cost_curve(target.backend, key)
+    return MedusaDrafter(MedusaHeads.load(path), load_target_embedding(target.hf_dir), tree=tree, cost=cost)
 
 
 def _prompt_lookup(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
@@ -98,7 +107,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "token-recycling": (_token_recycling, "Token Recycling: [V, k] successor matrix from past verifications, static tree template (options: k, max_depth)"),
     "lookahead": (_lookahead, "Lookahead decoding: Jacobi window + n-gram pool in one forward; give -k >= (window+guesses)*(ngram-1) (options: window, ngram, guesses, max_keys)"),
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
-    "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: weights=<dir>)"),
+    "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
     "draft": (_draft_model, "a small LM with the target's tokenizer (options: model=<name|path|truncated:N>, min_confidence)"),
 }
 

@@ -11,6 +11,10 @@ this step's root; so head k proposes depth k of the tree.
 Lossless sampling: the tree is a deterministic function of the committed context, so it
 is proposed with point-mass semantics (``draft_probs=None``) and verified by recursive
 rejection; Medusa's "typical acceptance" (which changes the distribution) is not offered.
+
+Tree shapes: ``tree="sparse"`` (default) is Medusa's greedy sparse tree of ``budget`` nodes;
+``tree="sequoia"`` is Sequoia's DP-optimal tree (policies/tree_shape.py) over the same
+rank accuracies, sized by the measured verification cost curve ``cost`` when given.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tree import DraftTree
-from .base import DraftContext, Observation
+from .base import DraftContext, Observation, RequestTable
 
 
 @dataclass(frozen=True)
@@ -103,63 +107,84 @@ def sparse_tree_paths(rank_acc: list[list[float]], budget: int) -> list[tuple[in
     return chosen
 
 
+@dataclass
+class _MedusaState:
+    feature: torch.Tensor | None = None  # [H] newest verified feature (set by the prefill observation)
+
+
+TREES = ("sparse", "sequoia")
+
+
 class MedusaDrafter:
-    """Sparse-tree drafts from Medusa heads; ``budget`` nodes per step from the engine."""
+    """Tree drafts from Medusa heads (``tree``: sparse or sequoia); at most ``budget`` nodes
+    per step from the engine."""
 
     name: ClassVar[str] = "medusa"
     needs_hidden_states: ClassVar[bool] = True
     provides_probs: ClassVar[bool] = False
 
-    def __init__(self, heads: MedusaHeads, embed: torch.Tensor, rank_acc: list[list[float]] | None = None):
+    def __init__(self, heads: MedusaHeads, embed: torch.Tensor, rank_acc: list[list[float]] | None = None,
+                 tree: str = "sparse", cost: dict[int, float] | None = None):
         cfg = heads.cfg
         if tuple(embed.shape) != (cfg.vocab_size, cfg.hidden_size):
             raise ValueError(f"target embedding has shape {tuple(embed.shape)}; the Medusa heads expect "
                              f"({cfg.vocab_size}, {cfg.hidden_size})")
+        if tree not in TREES:
+            raise ValueError(f"unknown Medusa tree {tree!r}; use one of {', '.join(TREES)}")
         self.heads = heads.eval().float()
         self.lm_rows = embed.float()[heads.draft_vocab]  # [Vd, H]
         acc = rank_acc if rank_acc is not None else heads.rank_acc.tolist()
         if not any(any(row) for row in acc):
             acc = [[0.5 ** (i + 1) / (k + 1) for i in range(len(acc[0]))] for k in range(cfg.num_heads)]
         self.rank_acc = acc
+        self.tree, self.cost = tree, cost
         self._paths: dict[int, list[tuple[int, ...]]] = {}  # budget -> tree spec (memoised)
-        self._last: dict[str, torch.Tensor | None] = {}  # request -> [H] newest verified feature
+        self._states: RequestTable[_MedusaState] = RequestTable()
 
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
-        if request_id in self._last:
-            raise ValueError(f"request {request_id!r} already started")
-        self._last[request_id] = None  # set by the prefill observation (engine)
+        self._states.add(request_id, _MedusaState())
 
     def finish(self, request_id: str) -> None:
-        self._last.pop(request_id, None)
+        self._states.pop(request_id)
 
     def observe(self, obs: Observation) -> None:
         if obs.hidden is None:
             raise ValueError("the Medusa drafter needs target hidden states (needs_hidden_states)")
-        if obs.request_id not in self._last:
-            raise ValueError(f"request {obs.request_id!r} was not started")
         node = obs.path[-1] if obs.path else 0
-        self._last[obs.request_id] = obs.hidden[node].float()
+        self._states.get(obs.request_id).feature = obs.hidden[node].float()
 
     def memory_bytes(self) -> int:
         return 0
 
     def paths(self, budget: int) -> list[tuple[int, ...]]:
+        """The tree spec (rank paths, parents first) for at most ``budget`` nodes."""
         if budget not in self._paths:
-            self._paths[budget] = sparse_tree_paths(self.rank_acc, budget)
+            if self.tree == "sparse":
+                self._paths[budget] = sparse_tree_paths(self.rank_acc, budget)
+            else:
+                self._paths[budget] = self._sequoia_paths(budget)
         return self._paths[budget]
+
+    def _sequoia_paths(self, budget: int) -> list[tuple[int, ...]]:
+        """Sequoia's tree over sibling positions, position j at depth d being head d's rank
+        with the j-th highest measured accuracy (so the positional acceptances are
+        non-increasing and no rank is skipped for a worse one)."""
+        from ..policies.tree_shape import conditional_from_marginal, optimal_tree, sequoia_tree
+
+        order = [sorted(range(len(row)), key=lambda i: (-row[i], i)) for row in self.rank_acc]
+        p = [conditional_from_marginal([row[i] for i in o]) for row, o in zip(self.rank_acc, order)]
+        shape = optimal_tree(p, budget) if self.cost is None else sequoia_tree(p, self.cost, budget)
+        return [tuple(order[d][j] for d, j in enumerate(path)) for path in shape.paths]
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> DraftTree:
-        if ctx.request_id not in self._last:
-            raise ValueError(f"request {ctx.request_id!r} was not started")
-        f = self._last[ctx.request_id]
+        f = self._states.get(ctx.request_id).feature
         root = ctx.tokens[-1]
-        if f is None:
+        spec = self.paths(ctx.budget) if f is not None else []
+        if not spec:
             return DraftTree.chain(root, [])
-        spec = self.paths(ctx.budget)
         ranks = max(max(p) for p in spec) + 1
         logits = self.heads(f) @ self.lm_rows.T  # [K, Vd]
         top = self.heads.draft_vocab[logits.topk(ranks, -1).indices].tolist()  # [K, ranks]
         paths = [[top[d][i] for d, i in enumerate(p)] for p in spec]
         return DraftTree.from_paths(root, paths)  # distinct ranks: no sibling duplicates
-

@@ -24,33 +24,47 @@ from .loop import TrainConfig, TrainResult, train
 @dataclass(frozen=True)
 class MedusaTrainOptions:
     num_heads: int = 4
-    seqs_per_step: int = 4
-    positions: int = 64  # positions per sequence per step
-    draft_vocab_size: int = 16384
+    seqs_per_step: int = 8
+    positions: int = 32  # positions per sequence per step
+    draft_vocab_size: int = 8192  # covers 96.1% of held-out greedy tokens on SmolLM2 (16384: 96.6%)
+    head_decay: float = 0.8  # loss weight of head k is head_decay ** (k - 1)
 
 
-def medusa_loss(heads: MedusaHeads, lm_rows: torch.Tensor, data: FeatureSet, opts: MedusaTrainOptions,
-                gen: torch.Generator, vocab_index: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-    k_heads = heads.cfg.num_heads
-    losses, hits, n = [], 0, 0
+def sample_positions(data: FeatureSet, opts: MedusaTrainOptions, gen: torch.Generator
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """([P, H] features, [K, P] target ids ``a_{t+k}``) at random positions ``t`` of
+    ``seqs_per_step`` random sequences (positions with all K labels only)."""
+    k_heads = opts.num_heads
+    feats, labels = [], []
     for s in torch.randint(0, len(data.tokens), (opts.seqs_per_step,), generator=gen).tolist():
         length = len(data.tokens[s])
         if length <= k_heads + 1:
             continue
         t = torch.randperm(length - k_heads, generator=gen)[:opts.positions]  # [P]
-        f = data.feats[s][t].float()  # [P, H]
-        hk = heads(f)  # [K, P, H]
-        for k in range(k_heads):
-            labels = vocab_index[data.argmax[s][t + k + 1]]  # head k+1 -> a_{t+k+1}
-            logits = hk[k] @ lm_rows.T  # [P, Vd]
-            ok = labels >= 0
-            if ok.any():
-                losses.append(F.cross_entropy(logits[ok], labels[ok]) * (0.8 ** k))
-                if k == 0:
-                    hits += int((logits[ok].argmax(-1) == labels[ok]).sum())
-                    n += int(ok.sum())
-    loss = torch.stack(losses).sum() / max(1, opts.seqs_per_step) if losses else heads.blocks[0].bias.sum() * 0
-    return loss, {"head1_top1": hits / max(1, n)}
+        feats.append(data.feats[s][t].float())
+        labels.append(torch.stack([data.argmax[s][t + k] for k in range(1, k_heads + 1)]))
+    if not feats:
+        return torch.zeros(0, data.feats[0].shape[-1]), torch.zeros(k_heads, 0, dtype=torch.long)
+    return torch.cat(feats), torch.cat(labels, dim=1)
+
+
+def medusa_loss(heads: MedusaHeads, lm_rows: torch.Tensor, data: FeatureSet, opts: MedusaTrainOptions,
+                gen: torch.Generator, vocab_index: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """Sum over heads of ``head_decay^(k-1)`` x the mean cross-entropy of head k against the
+    target's greedy token ``a_{t+k}`` (labels outside the draft vocabulary are skipped);
+    all heads and positions go through one [K*P, H] x [H, Vd] matmul."""
+    f, target = sample_positions(data, opts, gen)
+    labels = vocab_index[target]  # [K, P], -1 = outside the draft vocab
+    k_heads, n = labels.shape
+    if n == 0 or not (labels >= 0).any():
+        return heads.blocks[0].bias.sum() * 0, {"head1_top1": 0.0}
+    logits = (heads(f).reshape(k_heads * n, -1) @ lm_rows.T).view(k_heads, n, -1)  # [K, P, Vd]
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none").view(k_heads, n)
+    ok = (labels >= 0).float()
+    weight = opts.head_decay ** torch.arange(k_heads, dtype=torch.float32)
+    loss = (weight * (ce * ok).sum(1) / ok.sum(1).clamp(min=1)).sum()
+    hit = (logits[0].detach().argmax(-1) == labels[0]).float()
+    return loss, {"head1_top1": float((hit * ok[0]).sum() / ok[0].sum().clamp(min=1))}
 
 
 @torch.inference_mode()
