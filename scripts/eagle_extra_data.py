@@ -11,16 +11,15 @@
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from verispec.api import load_model
-from verispec.train.data import done_ids, generate_responses
+from verispec.train.data import done_ids, generate_responses, gsm8k_reference_sequences
 from verispec.train.features import extract
-from verispec.train.prompts import build_prompts, read_gsm8k_pairs, read_gsm8k_questions
+from verispec.train.prompts import build_prompts, read_gsm8k_questions
 
 SOURCES = ("summarize", "rag", "rewrite", "translate", "explain", "roleplay")
 
@@ -40,13 +39,7 @@ def main() -> None:
     done = done_ids(Path(args.gen))
     todo = [p for p in prompts if p["id"] not in done and p["source"] in SOURCES]
     generate_responses(model, tok, todo, out / "gen2.jsonl", batch_size=16, max_new_tokens=160)
-    seqs = []
-    for q, a in read_gsm8k_pairs(args.gsm8k)[1000:1400]:  # disjoint from the generation prompts
-        a = re.sub(r"<<[^>]*>>", "", a).replace("#### ", "The answer is: ")
-        ids = tok.apply_chat_template([{"role": "user", "content": q}, {"role": "assistant", "content": a}],
-                                      tokenize=True)
-        seqs.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    extract(model, seqs, out / "feats_gsm", shard_size=32)
+    extract(model, gsm8k_reference_sequences(tok, args.gsm8k), out / "feats_gsm", shard_size=32)
 
 
 if __name__ == "__main__":

@@ -30,3 +30,18 @@ def toy_target() -> HFCausalLM:
 @pytest.fixture(scope="session")
 def toy_draft() -> HFCausalLM:
     return HFCausalLM(tiny_llama(1), "toy-draft")
+
+
+@pytest.fixture(scope="session")
+def stories_features(tmp_path_factory):
+    """Teacher-forced stories260K features of 12 greedy continuations (training tests)."""
+    from transformers import AutoModelForCausalLM
+
+    from verispec.api import load_model
+    from verispec.train import features
+    from verispec.train.data import continuation_sequences
+
+    hf = AutoModelForCausalLM.from_pretrained(str(load_model("stories260k").hf_dir)).eval()
+    out = tmp_path_factory.mktemp("stories-feats")
+    features.extract(hf, continuation_sequences(hf, 12, 40, seed=0), out, shard_size=4, log=lambda s: None)
+    return out

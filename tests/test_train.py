@@ -9,7 +9,6 @@ from transformers import AutoModelForCausalLM
 
 from verispec.api import load_model
 from verispec.train import features
-from verispec.train.data import continuation_sequences
 from verispec.train.eagle import EagleTrainOptions, choose_draft_vocab, train_eagle
 from verispec.train.loop import TrainConfig, lr_at, step_generator, train
 from verispec.train.medusa import MedusaTrainOptions, train_medusa
@@ -23,12 +22,8 @@ def stories():
 
 
 @pytest.fixture(scope="module")
-def feats(stories, tmp_path_factory):
-    hf = AutoModelForCausalLM.from_pretrained(str(stories.hf_dir)).eval()
-    seqs = continuation_sequences(hf, 12, 40, seed=0)
-    out = tmp_path_factory.mktemp("feats")
-    features.extract(hf, seqs, out, shard_size=4, log=lambda s: None)
-    return out
+def feats(stories_features):
+    return stories_features
 
 
 def test_features_shapes_and_resume(stories, feats, tmp_path):

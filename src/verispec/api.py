@@ -62,15 +62,18 @@ def _native_supports(hf_dir: Path) -> bool:
 
 
 def _load_backend(hf_dir: Path, name: str, dtype: torch.dtype, backend: str, device: str,
-                  num_layers: int | None = None, quant: str = "none") -> tuple[CausalLM, str]:
-    """``auto``: the native runtime for Llama-family models, transformers for the rest."""
+                  num_layers: int | None = None, quant: str = "none",
+                  head_rows: torch.Tensor | None = None) -> tuple[CausalLM, str]:
+    """``auto``: the native runtime for Llama-family models, transformers for the rest.
+    ``head_rows`` (native only): a reduced LM head over these token ids (a draft's)."""
     if backend not in ("auto", "hf", "native"):
         raise ValueError(f"unknown backend {backend!r}; use auto, hf or native")
     if backend == "native" or (backend == "auto" and _native_supports(hf_dir)):
         from .models.native import NativeLlama
 
         kw = {"num_layers": num_layers} if num_layers else {}
-        return NativeLlama.from_hf_dir(hf_dir, dtype=dtype, device=device, quant=quant, **kw), "native"
+        return NativeLlama.from_hf_dir(hf_dir, dtype=dtype, device=device, quant=quant, head_rows=head_rows,
+                                       **kw), "native"
     if quant != "none":
         raise ValueError(f"quant={quant!r} needs the native backend (transformers runs unquantized weights)")
     from .models.hf import HFCausalLM
@@ -108,16 +111,28 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32",
 
 
 def load_draft_model(target: LoadedModel, spec: str) -> CausalLM:
-    """``truncated:N`` = the target's first N layers with its norm and head (an untrained
-    layer-skip draft); anything else is a model name or path sharing the target's vocab."""
+    """``shipped`` = the distilled draft shipped for the target (``verispec.weights``);
+    ``truncated:N`` = the target's first N layers with its norm and head (an untrained
+    layer-skip draft); a draft weights directory (``verispec train draft`` output); anything
+    else is a model name or path sharing the target's vocab. The draft runs on the
+    target's backend, dtype and weight format."""
+    from .models.draft_checkpoint import draft_vocab, is_draft_weights, materialize, materialized_dir
+    from .models.loading import default_cache_dir
+    from .weights import shipped_weights
+
     info = target.backend.info
     if spec.startswith("truncated:"):
         n = int(spec.split(":", 1)[1])
         if n < 1:
             raise ValueError("truncated:N needs N >= 1")
-        dtype = info.dtype
-        return _load_backend(target.hf_dir, target.name, dtype, target.backend_kind, str(info.device), n,
+        return _load_backend(target.hf_dir, target.name, info.dtype, target.backend_kind, str(info.device), n,
                              quant=target.quant)[0]
+    weights = shipped_weights("draft", target.name) if spec == "shipped" else Path(spec)
+    if spec == "shipped" or is_draft_weights(weights):
+        hf_dir = materialize(weights, target.hf_dir, materialized_dir(weights, target.hf_dir, default_cache_dir()))
+        rows = draft_vocab(weights) if target.backend_kind == "native" else None
+        return _load_backend(hf_dir, f"draft-{target.name}", info.dtype, target.backend_kind, str(info.device),
+                             quant=target.quant, head_rows=rows)[0]
     draft = load_model(spec, dtype=str(info.dtype).removeprefix("torch."), backend=target.backend_kind,
                        device=str(info.device), quant=target.quant)
     if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():

@@ -140,12 +140,15 @@ def drafters() -> None:
 
 @app.command()
 def train(
-    kind: str = typer.Argument(..., help="eagle or medusa"),
-    data: list[Path] = typer.Option(..., "--data", help="generations .jsonl or feature directory, repeatable"),
+    kind: str = typer.Argument(..., help="eagle, medusa or draft"),
+    data: Optional[list[Path]] = typer.Option(None, "--data", help="generations .jsonl or feature directory, "
+                                              "repeatable; none: generate the default data in OUT/data (hours)"),
     out: Path = typer.Option(..., "--out", help="run directory (checkpoint.pt, weights/)"),
     steps: int = typer.Option(600, "--steps"),
     model: str = typer.Option("smollm2-135m-instruct", help="the target"),
     lr: float = typer.Option(1e-3),
+    warmup: Optional[int] = typer.Option(None, help="warm-up steps (default: min(40, steps/10))"),
+    layers: Optional[str] = typer.Option(None, help="draft only: target layers to start from, e.g. 0,1,2,3"),
     seed: int = typer.Option(0),
     resume: bool = typer.Option(False, "--resume", help="continue from out/checkpoint.pt"),
 ) -> None:
@@ -154,7 +157,9 @@ def train(
     from .train import run_train
 
     try:
-        result = run_train(kind, model, list(data), out, steps, resume=resume, seed=seed, lr=lr)
+        init = tuple(int(x) for x in layers.split(",")) if layers else None
+        result = run_train(kind, model, list(data or []), out, steps, resume=resume, seed=seed, lr=lr,
+                           warmup=warmup, layers=init)
     except (ValueError, ModelError) as e:
         fail(str(e))
     print(json.dumps(result))

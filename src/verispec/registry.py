@@ -18,9 +18,11 @@ DrafterFactory = Callable[["LoadedModel", dict[str, Any]], Drafter]
 
 def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     from .api import load_draft_model
+    from .weights import has_shipped
 
     min_conf = float(opts.pop("min_confidence", 0.0))
-    draft = load_draft_model(target, str(opts.pop("model", "truncated:4")))
+    default = "shipped" if has_shipped("draft", target.name) else "truncated:4"
+    draft = load_draft_model(target, str(opts.pop("model", default)))
     return DraftModelDrafter(draft, min_confidence=min_conf)
 
 
@@ -108,7 +110,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "lookahead": (_lookahead, "Lookahead decoding: Jacobi window + n-gram pool in one forward; give -k >= (window+guesses)*(ngram-1) (options: window, ngram, guesses, max_keys)"),
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
-    "draft": (_draft_model, "a small LM with the target's tokenizer (options: model=<name|path|truncated:N>, min_confidence)"),
+    "draft": (_draft_model, "a small LM with the target's tokenizer: the shipped distilled draft, else the target's first 4 layers (options: model=shipped|truncated:N|<name|path>, min_confidence)"),
 }
 
 

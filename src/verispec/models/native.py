@@ -531,11 +531,13 @@ class NativeLlama:
     """``CausalLM`` backend: Llama-family decoder on plain tensors with a static cache."""
 
     def __init__(self, args: LlamaArgs, embed: torch.Tensor, layers: tuple[LayerWeights, ...],
-                 norm: torch.Tensor, lm_head: Weight, options: NativeOptions, info: ModelInfo):
+                 norm: torch.Tensor, lm_head: Weight, options: NativeOptions, info: ModelInfo,
+                 head_rows: torch.Tensor | None = None):
         if options.max_rows < 1 or options.attn_chunk < 1:
             raise ValueError(f"max_rows and attn_chunk must be >= 1, got {options}")
         self.args, self.info = args, info
         self.embed, self.layers, self.norm, self.lm_head = embed, layers, norm, lm_head
+        self.head_rows = head_rows  # token id of each lm_head row (None: all, in order)
         self._cos, self._sin = rope_tables(args, info.max_length, info.device)
         self._heads = torch.arange(args.n_kv_heads, device=info.device)
         self._requested = options
@@ -545,22 +547,27 @@ class NativeLlama:
 
     @classmethod
     def from_hf_dir(cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                    max_length: int | None = None, num_layers: int | None = None, **options) -> NativeLlama:
+                    max_length: int | None = None, num_layers: int | None = None,
+                    head_rows: torch.Tensor | None = None, **options) -> NativeLlama:
         """Load ``config.json`` + ``*.safetensors``. ``num_layers`` keeps only the first layers
-        (a truncated self-drafter); ``options``: fields of ``NativeOptions``."""
+        (a truncated self-drafter); ``head_rows`` keeps only those token ids' LM head rows
+        (a draft's reduced vocabulary, FR-Spec: the other tokens get logit -inf);
+        ``options``: fields of ``NativeOptions``."""
         path = Path(path)
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} is not an HF model directory (no config.json)")
         cfg = json.loads((path / "config.json").read_text())
         LlamaArgs.from_hf_config(cfg)  # unsupported architectures fail before reading weights
         state = _read_safetensors(path)
-        return cls.from_state_dict(cfg, state, NativeOptions(dtype=dtype, **options), device,
-                                   max_length, name=cfg.get("_name_or_path") or path.name, num_layers=num_layers)
+        return cls.from_state_dict(cfg, state, NativeOptions(dtype=dtype, **options), device, max_length,
+                                   name=cfg.get("_name_or_path") or path.name, num_layers=num_layers,
+                                   head_rows=head_rows)
 
     @classmethod
     def from_state_dict(cls, cfg: dict, state: dict[str, torch.Tensor], options: NativeOptions,
                         device: str | torch.device = "cpu", max_length: int | None = None,
-                        name: str = "native-llama", num_layers: int | None = None) -> NativeLlama:
+                        name: str = "native-llama", num_layers: int | None = None,
+                        head_rows: torch.Tensor | None = None) -> NativeLlama:
         """Build from an HF config dict and an HF-named state dict."""
         if num_layers is not None:
             if not 1 <= num_layers <= cfg["num_hidden_layers"]:
@@ -575,8 +582,14 @@ class NativeLlama:
                          bos_token_id=args.bos_token_id, eos_token_ids=args.eos_token_ids, hidden_size=args.dim,
                          dtype=options.dtype, device=device)
         layers = tuple(_layer_weights(state, i, prep) for i in range(args.n_layers))
-        lm_head = prep(state["model.embed_tokens.weight"] if head is None else head, linear=True, head=True)
-        return cls(args, embed, layers, prep(_take(state, "model.norm.weight")), lm_head, options, info)
+        head = state["model.embed_tokens.weight"] if head is None else head
+        if head_rows is not None:
+            head_rows = torch.as_tensor(head_rows, dtype=torch.long)
+            if head_rows.dim() != 1 or not len(head_rows) or not 0 <= int(head_rows.min()) <= int(head_rows.max()) < len(head):
+                raise ValueError(f"head_rows must be a non-empty 1-D list of token ids in [0, {len(head)})")
+            head, head_rows = head[head_rows], head_rows.to(device)
+        lm_head = prep(head, linear=True, head=True)
+        return cls(args, embed, layers, prep(_take(state, "model.norm.weight")), lm_head, options, info, head_rows)
 
     def _resolve_options(self, opts: NativeOptions) -> NativeOptions:
         if not opts.batch_invariant:
@@ -667,6 +680,9 @@ class NativeLlama:
             logits = logits[rows][:, None] if last_logits_only else logits[:, :n]
         for cache, k in zip(caches, n_real):
             cache._advance(k)
+        if self.head_rows is not None:  # scatter the reduced head's logits into the full vocabulary
+            full = logits.new_full((*logits.shape[:-1], self.info.vocab_size), float("-inf"))
+            logits = full.index_copy_(-1, self.head_rows, logits)
         return ModelOutput(logits, hidden[:, :n].float() if want_hidden else None)
 
     def _validate(self, ids, pos, caches, tree, n_real) -> None:

@@ -1,15 +1,16 @@
 """Training drafters for a target (``verispec train``): self-distillation data
 (``prompts``, ``data``), teacher-forced target features (``features``), a resumable loop
-(``loop``) and one trainer per drafter (``eagle``, ``medusa``).
+(``loop``) and one trainer per drafter (``eagle``, ``medusa``, ``draft``).
 
     run_train("eagle", "smollm2-135m-instruct", ["gen.jsonl"], "runs/eagle", steps=600)
+    run_train("draft", "smollm2-135m-instruct", [], "runs/draft", steps=1500)  # data from scratch
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-KINDS = ("eagle", "medusa")
+KINDS = ("eagle", "medusa", "draft")
 
 
 def feature_dirs(model, data: list[str | Path], out_dir: Path, log=print) -> list[Path]:
@@ -37,25 +38,38 @@ def feature_dirs(model, data: list[str | Path], out_dir: Path, log=print) -> lis
 
 
 def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Path, steps: int,
-              resume: bool = False, seed: int = 0, lr: float = 1e-3, progress: bool = True) -> dict:
+              resume: bool = False, seed: int = 0, lr: float = 1e-3, progress: bool = True,
+              warmup: int | None = None, layers: tuple[int, ...] | None = None) -> dict:
     """Train a ``kind`` drafter for ``model_name``; weights land in ``out/weights``.
-    Returns the validation metrics and final loss."""
+    No ``data``: build the default self-distillation data in ``out/data`` first
+    (``data.build_default_data``, resumable). ``layers``: the draft model's initial target
+    layers. Returns the validation metrics and final loss."""
     from ..api import load_model
     from .loop import TrainConfig
 
     if kind not in KINDS:
         raise ValueError(f"unknown trainable drafter {kind!r}; choose one of: {', '.join(KINDS)}")
-    if not data:
-        raise ValueError("no training data: pass generations (.jsonl) or feature directories")
+    if layers is not None and kind != "draft":
+        raise ValueError("layers applies to the draft model only")
     out = Path(out)
+    if not data:
+        from .data import build_default_data
+
+        data = build_default_data(model_name, out / "data")
     model = load_model(model_name)
     dirs = feature_dirs(model, data, out)
-    cfg = TrainConfig(steps=steps, lr=lr, seed=seed, warmup=min(40, max(1, steps // 10)),
-                      ckpt_every=max(1, min(50, steps // 4)))
+    warmup = min(40, max(1, steps // 10)) if warmup is None else warmup
+    cfg = TrainConfig(steps=steps, lr=lr, seed=seed, warmup=warmup, ckpt_every=max(1, min(50, steps // 4)))
     if kind == "eagle":
         from .eagle import train_eagle
 
         _, result, metrics = train_eagle(model.hf_dir, dirs, out, cfg, resume=resume,
+                                         target_name=model.name, progress=progress)
+    elif kind == "draft":
+        from .draft import DraftTrainOptions, train_draft
+
+        opts = DraftTrainOptions() if layers is None else DraftTrainOptions(init_layers=tuple(layers))
+        _, result, metrics = train_draft(model.hf_dir, dirs, out, cfg, opts, resume=resume,
                                          target_name=model.name, progress=progress)
     else:
         from .medusa import train_medusa

@@ -114,6 +114,45 @@ def main_generate(out: str, model_name: str = "smollm2-135m-instruct", gsm8k: st
                        max_new_tokens=max_new_tokens)
 
 
+def gsm8k_reference_sequences(tokenizer, path: str | Path, first: int = 1000, last: int = 1400) -> list[list[int]]:
+    """GSM8K train questions ``first..last-1`` with their reference answers (calculator
+    annotations removed), chat-wrapped: teacher-forced data without generation, disjoint
+    from ``main_generate``'s questions (the first 250)."""
+    import re
+
+    from .prompts import read_gsm8k_pairs
+
+    seqs = []
+    for q, a in read_gsm8k_pairs(path)[first:last]:
+        a = re.sub(r"<<[^>]*>>", "", a).replace("#### ", "The answer is: ")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": q}, {"role": "assistant", "content": a}],
+                                            tokenize=True)
+        seqs.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return seqs
+
+
+def build_default_data(model_name: str, out_dir: str | Path, gsm8k: str | Path | None = None,
+                       threads: int = 1) -> list[Path]:
+    """The shipped drafters' training data, from scratch and resumable, in ``out_dir``:
+    ``gen.jsonl`` (the target's greedy answers to 250 GSM8K train questions and 350
+    templated instructions; hours on one CPU core) and ``feats_gsm`` (400 GSM8K reference
+    answers, teacher-forced). Returns the paths to pass to the trainers."""
+    from transformers import AutoModelForCausalLM
+
+    from ..api import load_model
+    from ..models.loading import _find_shared_file
+    from . import features
+
+    out = Path(out_dir)
+    gsm8k = Path(gsm8k) if gsm8k else _find_shared_file("data/gsm8k/train.jsonl")
+    main_generate(str(out / "gen.jsonl"), model_name, gsm8k=str(gsm8k), n_gsm8k=250, n_instructions=350,
+                  threads=threads)
+    loaded = load_model(model_name)
+    hf = AutoModelForCausalLM.from_pretrained(str(loaded.hf_dir), dtype=torch.float32).eval()
+    features.extract(hf, gsm8k_reference_sequences(loaded.tokenizer, gsm8k), out / "feats_gsm")
+    return [out / "gen.jsonl", out / "feats_gsm"]
+
+
 @torch.inference_mode()
 def continuation_sequences(model, n: int, new_tokens: int, seed: int = 0, start_len: int = 3,
                            bos: int | None = 1) -> list[list[int]]:

@@ -12,13 +12,19 @@ ROOT = Path(__file__).parent
 SHIPPED: dict[tuple[str, str], str] = {
     ("eagle", "smollm2-135m-instruct"): "eagle-smollm2-135m-instruct",
     ("medusa", "smollm2-135m-instruct"): "medusa-smollm2-135m-instruct",
+    ("draft", "smollm2-135m-instruct"): "draft-smollm2-135m-instruct",
 }
+
+
+def has_shipped(kind: str, target: str) -> bool:
+    name = SHIPPED.get((kind, target))
+    return name is not None and (ROOT / name / "config.json").exists()
 
 
 def shipped_weights(kind: str, target: str) -> Path:
     """The directory of the shipped ``kind`` weights for ``target``; ValueError if none."""
     name = SHIPPED.get((kind, target))
-    if name is None or not (ROOT / name / "config.json").exists():
+    if not has_shipped(kind, target):
         have = ", ".join(f"{k} for {t}" for (k, t), n in SHIPPED.items() if (ROOT / n / "config.json").exists())
         raise ValueError(f"no shipped {kind} weights for {target!r} (shipped: {have or 'none'}); "
                          f"train some with `verispec train {kind}` and pass weights=<dir>")
