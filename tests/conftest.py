@@ -45,3 +45,11 @@ def stories_features(tmp_path_factory):
     out = tmp_path_factory.mktemp("stories-feats")
     features.extract(hf, continuation_sequences(hf, 12, 40, seed=0), out, shard_size=4, log=lambda s: None)
     return out
+
+
+@pytest.fixture(scope="session")
+def stories_native():
+    """stories260K on the default (native) backend."""
+    from verispec.api import load_model
+
+    return load_model("stories260k")

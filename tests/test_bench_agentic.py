@@ -15,7 +15,6 @@ from verispec.bench.datasets import (AGENTIC, AGENTIC_CATEGORIES, ALL_GROUPS, Be
 from verispec.bench.harness import PromptBuilder, run
 from verispec.bench.runners import EngineRunner, Generation
 from verispec.cli import app
-from verispec.drafters.base import NoDrafter
 from verispec.drafters.suffix_tree import SuffixDecodingDrafter
 from verispec.drafters.token_recycling import TokenRecyclingDrafter
 from verispec.types import SamplingParams

@@ -28,19 +28,9 @@ CFG = TrainConfig(steps=30, lr=3e-3, warmup=2, ckpt_every=10)
 
 
 @pytest.fixture(scope="module")
-def stories():
-    return load_model("stories260k")
-
-
-@pytest.fixture(scope="module")
-def feats(stories_features):
-    return stories_features
-
-
-@pytest.fixture(scope="module")
-def trained(stories, feats, tmp_path_factory):
+def trained(stories_native, stories_features, tmp_path_factory):
     out = tmp_path_factory.mktemp("draft-run")
-    model, result, metrics = train_draft(stories.hf_dir, [feats], out, CFG, OPTS, target_name=stories.name,
+    model, result, metrics = train_draft(stories_native.hf_dir, [stories_features], out, CFG, OPTS, target_name=stories_native.name,
                                          progress=False)
     return model, result, metrics, out / "weights"
 
@@ -56,22 +46,22 @@ def test_training_loss_decreases_and_exports(trained):
     assert "model.embed_tokens.weight" not in load_file(str(weights / "model.safetensors"))  # not shipped twice
 
 
-def test_resume_matches_uninterrupted(stories, feats, trained, tmp_path):
+def test_resume_matches_uninterrupted(stories_native, stories_features, trained, tmp_path):
     model, result, _, _ = trained
-    _, part, _ = train_draft(stories.hf_dir, [feats], tmp_path, CFG, OPTS, progress=False, stop_at=13)
+    _, part, _ = train_draft(stories_native.hf_dir, [stories_features], tmp_path, CFG, OPTS, progress=False, stop_at=13)
     assert part.steps == 13
-    resumed, full, _ = train_draft(stories.hf_dir, [feats], tmp_path, CFG, OPTS, resume=True, progress=False)
+    resumed, full, _ = train_draft(stories_native.hf_dir, [stories_features], tmp_path, CFG, OPTS, resume=True, progress=False)
     assert full.losses == result.losses
     for a, b in zip(model.state_dict().values(), resumed.state_dict().values()):
         assert torch.equal(a, b)
 
 
-def test_materialized_checkpoint_loads_in_transformers(stories, feats, trained, tmp_path):
+def test_materialized_checkpoint_loads_in_transformers(stories_native, stories_features, trained, tmp_path):
     model, _, _, weights = trained
-    out = materialize(weights, stories.hf_dir, materialized_dir(weights, stories.hf_dir, tmp_path))
+    out = materialize(weights, stories_native.hf_dir, materialized_dir(weights, stories_native.hf_dir, tmp_path))
     hf = AutoModelForCausalLM.from_pretrained(str(out)).eval()
     assert hf.config.num_hidden_layers == 2
-    x = features.load([feats]).tokens[0]
+    x = features.load([stories_features]).tokens[0]
     with torch.no_grad():
         ref = model.float()
         for name, p in ref.named_parameters():  # the shipped layers are bfloat16, the embedding is the target's
@@ -80,13 +70,13 @@ def test_materialized_checkpoint_loads_in_transformers(stories, feats, trained, 
         expect = draft_hidden(ref, x) @ ref.model.embed_tokens.weight.T
         got = hf(input_ids=x[None]).logits[0]
     torch.testing.assert_close(got, expect, rtol=1e-4, atol=1e-4)
-    assert materialize(weights, stories.hf_dir, out) == out  # idempotent
+    assert materialize(weights, stories_native.hf_dir, out) == out  # idempotent
 
 
-def test_transformers_assisted_generation_with_the_draft(stories, trained, tmp_path):
+def test_transformers_assisted_generation_with_the_draft(stories_native, trained, tmp_path):
     _, _, _, weights = trained
-    out = materialize(weights, stories.hf_dir, materialized_dir(weights, stories.hf_dir, tmp_path))
-    target = AutoModelForCausalLM.from_pretrained(str(stories.hf_dir)).eval()
+    out = materialize(weights, stories_native.hf_dir, materialized_dir(weights, stories_native.hf_dir, tmp_path))
+    target = AutoModelForCausalLM.from_pretrained(str(stories_native.hf_dir)).eval()
     assistant = AutoModelForCausalLM.from_pretrained(str(out)).eval()
     ids = torch.tensor([[1, 403, 261, 153]])
     kw = dict(max_new_tokens=24, do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0)
@@ -95,11 +85,11 @@ def test_transformers_assisted_generation_with_the_draft(stories, trained, tmp_p
     assert assisted.tolist() == plain.tolist()
 
 
-def test_reduced_head_logits_are_the_full_heads_rows(stories, trained, tmp_path, monkeypatch):
+def test_reduced_head_logits_are_the_full_heads_rows(stories_native, trained, tmp_path, monkeypatch):
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
     _, _, _, weights = trained
-    reduced = load_draft_model(stories, str(weights))
-    full_dir = materialized_dir(weights, stories.hf_dir, tmp_path)
+    reduced = load_draft_model(stories_native, str(weights))
+    full_dir = materialized_dir(weights, stories_native.hf_dir, tmp_path)
     full = load_model(str(full_dir)).backend
     vocab = draft_vocab(weights)
     ids, pos = torch.tensor([[1, 403, 261]]), torch.arange(3)[None]
@@ -128,18 +118,18 @@ def test_greedy_equals_plain(backend, trained, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # ~1 min; the default suite samples with a draft model in test_stories.py
-def test_sampling_distribution_with_reduced_head(stories, trained, tmp_path, monkeypatch):
+def test_sampling_distribution_with_reduced_head(stories_native, trained, tmp_path, monkeypatch):
     """The draft's q is zero outside its 128-token vocabulary; rejection sampling must
     still give the target's law (two-sample chi-square on tokens 2-3)."""
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
     _, _, _, weights = trained
-    drafter = make_drafter("draft", stories, {"model": str(weights)})
+    drafter = make_drafter("draft", stories_native, {"model": str(weights)})
     prompt = [1, 403, 261, 153]
 
     def histogram(d, seeds):
         out = Counter()
         for s in seeds:
-            ids, _ = run(stories.backend, d, prompt,
+            ids, _ = run(stories_native.backend, d, prompt,
                          SamplingParams(temperature=1.0, max_new_tokens=4, seed=s, ignore_eos=True), k=3)
             out[tuple(ids[1:3])] += 1
         return out

@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
-import re
 import signal
 import socket
 import subprocess

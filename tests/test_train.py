@@ -7,7 +7,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from verispec.api import load_model
 from verispec.train import features
 from verispec.train.eagle import EagleTrainOptions, choose_draft_vocab, train_eagle
 from verispec.train.loop import TrainConfig, lr_at, step_generator, train
@@ -16,27 +15,17 @@ from verispec.train.medusa import MedusaTrainOptions, train_medusa
 SMALL_EAGLE = EagleTrainOptions(max_len=48, ce_positions=24, draft_vocab_size=256)
 
 
-@pytest.fixture(scope="module")
-def stories():
-    return load_model("stories260k")
-
-
-@pytest.fixture(scope="module")
-def feats(stories_features):
-    return stories_features
-
-
-def test_features_shapes_and_resume(stories, feats, tmp_path):
-    data = features.load([feats])
+def test_features_shapes_and_resume(stories_native, stories_features, tmp_path):
+    data = features.load([stories_features])
     assert len(data.tokens) == 12
     for t, f, a in zip(data.tokens, data.feats, data.argmax):
         assert f.shape == (len(t), 64) and a.shape == t.shape
     # the target's greedy continuation is its own argmax: a_i == x_{i+1} after the start
     assert torch.equal(data.argmax[0][4:-1], data.tokens[0][5:])
-    shards = sorted(feats.glob("shard-*"))
+    shards = sorted(stories_features.glob("shard-*"))
     before = [p.stat().st_mtime_ns for p in shards]
-    hf = AutoModelForCausalLM.from_pretrained(str(stories.hf_dir)).eval()
-    features.extract(hf, [t.tolist() for t in data.tokens], feats, shard_size=4, log=lambda s: None)
+    hf = AutoModelForCausalLM.from_pretrained(str(stories_native.hf_dir)).eval()
+    features.extract(hf, [t.tolist() for t in data.tokens], stories_features, shard_size=4, log=lambda s: None)
     assert [p.stat().st_mtime_ns for p in shards] == before  # nothing recomputed
 
 
@@ -52,17 +41,17 @@ def test_lr_schedule_and_step_generators():
         TrainConfig(steps=0)
 
 
-def test_choose_draft_vocab_prefers_frequent_tokens(feats):
-    data = features.load([feats])
+def test_choose_draft_vocab_prefers_frequent_tokens(stories_features):
+    data = features.load([stories_features])
     vocab = choose_draft_vocab(data, 32, 512)
     assert len(vocab) == 32 and torch.equal(vocab, vocab.sort().values)
     counts = torch.bincount(torch.cat(data.tokens + data.argmax), minlength=512)
     assert counts[vocab].min() >= counts[~torch.isin(torch.arange(512), vocab)].max()
 
 
-def test_eagle_training_loss_decreases(stories, feats, tmp_path):
+def test_eagle_training_loss_decreases(stories_native, stories_features, tmp_path):
     cfg = TrainConfig(steps=24, lr=3e-3, warmup=2, ckpt_every=8)
-    head, result, metrics = train_eagle(stories.hf_dir, [feats], tmp_path, cfg, SMALL_EAGLE, progress=False)
+    head, result, metrics = train_eagle(stories_native.hf_dir, [stories_features], tmp_path, cfg, SMALL_EAGLE, progress=False)
     first, last = sum(result.losses[:4]) / 4, sum(result.losses[-4:]) / 4
     assert last < 0.8 * first, result.losses
     assert (tmp_path / "weights" / "model.safetensors").exists() and 0 <= metrics["top1"] <= 1
@@ -109,35 +98,35 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path):
               resume=True, progress=False)
 
 
-def test_eagle_resume_matches_uninterrupted(stories, feats, tmp_path):
+def test_eagle_resume_matches_uninterrupted(stories_native, stories_features, tmp_path):
     cfg = TrainConfig(steps=6, lr=3e-3, warmup=2, ckpt_every=2)
-    h1, r1, _ = train_eagle(stories.hf_dir, [feats], tmp_path / "a", cfg, SMALL_EAGLE, progress=False)
-    _, part, _ = train_eagle(stories.hf_dir, [feats], tmp_path / "b", cfg, SMALL_EAGLE, progress=False, stop_at=3)
+    h1, r1, _ = train_eagle(stories_native.hf_dir, [stories_features], tmp_path / "a", cfg, SMALL_EAGLE, progress=False)
+    _, part, _ = train_eagle(stories_native.hf_dir, [stories_features], tmp_path / "b", cfg, SMALL_EAGLE, progress=False, stop_at=3)
     assert part.steps == 3
-    h2, r2, _ = train_eagle(stories.hf_dir, [feats], tmp_path / "b", cfg, SMALL_EAGLE, resume=True,
+    h2, r2, _ = train_eagle(stories_native.hf_dir, [stories_features], tmp_path / "b", cfg, SMALL_EAGLE, resume=True,
                             progress=False)
     assert r2.losses == r1.losses
     for a, b in zip(h1.state_dict().values(), h2.state_dict().values()):
         assert torch.equal(a, b)
 
 
-def test_medusa_training_loss_decreases(stories, feats, tmp_path):
+def test_medusa_training_loss_decreases(stories_native, stories_features, tmp_path):
     cfg = TrainConfig(steps=24, lr=3e-3, warmup=2, ckpt_every=8)
-    heads, result, metrics = train_medusa(stories.hf_dir, [feats], tmp_path, cfg,
+    heads, result, metrics = train_medusa(stories_native.hf_dir, [stories_features], tmp_path, cfg,
                                           MedusaTrainOptions(num_heads=2, draft_vocab_size=256), progress=False)
     assert sum(result.losses[-4:]) < 0.8 * sum(result.losses[:4]), result.losses
     assert heads.rank_acc.shape == (2, 10) and heads.rank_acc.sum() > 0
 
 
-def test_cli_train_command(feats, tmp_path):
+def test_cli_train_command(stories_features, tmp_path):
     from typer.testing import CliRunner
 
     from verispec.cli import app
 
-    res = CliRunner().invoke(app, ["train", "eagle", "--model", "stories260k", "--data", str(feats),
+    res = CliRunner().invoke(app, ["train", "eagle", "--model", "stories260k", "--data", str(stories_features),
                                    "--steps", "2", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "weights" / "config.json").exists()
-    bad = CliRunner().invoke(app, ["train", "nope", "--model", "stories260k", "--data", str(feats),
+    bad = CliRunner().invoke(app, ["train", "nope", "--model", "stories260k", "--data", str(stories_features),
                                    "--steps", "2", "--out", str(tmp_path)])
     assert bad.exit_code == 2

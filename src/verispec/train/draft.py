@@ -15,7 +15,6 @@ embedding (``verispec.models.draft_checkpoint``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -126,19 +125,13 @@ def train_draft(target_dir: str | Path, feature_dirs: list[str | Path], out_dir:
                 progress: bool = True, stop_at: int | None = None) -> tuple[object, TrainResult, dict[str, float]]:
     """Distil and export ``out_dir/weights``; returns the draft, the loss history and
     validation metrics (held out: every 10th sequence)."""
-    from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
     from . import features
 
-    target_dir = Path(target_dir)
-    tcfg = json.loads((target_dir / "config.json").read_text())
-    state = {}
-    for f in sorted(target_dir.glob("*.safetensors")):
-        state.update(load_file(str(f)))
+    tcfg, state = features.read_target(target_dir)
     embed = state["model.embed_tokens.weight"].float()
-    data = features.load(list(feature_dirs))
-    train_set, val_set = data.split(every=10) if len(data.tokens) >= 10 else (data, data)
+    train_set, val_set = features.load_split(feature_dirs)
     header = chat_response_header(AutoTokenizer.from_pretrained(str(target_dir)))
     train_starts, val_starts = ([response_start(t, header) for t in d.tokens] for d in (train_set, val_set))
     vocab = choose_draft_vocab(train_set, opts.draft_vocab_size, tcfg["vocab_size"])

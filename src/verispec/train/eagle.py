@@ -15,7 +15,6 @@ and in the choice of the CE positions; response positions get weight 1.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -188,19 +187,13 @@ def train_eagle(target_dir: str | Path, feature_dirs: list[str | Path], out_dir:
                 progress: bool = True, stop_at: int | None = None) -> tuple[EagleHead, TrainResult, dict[str, float]]:
     """Train and export ``out_dir/weights`` (safetensors + config.json); returns the head,
     the loss history and validation metrics."""
-    from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
     from . import features
 
-    target_dir = Path(target_dir)
-    tcfg = json.loads((target_dir / "config.json").read_text())
-    state = {}
-    for f in sorted(target_dir.glob("*.safetensors")):
-        state.update(load_file(str(f)))
+    tcfg, state = features.read_target(target_dir)
     embed = state["model.embed_tokens.weight"].float()  # [V, H] (tied LM head)
-    data = features.load(list(feature_dirs))
-    train_set, val_set = data.split(every=10) if len(data.tokens) >= 10 else (data, data)
+    train_set, val_set = features.load_split(feature_dirs)
     header = chat_response_header(AutoTokenizer.from_pretrained(str(target_dir)))
     train_starts, val_starts = ([response_start(t, header) for t in d.tokens] for d in (train_set, val_set))
     vocab = choose_draft_vocab(train_set, opts.draft_vocab_size, tcfg["vocab_size"])

@@ -87,3 +87,23 @@ def load(dirs: list[str | Path]) -> FeatureSet:
     if not tokens:
         raise ValueError(f"no feature shards in {', '.join(map(str, dirs))}")
     return FeatureSet(tokens, feats, argmax)
+
+
+def read_target(target_dir: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config dict, state dict) of a transformers checkpoint directory (the target)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    target_dir = Path(target_dir)
+    state = {}
+    for f in sorted(target_dir.glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    return json.loads((target_dir / "config.json").read_text()), state
+
+
+def load_split(dirs: list[str | Path], every: int = 10) -> tuple[FeatureSet, FeatureSet]:
+    """(train, validation) of the shards in ``dirs``: every ``every``-th sequence is held
+    out (with fewer than ``every`` sequences both are the whole set)."""
+    data = load(list(dirs))
+    return data.split(every=every) if len(data.tokens) >= every else (data, data)

@@ -8,7 +8,6 @@ stored in the weights; they define the sparse tree (``sparse_tree_paths``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -90,18 +89,11 @@ def rank_accuracy(heads: MedusaHeads, lm_rows: torch.Tensor, data: FeatureSet, r
 def train_medusa(target_dir: str | Path, feature_dirs: list[str | Path], out_dir: str | Path, cfg: TrainConfig,
                  opts: MedusaTrainOptions = MedusaTrainOptions(), resume: bool = False, target_name: str = "",
                  progress: bool = True, stop_at: int | None = None) -> tuple[MedusaHeads, TrainResult, dict[str, float]]:
-    from safetensors.torch import load_file
-
     from . import features
 
-    target_dir = Path(target_dir)
-    tcfg = json.loads((target_dir / "config.json").read_text())
-    state = {}
-    for f in sorted(target_dir.glob("*.safetensors")):
-        state.update(load_file(str(f)))
+    tcfg, state = features.read_target(target_dir)
     embed = state["model.embed_tokens.weight"].float()
-    data = features.load(list(feature_dirs))
-    train_set, val_set = data.split(every=10) if len(data.tokens) >= 10 else (data, data)
+    train_set, val_set = features.load_split(feature_dirs)
     vocab = choose_draft_vocab(train_set, opts.draft_vocab_size, tcfg["vocab_size"])
     heads = MedusaHeads(MedusaConfig(tcfg["hidden_size"], opts.num_heads, tcfg["vocab_size"], len(vocab),
                                      target_name))
