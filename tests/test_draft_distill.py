@@ -138,3 +138,16 @@ def test_sampling_distribution_with_reduced_head(stories_native, trained, tmp_pa
     keys = [k for k in set(plain) | set(spec) if plain[k] + spec[k] >= 8]
     table = [[h[k] for k in keys] + [sum(h.values()) - sum(h[k] for k in keys)] for h in (plain, spec)]
     assert chi2_contingency(table).pvalue > 1e-3
+
+
+def test_second_stage_continues_from_weights(stories_native, stories_features, trained, tmp_path):
+    from dataclasses import replace
+
+    _, result, _, weights = trained
+    cfg = TrainConfig(steps=2, lr=1e-5, warmup=1, ckpt_every=2)
+    _, stage2, _ = train_draft(stories_native.hf_dir, [stories_features], tmp_path / "s2", cfg,
+                               replace(OPTS, init_weights=str(weights)), progress=False)
+    assert stage2.losses[0] < 0.5 * result.losses[0]  # starts where stage 1 ended, not from scratch
+    with pytest.raises(ValueError, match="does not fit"):
+        train_draft(stories_native.hf_dir, [stories_features], tmp_path / "s3", cfg,
+                    replace(OPTS, init_layers=(0, 1, 2), init_weights=str(weights)), progress=False)

@@ -16,7 +16,7 @@ from verispec.types import SamplingParams
 pytestmark = pytest.mark.real
 PARAMS = SamplingParams(max_new_tokens=40, ignore_eos=True)
 DRAFTERS = [("prompt-lookup", {}), ("prompt-lookup", {"num_candidates": "3"}), ("suffix", {}),
-            ("token-recycling", {}), ("lookahead", {}), ("draft", {"model": "truncated:4"}), ("eagle", {}),
+            ("token-recycling", {}), ("lookahead", {}), ("draft", {"model": "truncated:4"}), ("draft", {}), ("eagle", {}),
             ("medusa", {}), ("medusa", {"tree": "sequoia"})]
 
 
@@ -41,7 +41,7 @@ def test_default_is_native_int4(smollm):
     assert smollm.backend.options.batch_invariant
 
 
-@pytest.mark.parametrize("name,opts", DRAFTERS, ids=[n + ("-tree" if o.get("num_candidates") else "") + ("-sequoia" if o.get("tree") else "") for n, o in DRAFTERS])
+@pytest.mark.parametrize("name,opts", DRAFTERS, ids=["-".join([n, *(f"{k}={v}" for k, v in o.items())]) for n, o in DRAFTERS])
 def test_greedy_equals_plain_exactly(smollm, prompts, plain, name, opts):
     drafter = make_drafter(name, smollm, opts)
     accepted = 0

@@ -127,6 +127,14 @@ def test_cli_train_command(stories_features, tmp_path):
                                    "--steps", "2", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "weights" / "config.json").exists()
+    res = CliRunner().invoke(app, ["train", "draft", "--model", "stories260k", "--data", str(stories_features),
+                                   "--steps", "2", "--layers", "0,1", "--out", str(tmp_path / "draft")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "draft" / "weights" / "model.safetensors").exists()
+    for bad_layers in ("0,9", "a"):
+        res = CliRunner().invoke(app, ["train", "draft", "--model", "stories260k", "--data", str(stories_features),
+                                       "--steps", "2", "--layers", bad_layers, "--out", str(tmp_path / "bad")])
+        assert res.exit_code != 0 and "Traceback" not in res.output and "layer" in res.output
     bad = CliRunner().invoke(app, ["train", "nope", "--model", "stories260k", "--data", str(stories_features),
                                    "--steps", "2", "--out", str(tmp_path)])
     assert bad.exit_code == 2

@@ -110,14 +110,27 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32",
     return LoadedModel(source.name, model, tokenizer, hf_dir, chat, kind, quant)
 
 
+def distilled_draft_dir(target: LoadedModel, weights: str = "shipped") -> Path:
+    """A complete transformers checkpoint of a distilled draft for ``target`` (the shipped
+    one, or a ``verispec train draft`` weights directory), written once to the cache: what
+    transformers' ``generate(assistant_model=...)`` loads."""
+    from .models.draft_checkpoint import is_draft_weights, materialize, materialized_dir
+    from .models.loading import default_cache_dir
+    from .weights import shipped_weights
+
+    path = shipped_weights("draft", target.name) if weights == "shipped" else Path(weights)
+    if not is_draft_weights(path):
+        raise ValueError(f"{path} is not a distilled draft's weights directory (verispec train draft output)")
+    return materialize(path, target.hf_dir, materialized_dir(path, target.hf_dir, default_cache_dir()))
+
+
 def load_draft_model(target: LoadedModel, spec: str) -> CausalLM:
     """``shipped`` = the distilled draft shipped for the target (``verispec.weights``);
     ``truncated:N`` = the target's first N layers with its norm and head (an untrained
     layer-skip draft); a draft weights directory (``verispec train draft`` output); anything
     else is a model name or path sharing the target's vocab. The draft runs on the
     target's backend, dtype and weight format."""
-    from .models.draft_checkpoint import draft_vocab, is_draft_weights, materialize, materialized_dir
-    from .models.loading import default_cache_dir
+    from .models.draft_checkpoint import draft_vocab, is_draft_weights
     from .weights import shipped_weights
 
     info = target.backend.info
@@ -129,7 +142,7 @@ def load_draft_model(target: LoadedModel, spec: str) -> CausalLM:
                              quant=target.quant)[0]
     weights = shipped_weights("draft", target.name) if spec == "shipped" else Path(spec)
     if spec == "shipped" or is_draft_weights(weights):
-        hf_dir = materialize(weights, target.hf_dir, materialized_dir(weights, target.hf_dir, default_cache_dir()))
+        hf_dir = distilled_draft_dir(target, spec)
         rows = draft_vocab(weights) if target.backend_kind == "native" else None
         return _load_backend(hf_dir, f"draft-{target.name}", info.dtype, target.backend_kind, str(info.device),
                              quant=target.quant, head_rows=rows)[0]

@@ -149,6 +149,7 @@ def train(
     lr: float = typer.Option(1e-3),
     warmup: Optional[int] = typer.Option(None, help="warm-up steps (default: min(40, steps/10))"),
     layers: Optional[str] = typer.Option(None, help="draft only: target layers to start from, e.g. 0,1,2,3"),
+    init: Optional[Path] = typer.Option(None, help="draft only: continue from these draft weights"),
     seed: int = typer.Option(0),
     resume: bool = typer.Option(False, "--resume", help="continue from out/checkpoint.pt"),
 ) -> None:
@@ -157,9 +158,14 @@ def train(
     from .train import run_train
 
     try:
-        init = tuple(int(x) for x in layers.split(",")) if layers else None
+        init_layers = None
+        if layers:
+            try:
+                init_layers = tuple(int(x) for x in layers.split(","))
+            except ValueError:
+                raise ValueError(f"--layers must be comma-separated layer indices, got {layers!r}") from None
         result = run_train(kind, model, list(data or []), out, steps, resume=resume, seed=seed, lr=lr,
-                           warmup=warmup, layers=init)
+                           warmup=warmup, layers=init_layers, init=init)
     except (ValueError, ModelError) as e:
         fail(str(e))
     print(json.dumps(result))

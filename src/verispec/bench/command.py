@@ -93,6 +93,7 @@ def _check_empty(label: str, opts: dict[str, str]) -> None:
 
 def _hf_runner(spec, opts: dict[str, str], k: int, lm, o: BenchOptions, shared: _Shared):
     from ..api import DTYPES
+    from ..models.draft_checkpoint import is_draft_weights
     from .peers import HFGenerateRunner, configure_assistant, load_hf_model
 
     dtype = DTYPES[o.dtype]
@@ -106,10 +107,19 @@ def _hf_runner(spec, opts: dict[str, str], k: int, lm, o: BenchOptions, shared: 
         ngram = _pop_int(opts, "max_ngram", 2)
         _check_empty(spec.label, opts)
         return HFGenerateRunner(spec.label, shared.hf_model, "pld", k, eos, max_ngram=ngram)
-    draft = opts.pop("model", "truncated:4")
+    from ..weights import has_shipped
+
+    draft = opts.pop("model", "shipped" if has_shipped("draft", lm.name) else "truncated:4")
     confidence = float(opts.pop("confidence", 0.4))
     _check_empty(spec.label, opts)
-    if draft.startswith("truncated:"):
+    if draft == "shipped" or is_draft_weights(draft):
+        from ..api import distilled_draft_dir
+
+        try:
+            assistant = load_hf_model(distilled_draft_dir(lm, draft), dtype)
+        except ValueError as e:
+            raise BenchError(f"{spec.label}: {e}") from None
+    elif draft.startswith("truncated:"):
         layers = _pop_int({"layers": draft.removeprefix("truncated:")}, "layers", 0)
         if layers < 1:
             raise BenchError(f"{spec.label}: truncated:N needs N >= 1")

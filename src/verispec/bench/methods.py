@@ -20,7 +20,7 @@ BASELINE = "none"  # plain decoding through our engine: the reference for speed 
 PEERS: dict[str, str] = {
     "hf-generate": "transformers generate(), plain greedy/sampling (no speculation)",
     "hf-pld": "transformers prompt lookup (prompt_lookup_num_tokens = k; option max_ngram)",
-    "hf-assisted": "transformers assisted generation (options: model=<truncated:N|name|path>, confidence)",
+    "hf-assisted": "transformers assisted generation (options: model=<shipped|truncated:N|draft weights dir|name|path>, confidence; default: the shipped distilled draft)",
     "llamacpp": "llama-cpp-python on the model's GGUF, plain decoding (extra [llamacpp])",
     "llamacpp-pld": "llama-cpp-python with LlamaPromptLookupDecoding (option max_ngram; extra [llamacpp])",
 }

@@ -63,7 +63,7 @@ class DraftModelDrafter:
         device = self.model.info.device
         ids = torch.tensor([tokens], device=device)
         pos = torch.arange(start, start + len(tokens), device=device)[None]
-        out = self.model.forward(ids, pos, state.cache)
+        out = self.model.forward(ids, pos, state.cache, last_logits_only=True)
         state.fed.extend(tokens)
         return out.logits[0, -1]
 

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 KINDS = ("eagle", "medusa", "draft")
@@ -39,18 +40,20 @@ def feature_dirs(model, data: list[str | Path], out_dir: Path, log=print) -> lis
 
 def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Path, steps: int,
               resume: bool = False, seed: int = 0, lr: float = 1e-3, progress: bool = True,
-              warmup: int | None = None, layers: tuple[int, ...] | None = None) -> dict:
+              warmup: int | None = None, layers: tuple[int, ...] | None = None,
+              init: str | Path | None = None) -> dict:
     """Train a ``kind`` drafter for ``model_name``; weights land in ``out/weights``.
     No ``data``: build the default self-distillation data in ``out/data`` first
     (``data.build_default_data``, resumable). ``layers``: the draft model's initial target
-    layers. Returns the validation metrics and final loss."""
+    layers; ``init``: draft weights to continue from (a second stage on more data). Returns
+    the validation metrics and final loss."""
     from ..api import load_model
     from .loop import TrainConfig
 
     if kind not in KINDS:
         raise ValueError(f"unknown trainable drafter {kind!r}; choose one of: {', '.join(KINDS)}")
-    if layers is not None and kind != "draft":
-        raise ValueError("layers applies to the draft model only")
+    if (layers is not None or init is not None) and kind != "draft":
+        raise ValueError("layers and init apply to the draft model only")
     out = Path(out)
     if not data:
         from .data import build_default_data
@@ -68,7 +71,9 @@ def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Pat
     elif kind == "draft":
         from .draft import DraftTrainOptions, train_draft
 
-        opts = DraftTrainOptions() if layers is None else DraftTrainOptions(init_layers=tuple(layers))
+        opts = DraftTrainOptions(init_weights=str(init) if init else None)
+        if layers is not None:
+            opts = replace(opts, init_layers=tuple(layers))
         _, result, metrics = train_draft(model.hf_dir, dirs, out, cfg, opts, resume=resume,
                                          target_name=model.name, progress=progress)
     else:

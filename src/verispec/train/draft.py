@@ -30,6 +30,7 @@ from .loop import TrainConfig, TrainResult, train
 @dataclass(frozen=True)
 class DraftTrainOptions:
     init_layers: tuple[int, ...] = (0, 1, 2, 3)  # target layers the draft's layers start from
+    init_weights: str | None = None  # or: continue from these draft weights (a second stage)
     seqs_per_step: int = 4
     max_len: int = 256  # a random window of each sequence
     draft_vocab_size: int = 16384
@@ -62,6 +63,20 @@ def init_draft(target_cfg: dict, target_state: dict[str, torch.Tensor], layers: 
         raise ValueError(f"target checkpoint lacks draft weights: {missing[:3]}")
     model.model.embed_tokens.weight.requires_grad_(False)
     return model.float()
+
+
+def load_draft_weights(model, weights_dir: str | Path) -> None:
+    """Overwrite ``model``'s layers and norm with exported draft weights (same shape)."""
+    from safetensors.torch import load_file
+
+    state = {k: v.float() for k, v in load_file(str(Path(weights_dir) / "model.safetensors")).items()
+             if k != "draft_vocab"}
+    own = model.state_dict()
+    bad = [k for k, v in state.items() if k not in own or own[k].shape != v.shape]
+    if bad or len(state) + 2 != len(own):
+        raise ValueError(f"{weights_dir} does not fit a {model.config.num_hidden_layers}-layer draft "
+                         f"(mismatched: {bad[:3] or 'layer count'})")
+    model.load_state_dict(state, strict=False)
 
 
 def _window(n: int, max_len: int, gen: torch.Generator) -> tuple[int, int]:
@@ -137,6 +152,8 @@ def train_draft(target_dir: str | Path, feature_dirs: list[str | Path], out_dir:
     vocab = choose_draft_vocab(train_set, opts.draft_vocab_size, tcfg["vocab_size"])
     torch.manual_seed(cfg.seed)
     model = init_draft(tcfg, state, opts.init_layers)
+    if opts.init_weights:
+        load_draft_weights(model, opts.init_weights)
     lm_rows = embed[vocab]
 
     def loss_fn(m, gen):
