@@ -6,6 +6,7 @@ equality, sampled distribution)."""
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import pytest
@@ -63,7 +64,7 @@ def test_materialized_checkpoint_loads_in_transformers(stories_native, stories_f
     assert hf.config.num_hidden_layers == 2
     x = features.load([stories_features]).tokens[0]
     with torch.no_grad():
-        ref = model.float()
+        ref = copy.deepcopy(model)
         for name, p in ref.named_parameters():  # the shipped layers are bfloat16, the embedding is the target's
             if "embed_tokens" not in name:
                 p.copy_(p.to(torch.bfloat16).float())

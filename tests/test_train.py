@@ -131,10 +131,13 @@ def test_cli_train_command(stories_features, tmp_path):
                                    "--steps", "2", "--layers", "0,1", "--out", str(tmp_path / "draft")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "draft" / "weights" / "model.safetensors").exists()
-    for bad_layers in ("0,9", "a"):
+    for bad, word in ((["--layers", "0,9"], "layer"), (["--layers", "a"], "layer"),
+                      (["--init", str(tmp_path / "missing")], "draft weights"),
+                      (["--init", str(tmp_path / "draft" / "weights"), "--layers", "0"], "layers"),
+                      (["--warmup", "-1"], "warmup")):
         res = CliRunner().invoke(app, ["train", "draft", "--model", "stories260k", "--data", str(stories_features),
-                                       "--steps", "2", "--layers", bad_layers, "--out", str(tmp_path / "bad")])
-        assert res.exit_code != 0 and "Traceback" not in res.output and "layer" in res.output
+                                       "--steps", "2", *bad, "--out", str(tmp_path / "bad")])
+        assert res.exit_code != 0 and "Traceback" not in res.output and word in res.output, (bad, res.output)
     bad = CliRunner().invoke(app, ["train", "nope", "--model", "stories260k", "--data", str(stories_features),
                                    "--steps", "2", "--out", str(tmp_path)])
     assert bad.exit_code == 2

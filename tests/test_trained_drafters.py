@@ -153,7 +153,7 @@ def test_medusa_sequoia_tree_is_at_least_as_good_as_sparse(trained, embed):
     for budget in (1, 4, 12):
         assert value(sequoia.paths(budget)) >= value(sparse.paths(budget)) - 1e-9
     sized = MedusaDrafter(MedusaHeads.load(trained[1]), embed, tree="sequoia", cost={n: 1.0 + n for n in (1, 2, 4)})
-    assert len(sized.paths(16)) <= 1  # verification this expensive: at most one drafted node
+    assert sized.paths(16) == []  # verifying costs 1 + n steps: no tree beats plain decoding
 
 
 # eagle-chain (draft probabilities) runs by default; the point-mass tree variants are

@@ -37,33 +37,42 @@ def save_draft(model, draft_vocab: torch.Tensor, out_dir: str | Path, meta: dict
     (out / "config.json").write_text(json.dumps(cfg, indent=2, default=str) + "\n")
 
 
+# what a checkpoint directory needs beside weights and config (tokenizer, chat template, ...)
+TARGET_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
+
+
 def materialize(weights_dir: str | Path, target_dir: str | Path, out_dir: str | Path) -> Path:
     """A complete float32 transformers checkpoint in ``out_dir``: the shipped draft weights,
-    the target's embedding (tied LM head), tokenizer and generation config. Idempotent:
-    an existing ``out_dir`` is reused (name it after the weights' content)."""
+    the target's embedding (tied LM head), tokenizer and generation config. Idempotent
+    (name ``out_dir`` after the content: ``materialized_dir``) and atomic."""
+    from safetensors import safe_open
     from safetensors.torch import load_file, save_file
+
+    from .loading import _build_atomically
 
     weights_dir, target_dir, out = Path(weights_dir), Path(target_dir), Path(out_dir)
     if (out / WEIGHTS_FILE).exists() and (out / "config.json").exists():
         return out
-    cfg = json.loads((weights_dir / "config.json").read_text())
-    state = {k: v.float() for k, v in load_file(str(weights_dir / WEIGHTS_FILE)).items() if k != "draft_vocab"}
-    target = {}
-    for f in sorted(target_dir.glob("*.safetensors")):
-        target.update(load_file(str(f)))
-    state["model.embed_tokens.weight"] = target["model.embed_tokens.weight"].float()
-    cfg["dtype"] = "float32"
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for f in target_dir.iterdir():
-        if f.is_file() and f.suffix != ".safetensors" and f.name != "config.json":
-            shutil.copy(f, tmp / f.name)
-    save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+
+    def build(tmp: Path) -> None:
+        cfg = json.loads((weights_dir / "config.json").read_text())
+        cfg["dtype"] = "float32"
+        cfg["verispec_source"] = cfg.pop("verispec", {})  # no longer a weights-only directory
+        state = {k: v.float() for k, v in load_file(str(weights_dir / WEIGHTS_FILE)).items() if k != "draft_vocab"}
+        for f in sorted(target_dir.glob("*.safetensors")):
+            with safe_open(str(f), "pt") as sf:
+                if "model.embed_tokens.weight" in sf.keys():
+                    state["model.embed_tokens.weight"] = sf.get_tensor("model.embed_tokens.weight").float()
+        if "model.embed_tokens.weight" not in state:
+            raise ValueError(f"target checkpoint {target_dir} has no model.embed_tokens.weight")
+        for name in TARGET_FILES:
+            if (target_dir / name).is_file():
+                shutil.copy(target_dir / name, tmp / name)
+        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+    return _build_atomically(out, build)
 
 
 def draft_vocab(weights_dir: str | Path) -> torch.Tensor | None:
@@ -81,10 +90,14 @@ def is_draft_weights(path: str | Path) -> bool:
 
 
 def materialized_dir(weights_dir: str | Path, target_dir: str | Path, cache_dir: str | Path) -> Path:
-    """Where ``materialize`` should write: named after the weights' and target's content."""
+    """Where ``materialize`` should write: named after the draft weights' content and the
+    target checkpoint (its path, size and modification time)."""
     import hashlib
 
-    h = hashlib.sha256(str(Path(target_dir).resolve()).encode())
+    target = Path(target_dir).resolve()
+    h = hashlib.sha256(str(target).encode())
+    for f in sorted(target.glob("*.safetensors")):
+        h.update(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode())
     with open(Path(weights_dir) / WEIGHTS_FILE, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)

@@ -204,19 +204,23 @@ def measure_cost_curve(model, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int
     a ``context``-token prefill) divided by the median time of a 1-token decode step."""
     from ..tree import DraftTree
 
+    dev = model.info.device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     cache = model.new_cache(context + max(sizes, default=0) + 1)
-    ids = torch.arange(context).remainder(model.info.vocab_size - 1).add(1)[None]
-    model.forward(ids, torch.arange(context)[None], cache, last_logits_only=True)
+    ids = torch.arange(context, device=dev).remainder(model.info.vocab_size - 1).add(1)[None]
+    model.forward(ids, torch.arange(context, device=dev)[None], cache, last_logits_only=True)
 
     def timed(n: int) -> float:
         tree = DraftTree(tuple(range(1, n + 2)), tuple(_bushy_parents(n)))
-        x = torch.tensor([tree.tokens])
-        pos = torch.tensor([tree.depths]) + context
-        mask = tree.ancestor_mask()
+        x = torch.tensor([tree.tokens], device=dev)
+        pos = torch.tensor([tree.depths], device=dev) + context
+        mask = tree.ancestor_mask(dev)
         times = []
         for _ in range(repeats + 1):  # first run = warm-up
+            sync()
             t0 = time.perf_counter()
             model.forward(x, pos, cache, tree_mask=mask)
+            sync()
             times.append(time.perf_counter() - t0)
             cache.truncate(context)
         return statistics.median(times[1:])

@@ -38,6 +38,32 @@ def feature_dirs(model, data: list[str | Path], out_dir: Path, log=print) -> lis
     return dirs
 
 
+def draft_options(model, layers: tuple[int, ...] | None, init: str | Path | None):
+    """``DraftTrainOptions`` for ``model`` (a LoadedModel), checked: layer indices exist in
+    the target; ``init`` is draft weights with as many layers (default: its layer count)."""
+    import json
+
+    from ..models.draft_checkpoint import is_draft_weights
+    from .draft import DraftTrainOptions
+
+    n_target = json.loads((model.hf_dir / "config.json").read_text())["num_hidden_layers"]
+    opts = DraftTrainOptions()
+    if layers is not None:
+        if not layers or any(not 0 <= i < n_target for i in layers):
+            raise ValueError(f"--layers must be layer indices of the target in [0, {n_target}), got {list(layers)}")
+        opts = replace(opts, init_layers=tuple(layers))
+    if init is not None:
+        if not is_draft_weights(init):
+            raise ValueError(f"--init {init} is not a draft weights directory (verispec train draft output)")
+        n_init = json.loads((Path(init) / "config.json").read_text())["num_hidden_layers"]
+        if layers is None:
+            opts = replace(opts, init_layers=tuple(range(n_init)))
+        elif len(layers) != n_init:
+            raise ValueError(f"--init {init} has {n_init} layers but --layers names {len(layers)}")
+        opts = replace(opts, init_weights=str(init))
+    return opts
+
+
 def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Path, steps: int,
               resume: bool = False, seed: int = 0, lr: float = 1e-3, progress: bool = True,
               warmup: int | None = None, layers: tuple[int, ...] | None = None,
@@ -54,12 +80,15 @@ def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Pat
         raise ValueError(f"unknown trainable drafter {kind!r}; choose one of: {', '.join(KINDS)}")
     if (layers is not None or init is not None) and kind != "draft":
         raise ValueError("layers and init apply to the draft model only")
+    if warmup is not None and not 0 <= warmup < steps:
+        raise ValueError(f"warmup must be in [0, steps={steps}), got {warmup}")
     out = Path(out)
+    model = load_model(model_name)
+    draft_opts = draft_options(model, layers, init) if kind == "draft" else None  # fail before hours of data
     if not data:
         from .data import build_default_data
 
         data = build_default_data(model_name, out / "data")
-    model = load_model(model_name)
     dirs = feature_dirs(model, data, out)
     warmup = min(40, max(1, steps // 10)) if warmup is None else warmup
     cfg = TrainConfig(steps=steps, lr=lr, seed=seed, warmup=warmup, ckpt_every=max(1, min(50, steps // 4)))
@@ -69,12 +98,9 @@ def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Pat
         _, result, metrics = train_eagle(model.hf_dir, dirs, out, cfg, resume=resume,
                                          target_name=model.name, progress=progress)
     elif kind == "draft":
-        from .draft import DraftTrainOptions, train_draft
+        from .draft import train_draft
 
-        opts = DraftTrainOptions(init_weights=str(init) if init else None)
-        if layers is not None:
-            opts = replace(opts, init_layers=tuple(layers))
-        _, result, metrics = train_draft(model.hf_dir, dirs, out, cfg, opts, resume=resume,
+        _, result, metrics = train_draft(model.hf_dir, dirs, out, cfg, draft_opts, resume=resume,
                                          target_name=model.name, progress=progress)
     else:
         from .medusa import train_medusa

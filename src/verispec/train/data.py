@@ -105,13 +105,19 @@ def main_generate(out: str, model_name: str = "smollm2-135m-instruct", gsm8k: st
     from ..api import load_model
     from .prompts import build_prompts, read_gsm8k_questions
 
-    torch.set_num_threads(threads)
-    loaded = load_model(model_name)
-    model = AutoModelForCausalLM.from_pretrained(str(loaded.hf_dir), dtype=torch.float32).eval()
     questions = read_gsm8k_questions(gsm8k, limit=n_gsm8k) if gsm8k else []
     prompts = build_prompts(questions, n_instructions, seed=seed)
-    generate_responses(model, loaded.tokenizer, prompts, out, batch_size=batch_size,
-                       max_new_tokens=max_new_tokens)
+    if not {p["id"] for p in prompts} - done_ids(Path(out)):
+        return  # every prompt is answered already
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        loaded = load_model(model_name)
+        model = AutoModelForCausalLM.from_pretrained(str(loaded.hf_dir), dtype=torch.float32).eval()
+        generate_responses(model, loaded.tokenizer, prompts, out, batch_size=batch_size,
+                           max_new_tokens=max_new_tokens)
+    finally:
+        torch.set_num_threads(saved)
 
 
 def gsm8k_reference_sequences(tokenizer, path: str | Path, first: int = 1000, last: int = 1400) -> list[list[int]]:

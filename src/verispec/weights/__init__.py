@@ -27,5 +27,6 @@ def shipped_weights(kind: str, target: str) -> Path:
     if not has_shipped(kind, target):
         have = ", ".join(f"{k} for {t}" for (k, t), n in SHIPPED.items() if (ROOT / n / "config.json").exists())
         raise ValueError(f"no shipped {kind} weights for {target!r} (shipped: {have or 'none'}); "
-                         f"train some with `verispec train {kind}` and pass weights=<dir>")
+                         f"train some with `verispec train {kind}` and pass their directory "
+                         f"({'model' if kind == 'draft' else 'weights'}=<dir>)")
     return ROOT / name
