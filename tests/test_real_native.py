@@ -16,7 +16,7 @@ from verispec.types import SamplingParams
 pytestmark = pytest.mark.real
 PARAMS = SamplingParams(max_new_tokens=40, ignore_eos=True)
 DRAFTERS = [("prompt-lookup", {}), ("prompt-lookup", {"num_candidates": "3"}), ("suffix", {}),
-            ("token-recycling", {}), ("lookahead", {}), ("draft", {"model": "truncated:4"}), ("draft", {}), ("eagle", {}),
+            ("token-recycling", {}), ("lookahead", {}), ("draft", {"model": "truncated:4"}), ("draft", {"model": "shipped"}), ("eagle", {}),
             ("medusa", {}), ("medusa", {"tree": "sequoia"})]
 
 
