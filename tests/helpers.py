@@ -51,3 +51,27 @@ def run(target, drafter, prompt, params: SamplingParams, k: int = 6, policy: str
     while not req.finished:
         engine.step(req)
     return req.generated, req.stats
+
+
+def same_first_tokens_law(target, drafter, prompt: list[int], seeds: int = 250, k: int = 3) -> float:
+    """p-value of a two-sample chi-square test: the joint law of generated tokens 2-3
+    (committed by speculative steps) with ``drafter`` vs plain sampling, each over
+    ``seeds`` seeds (disjoint); bins with fewer than 8 pooled counts are merged."""
+    from collections import Counter
+
+    from scipy.stats import chi2_contingency
+
+    from verispec.drafters.base import NoDrafter
+
+    def histogram(d, first_seed):
+        out = Counter()
+        for s in range(first_seed, first_seed + seeds):
+            ids, _ = run(target, d, prompt, SamplingParams(temperature=1.0, max_new_tokens=4, seed=s,
+                                                           ignore_eos=True), k=k)
+            out[tuple(ids[1:3])] += 1
+        return out
+
+    plain, spec = histogram(NoDrafter(), 0), histogram(drafter, 1000)
+    keys = [key for key in set(plain) | set(spec) if plain[key] + spec[key] >= 8]
+    table = [[h[key] for key in keys] + [sum(h.values()) - sum(h[key] for key in keys)] for h in (plain, spec)]
+    return chi2_contingency(table).pvalue

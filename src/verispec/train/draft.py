@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .eagle import chat_response_header, choose_draft_vocab, response_start
-from .features import FeatureSet
+from .features import FeatureSet, random_window
 from ..models.draft_checkpoint import save_draft
 from .loop import TrainConfig, TrainResult, train
 
@@ -79,13 +79,6 @@ def load_draft_weights(model, weights_dir: str | Path) -> None:
     model.load_state_dict(state, strict=False)
 
 
-def _window(n: int, max_len: int, gen: torch.Generator) -> tuple[int, int]:
-    if n <= max_len:
-        return 0, n
-    a = int(torch.randint(0, n - max_len + 1, (1,), generator=gen))
-    return a, a + max_len
-
-
 def draft_hidden(model, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
     """[L, H] post-norm hidden states of the draft over ``tokens`` at positions start..."""
     pos = torch.arange(start, start + len(tokens))[None]
@@ -99,7 +92,7 @@ def distill_loss(model, lm_rows: torch.Tensor, data: FeatureSet, opts: DraftTrai
     total, hits, n_resp = model.model.norm.weight.sum() * 0, 0, 0  # a graph even if no window is used
     picks = torch.randint(0, len(data.tokens), (opts.seqs_per_step,), generator=gen).tolist()
     for s in picks:
-        a, b = _window(len(data.tokens[s]), opts.max_len, gen)
+        a, b = random_window(len(data.tokens[s]), opts.max_len, gen)
         if b - a < 2:
             continue
         logits = draft_hidden(model, data.tokens[s][a:b], a) @ lm_rows.T  # [L, Vd]

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..drafters.eagle import EagleConfig, EagleHead
-from .features import FeatureSet
+from .features import FeatureSet, random_window
 from .loop import TrainConfig, TrainResult, train
 
 
@@ -103,13 +103,6 @@ def init_head(cfg: EagleConfig, target_state: dict[str, torch.Tensor], draft_voc
     return head
 
 
-def _window(n: int, max_len: int, gen: torch.Generator) -> tuple[int, int]:
-    if n <= max_len:
-        return 0, n
-    a = int(torch.randint(0, n - max_len + 1, (1,), generator=gen))
-    return a, a + max_len
-
-
 def eagle_loss(head: EagleHead, embed: torch.Tensor, data: FeatureSet, opts: EagleTrainOptions,
                gen: torch.Generator, vocab_index: torch.Tensor, starts: list[int] | None = None
                ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -122,7 +115,7 @@ def eagle_loss(head: EagleHead, embed: torch.Tensor, data: FeatureSet, opts: Eag
     total, feat_l, ce_l, acc, n_acc = 0.0, 0.0, 0.0, 0, 0
     picks = torch.randint(0, len(data.tokens), (opts.seqs_per_step,), generator=gen).tolist()
     for s in picks:
-        a, b = _window(len(data.tokens[s]), opts.max_len, gen)
+        a, b = random_window(len(data.tokens[s]), opts.max_len, gen)
         if b - a < 3:
             continue
         f = data.feats[s][a:b].float()  # [L, H]

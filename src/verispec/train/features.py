@@ -107,3 +107,11 @@ def load_split(dirs: list[str | Path], every: int = 10) -> tuple[FeatureSet, Fea
     out (with fewer than ``every`` sequences both are the whole set)."""
     data = load(list(dirs))
     return data.split(every=every) if len(data.tokens) >= every else (data, data)
+
+
+def random_window(n: int, max_len: int, gen: torch.Generator) -> tuple[int, int]:
+    """[a, b): a random window of at most ``max_len`` positions of an ``n``-token sequence."""
+    if n <= max_len:
+        return 0, n
+    a = int(torch.randint(0, n - max_len + 1, (1,), generator=gen))
+    return a, a + max_len
