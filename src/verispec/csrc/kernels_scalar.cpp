@@ -1,0 +1,17 @@
+// Scalar kernels: the reference every SIMD path is tested against, and the fallback for
+// CPUs without AVX2. Compiled for baseline x86-64 (fmaf is libm's correctly rounded fma).
+#include <cmath>
+#include <cstring>
+
+#include "vs.h"
+
+namespace vs {
+namespace scalar {
+#include "kernels_generic.inc"
+VS_ATTEND(score_tiles_ref, weigh_values_ref)
+}  // namespace scalar
+
+const Kernels kernels_scalar = {"scalar", scalar::matmul_ref, scalar::attend, scalar::silu_mul, scalar::quantize_row,
+                                scalar::rms_norm};
+
+}  // namespace vs

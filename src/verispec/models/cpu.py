@@ -1,0 +1,563 @@
+"""Compiled CPU runtime (``csrc/``): a whole Llama forward in one C++ call.
+
+Python keeps the orchestration (drafters, verification, caches' bookkeeping); each forward
+is one ``vs_forward`` call through ctypes, which releases the GIL. Weights stay in their
+checkpoint's precision: GGUF Q4_0 / Q4_1 / Q8_0 blocks are read from the file itself and
+repacked into 16-row panels (no fp32 copy), HF checkpoints run in fp32. Activations are
+quantized per 32-block to int8 (llama.cpp's Q8_1) for quantized weights.
+
+**Bit-exact by construction.** Every output is one fixed sequence of IEEE operations that
+depends only on the token's own inputs: products are vectorised across output rows, never
+inside a reduction; integer block dots are exact; attention reduces over the token's own
+keys (cached slots, then its root-to-node path) in that order. So a token's logits do not
+depend on the other tokens of the forward, their layout, the thread count, or the ISA
+(scalar, AVX2 and AVX-512 give the same bits). No calibration and no padding rows.
+
+ISA: chosen at run time (``VERISPEC_ISA`` = auto, avx512, avx2 or scalar forces one).
+Threads: a persistent pool, ``torch.get_num_threads()`` at load unless ``threads`` is given.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from verispec.models.base import ModelError, ModelInfo, ModelOutput
+from verispec.models.native import SUPPORTED_MODEL_TYPES, LlamaArgs, _read_safetensors, _take, rope_tables
+
+SLOT_TILE = 64  # K cache slots per transposed tile (csrc/vs.h)
+_SRC = {"f32": 0, "q4_0": 2, "q4_1": 3, "q8_0": 8}  # csrc/runtime.cpp: enum Source
+_ERR = 512
+
+
+# ----------------------------------------------------------------------------- the library
+
+
+class _Config(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in ("vocab", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn",
+                                              "max_pos")] + [("eps", ctypes.c_float)]
+
+
+_P = ctypes.POINTER
+
+
+class _Batch(ctypes.Structure):
+    _fields_ = [("T", ctypes.c_int32), ("ids", _P(ctypes.c_int32)), ("pos", _P(ctypes.c_int32)),
+                ("seq", _P(ctypes.c_int32)), ("slot", _P(ctypes.c_int32)), ("vis_off", _P(ctypes.c_int32)),
+                ("vis", _P(ctypes.c_int32)), ("n_seqs", ctypes.c_int32), ("seq_row", _P(ctypes.c_int32)),
+                ("seq_cached", _P(ctypes.c_int32)), ("kcache", _P(ctypes.c_float)), ("vcache", _P(ctypes.c_float)),
+                ("cache_rows", ctypes.c_int32), ("cache_slots", ctypes.c_int32), ("n_logits", ctypes.c_int32),
+                ("logit_tokens", _P(ctypes.c_int32)), ("logits", _P(ctypes.c_float)), ("hidden", _P(ctypes.c_float))]
+
+
+_LIB: ctypes.CDLL | None = None
+_LIB_ERROR: str | None = None
+
+
+def _load_library() -> ctypes.CDLL:
+    spec = importlib.util.find_spec("verispec._vscpu")
+    if spec is None or not spec.origin:
+        raise OSError("the compiled runtime verispec._vscpu was not built (pip install needs gcc/g++ for it)")
+    lib = ctypes.CDLL(spec.origin)
+    c_err = (ctypes.c_char_p, ctypes.c_int)
+    lib.vs_isa_name.restype = ctypes.c_char_p
+    lib.vs_isa_name.argtypes = (ctypes.c_char_p, *c_err)
+    lib.vs_model_new.restype = ctypes.c_void_p
+    lib.vs_model_new.argtypes = (_P(_Config), _P(ctypes.c_float), _P(ctypes.c_float), ctypes.c_char_p, ctypes.c_int, *c_err)
+    lib.vs_model_free.argtypes = (ctypes.c_void_p,)
+    lib.vs_model_isa.restype = ctypes.c_char_p
+    lib.vs_model_isa.argtypes = (ctypes.c_void_p,)
+    lib.vs_model_threads.argtypes = (ctypes.c_void_p,)
+    lib.vs_model_set_threads.argtypes = (ctypes.c_void_p, ctypes.c_int)
+    lib.vs_model_set.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                 ctypes.c_int, _P(ctypes.c_float), *c_err)
+    lib.vs_model_finish.argtypes = (ctypes.c_void_p, *c_err)
+    lib.vs_model_weight_bytes.restype = ctypes.c_size_t
+    lib.vs_model_weight_bytes.argtypes = (ctypes.c_void_p,)
+    lib.vs_forward.argtypes = (ctypes.c_void_p, _P(_Batch), *c_err)
+    lib.vs_cache_move.argtypes = (_P(_Config), _P(ctypes.c_float), _P(ctypes.c_float), ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_int, _P(ctypes.c_int32), ctypes.c_int, ctypes.c_int)
+    return lib
+
+
+def library() -> ctypes.CDLL:
+    """The compiled runtime, or OSError saying why it is unavailable."""
+    global _LIB, _LIB_ERROR
+    if _LIB is None and _LIB_ERROR is None:
+        try:
+            _LIB = _load_library()
+        except OSError as err:
+            _LIB_ERROR = str(err)
+    if _LIB is None:
+        raise OSError(_LIB_ERROR)
+    return _LIB
+
+
+def available() -> bool:
+    """Is the compiled runtime built? If not, say so once (the PyTorch runtime is slower)."""
+    try:
+        library()
+        return True
+    except OSError as err:
+        if not getattr(available, "_warned", False):
+            available._warned = True
+            warnings.warn(f"{err}; running the slower PyTorch runtime instead", RuntimeWarning, stacklevel=2)
+        return False
+
+
+def isa_name(want: str | None = None) -> str:
+    """The ISA the runtime would use: ``want`` or ``$VERISPEC_ISA`` or auto (widest supported)."""
+    err = ctypes.create_string_buffer(_ERR)
+    name = library().vs_isa_name(_want_isa(want), err, _ERR)
+    if name is None:
+        raise ValueError(err.value.decode())
+    return name.decode()
+
+
+def _want_isa(want: str | None) -> bytes:
+    return (want or os.environ.get("VERISPEC_ISA") or "auto").encode()
+
+
+def _ptr(t: torch.Tensor | np.ndarray, ctype=ctypes.c_int32):
+    addr = t.data_ptr() if isinstance(t, torch.Tensor) else t.ctypes.data
+    return ctypes.cast(addr, _P(ctype))
+
+
+def _i32(values) -> torch.Tensor:
+    return torch.as_tensor(values, dtype=torch.int32).contiguous()
+
+
+def _i32np(values) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype=np.int32)
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+@dataclass(frozen=True)
+class RawMatrix:
+    """A row-major weight matrix in a source format: fp32 values or GGUF blocks (uint8 [rows, bytes])."""
+
+    fmt: str  # f32, q4_0, q4_1, q8_0
+    data: np.ndarray
+    rows: int
+    cols: int
+
+    @staticmethod
+    def cat(parts: list[RawMatrix]) -> RawMatrix:
+        """Stack the rows of matrices of one format (fused QKV, gate/up)."""
+        if len({p.fmt for p in parts}) != 1 or len({p.cols for p in parts}) != 1:
+            raise ModelError(f"cannot fuse {[(p.fmt, p.cols) for p in parts]}: formats or widths differ")
+        return RawMatrix(parts[0].fmt, np.concatenate([p.data for p in parts]), sum(p.rows for p in parts), parts[0].cols)
+
+
+def _f32(t: torch.Tensor) -> RawMatrix:
+    t = t.float().contiguous()
+    return RawMatrix("f32", t.numpy(), t.shape[0], t.shape[1])
+
+
+def quantize_matrix(w: torch.Tensor, fmt: str) -> RawMatrix:
+    """fp32 [rows, cols] -> GGUF blocks of ``fmt`` (q4_0, q4_1, q8_0) through the gguf package."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    if fmt == "f32":
+        return _f32(w)
+    qtype = {"q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}[fmt]
+    return RawMatrix(fmt, quantize(w.float().numpy(), qtype), w.shape[0], w.shape[1])
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+class CpuCachePool:
+    """K/V of ``rows`` requests, fp32: k [layers, rows, kv_heads, slots/64, head_dim, 64] (64-slot
+    transposed tiles, so a token's scores read contiguous keys), v [layers, rows, kv_heads,
+    slots, head_dim]. ``torch.empty``: slots past a request's length are never read."""
+
+    def __init__(self, owner: CpuLlama, rows: int, max_length: int):
+        a = owner.args
+        if rows < 1 or not 1 <= max_length <= owner.info.max_length:
+            raise ValueError(f"cache pool: need rows >= 1 and 1 <= max_length <= {owner.info.max_length}, got {rows}, {max_length}")
+        self.owner, self.max_length = owner, max_length
+        self.slots = -(-max_length // SLOT_TILE) * SLOT_TILE
+        self.k = torch.empty(a.n_layers, rows, a.n_kv_heads, self.slots // SLOT_TILE, a.head_dim, SLOT_TILE)
+        self.v = torch.empty(a.n_layers, rows, a.n_kv_heads, self.slots, a.head_dim)
+        self._free = list(range(rows))
+
+    @property
+    def rows(self) -> int:
+        return self.k.shape[1]
+
+    def acquire(self) -> CpuCache:
+        if not self._free:
+            raise ValueError(f"cache pool: all {self.rows} rows are in use")
+        return CpuCache(self, self._free.pop(0))
+
+    def release(self, cache: CpuCache) -> None:
+        if cache.pool is not self or cache.row in self._free:
+            raise ValueError(f"cache pool: row {cache.row} is not acquired from this pool")
+        cache.truncate(0)
+        self._free.append(cache.row)
+        self._free.sort()
+
+
+class CpuCache:
+    """A request's view on one pool row. Slots ``0 .. length-1`` hold K/V in sequence order."""
+
+    def __init__(self, pool: CpuCachePool, row: int):
+        self.pool, self.row, self._length = pool, row, 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def max_length(self) -> int:
+        return self.pool.max_length
+
+    def truncate(self, new_length: int) -> int:
+        if new_length < 0:
+            raise ValueError(f"truncate: new_length must be >= 0, got {new_length}")
+        dropped = max(0, self._length - new_length)
+        self._length = min(self._length, new_length)
+        return dropped
+
+    def compact(self, src_slots: list[int], dst_start: int) -> None:
+        src = [int(s) for s in src_slots]
+        if any(b <= a for a, b in zip(src, src[1:])) or (src and (src[0] < 0 or src[-1] >= self._length)):
+            raise ValueError(f"compact: src_slots must be ascending, within [0, {self._length}), got {src}")
+        if not 0 <= dst_start <= (src[0] if src else self._length):
+            raise ValueError(f"compact: dst_start {dst_start} must be in [0, first src slot]")
+        if src and src != list(range(dst_start, dst_start + len(src))):
+            p, idx = self.pool, _i32(src)
+            library().vs_cache_move(ctypes.byref(p.owner._cfg), _ptr(p.k, ctypes.c_float), _ptr(p.v, ctypes.c_float),
+                                    p.rows, p.slots, self.row, _ptr(idx), len(src), dst_start)
+        self._length = dst_start + len(src)
+
+    def _advance(self, n: int) -> None:
+        self._length += n
+
+    def check_integrity(self) -> None:
+        assert 0 <= self._length <= self.pool.max_length, self._length
+        assert self.row not in self.pool._free, f"row {self.row} is used after release"
+
+
+# ----------------------------------------------------------------------------- model
+
+
+class CpuLlama:
+    """``CausalLM`` backend on the compiled runtime (Llama-family decoders)."""
+
+    def __init__(self, args: LlamaArgs, weights: dict, info: ModelInfo, isa: str | None = None,
+                 threads: int | None = None, quant: str = "f32"):
+        lib = library()
+        self.args, self.info, self.quant = args, info, quant
+        self._cfg = _Config(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim,
+                            args.intermediate_size, info.max_length, args.norm_eps)
+        cos, sin = (t.contiguous() for t in rope_tables(args, info.max_length, torch.device("cpu")))
+        err = ctypes.create_string_buffer(_ERR)
+        threads = threads or torch.get_num_threads()
+        handle = lib.vs_model_new(ctypes.byref(self._cfg), _ptr(cos, ctypes.c_float), _ptr(sin, ctypes.c_float),
+                                  _want_isa(isa), threads, err, _ERR)
+        if not handle:
+            raise ModelError(f"compiled runtime: {err.value.decode()}")
+        self._h = ctypes.c_void_p(handle)
+        try:
+            self._set_all(weights)
+        except BaseException:
+            lib.vs_model_free(self._h)
+            raise
+
+    def _set_all(self, weights: dict) -> None:
+        for i, layer in enumerate(weights["layers"]):
+            self._set(i, 0, layer["attn_norm"])
+            self._set(i, 1, layer["ffn_norm"])
+            for which, name in ((2, "wqkv"), (3, "wo"), (4, "w13"), (5, "w2")):
+                self._set(i, which, layer[name], layer.get(name + "_bias"))
+        self._set(-1, 6, weights["norm"])
+        if weights.get("embed") is not None:
+            self._set(-1, 7, weights["embed"])
+        self._set(-1, 8, weights["head"])
+        err = ctypes.create_string_buffer(_ERR)
+        if library().vs_model_finish(self._h, err, _ERR):
+            raise ModelError(f"compiled runtime: {err.value.decode()}")
+
+    def _set(self, layer: int, which: int, w: RawMatrix | torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        if isinstance(w, torch.Tensor):  # a norm vector
+            w = RawMatrix("f32", w.float().contiguous().numpy(), 1, w.numel())
+        data = np.ascontiguousarray(w.data)
+        b = None if bias is None else bias.float().contiguous()
+        err = ctypes.create_string_buffer(_ERR)
+        rc = library().vs_model_set(self._h, layer, which, _SRC[w.fmt], data.ctypes.data, w.rows, w.cols,
+                                    None if b is None else _ptr(b, ctypes.c_float), err, _ERR)
+        if rc:
+            raise ModelError(f"compiled runtime, layer {layer} tensor {which}: {err.value.decode()}")
+
+    def __del__(self):
+        h = getattr(self, "_h", None)
+        if h is not None and _LIB is not None:
+            _LIB.vs_model_free(h)
+            self._h = None
+
+    # ---- construction
+
+    @classmethod
+    def from_hf_dir(cls, path: str | Path, max_length: int | None = None, quant: str = "f32",
+                    gguf: str | Path | None = None, **kw) -> CpuLlama:
+        """Load an HF dir (config + safetensors), in fp32 or quantized at load to ``quant``
+        (q8_0, q4_1, q4_0); or, with ``gguf``, the weights from that GGUF file's own blocks
+        (the HF dir then only gives the config)."""
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{path} is not an HF model directory (no config.json)")
+        cfg = json.loads((path / "config.json").read_text())
+        LlamaArgs.from_hf_config(cfg)
+        if gguf is not None:
+            weights, quant = gguf_weights(Path(gguf), cfg)
+            return cls.from_weights(cfg, weights, max_length, name=cfg.get("_name_or_path") or path.name, quant=quant, **kw)
+        return cls.from_state_dict(cfg, _read_safetensors(path), max_length, quant=quant,
+                                   name=cfg.get("_name_or_path") or path.name, **kw)
+
+    @classmethod
+    def from_state_dict(cls, cfg: dict, state: dict[str, torch.Tensor], max_length: int | None = None,
+                        quant: str = "f32", name: str = "cpu-llama", **kw) -> CpuLlama:
+        """From an HF config dict and HF-named tensors; ``quant``: f32, q8_0, q4_1 or q4_0."""
+        if quant not in ("f32", "q8_0", "q4_1", "q4_0"):
+            raise ValueError(f"unknown quant {quant!r}; use f32, q8_0, q4_1 or q4_0")
+        return cls.from_weights(cfg, state_dict_weights(cfg, state, quant), max_length, name=name, quant=quant, **kw)
+
+    @classmethod
+    def from_weights(cls, cfg: dict, weights: dict, max_length: int | None, name: str, quant: str, **kw) -> CpuLlama:
+        args = LlamaArgs.from_hf_config(cfg)
+        info = ModelInfo(name=name, vocab_size=args.vocab_size, max_length=max_length or args.max_position,
+                         bos_token_id=args.bos_token_id, eos_token_ids=args.eos_token_ids, hidden_size=args.dim,
+                         dtype=torch.float32, device=torch.device("cpu"))
+        return cls(args, weights, info, quant=quant, **kw)
+
+    # ---- facts
+
+    @property
+    def isa(self) -> str:
+        return library().vs_model_isa(self._h).decode()
+
+    @property
+    def threads(self) -> int:
+        return library().vs_model_threads(self._h)
+
+    def set_threads(self, n: int) -> None:
+        if n < 1 or library().vs_model_set_threads(self._h, n):
+            raise ValueError(f"threads must be >= 1, got {n}")
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of repacked weights read per decode step (embedding rows excluded)."""
+        return int(library().vs_model_weight_bytes(self._h))
+
+    @property
+    def description(self) -> str:
+        return f"compiled CPU runtime ({self.quant}, {self.isa}, {self.threads} threads)"
+
+    # ---- caches
+
+    def new_cache(self, max_length: int | None = None) -> CpuCache:
+        return self.new_cache_pool(1, max_length).acquire()
+
+    def new_cache_pool(self, rows: int, max_length: int | None = None) -> CpuCachePool:
+        return CpuCachePool(self, rows, max_length or self.info.max_length)
+
+    # ---- forward
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: CpuCache,
+                tree_mask: torch.Tensor | None = None, want_hidden: bool = False,
+                last_logits_only: bool = False) -> ModelOutput:
+        """input_ids, positions [1, N]; tree_mask [N, N] bool or None (causal)."""
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"forward: input_ids must be [1, N], got {tuple(input_ids.shape)}")
+        masks = None if tree_mask is None else tree_mask.unsqueeze(0)
+        return self.forward_batch(input_ids, positions, [cache], masks, want_hidden, last_logits_only=last_logits_only)
+
+    def forward_batch(self, input_ids: torch.Tensor, positions: torch.Tensor, caches: list[CpuCache],
+                      tree_masks: torch.Tensor | None = None, want_hidden: bool = False,
+                      num_tokens: list[int] | None = None, last_logits_only: bool = False) -> ModelOutput:
+        """One forward over B requests of one pool. input_ids, positions [B, N]; tree_masks
+        [B, N, N] bool (True = may attend; each token must see itself and only earlier
+        tokens) or None (causal). ``num_tokens[b] <= N`` real tokens in row b (the rest is
+        padding: not run, logits zero). ``last_logits_only``: logits [B, 1, V] of each
+        row's last real token."""
+        b, n = (input_ids.shape if input_ids.dim() == 2 else (0, 0))
+        n_real = list(num_tokens) if num_tokens is not None else [n] * len(caches)
+        self._validate(input_ids, positions, caches, tree_masks, n_real)
+        # flat per-token arrays, built in numpy: small torch ops here would wake torch's
+        # OpenMP threads, which then spin on the cores the runtime's own threads need
+        ids_np, pos_np = input_ids.cpu().numpy(), positions.cpu().numpy()
+        masks_np = None if tree_masks is None else tree_masks.cpu().numpy()
+        seq, slot, vis, counts = [], [], [], []
+        for r, (cache, k) in enumerate(zip(caches, n_real)):
+            start = cache.length
+            seq.append(np.full(k, r))
+            slot.append(np.arange(start, start + k))
+            mask = np.tri(k, dtype=bool) if masks_np is None else masks_np[r, :k, :k]
+            rows_i, cols_j = np.nonzero(mask)  # row-major: each token's visible tokens, ascending
+            vis.append(cols_j + start)
+            counts.append(np.bincount(rows_i, minlength=k))
+        total = sum(n_real)
+        vis_off = np.concatenate([[0], np.cumsum(np.concatenate(counts))])
+        logit_tokens = np.cumsum(n_real) - 1 if last_logits_only else np.arange(total)
+        logits = torch.empty(len(logit_tokens), self.info.vocab_size)
+        hidden = torch.empty(total, self.args.dim) if want_hidden else None
+        pool = caches[0].pool
+        keep = [_i32np(a) for a in (np.concatenate([ids_np[r, :k] for r, k in enumerate(n_real)]),
+                                    np.concatenate([pos_np[r, :k] for r, k in enumerate(n_real)]),
+                                    np.concatenate(seq), np.concatenate(slot), vis_off, np.concatenate(vis),
+                                    [c.row for c in caches], [c.length for c in caches], logit_tokens)]
+        batch = _Batch(total, *(_ptr(t) for t in keep[:6]), len(caches), _ptr(keep[6]), _ptr(keep[7]),
+                       _ptr(pool.k, ctypes.c_float), _ptr(pool.v, ctypes.c_float), pool.rows, pool.slots,
+                       len(logit_tokens), _ptr(keep[8]), _ptr(logits, ctypes.c_float),
+                       None if hidden is None else _ptr(hidden, ctypes.c_float))
+        err = ctypes.create_string_buffer(_ERR)
+        if library().vs_forward(self._h, ctypes.byref(batch), err, _ERR):
+            raise ValueError(f"forward: {err.value.decode()}")
+        for cache, k in zip(caches, n_real):
+            cache._advance(k)
+        return ModelOutput(self._unflatten(logits, n_real, 1 if last_logits_only else n, last_logits_only),
+                           None if hidden is None else self._unflatten(hidden, n_real, n, False))
+
+    @staticmethod
+    def _unflatten(flat: torch.Tensor, n_real: list[int], n: int, last_only: bool) -> torch.Tensor:
+        """[sum(n_real) or B, X] -> [B, n, X], zero rows for padding."""
+        if last_only:
+            return flat[:, None]
+        if all(k == n for k in n_real):  # no padding: a view (a copy of [B, N, V] would wake torch's threads)
+            return flat.view(len(n_real), n, flat.shape[-1])
+        out = flat.new_zeros(len(n_real), n, flat.shape[-1])
+        offset = 0
+        for r, k in enumerate(n_real):
+            out[r, :k] = flat[offset:offset + k]
+            offset += k
+        return out
+
+    def _validate(self, ids, pos, caches, tree, n_real) -> None:
+        b, n = ids.shape if ids.dim() == 2 else (0, 0)
+        if ids.dim() != 2 or n < 1 or b != len(caches) or b < 1 or ids.is_floating_point():
+            raise ValueError(f"forward: input_ids must be integer [B={len(caches)}, N>=1], got {tuple(ids.shape)}")
+        if pos.shape != ids.shape or pos.is_floating_point():
+            raise ValueError(f"forward: positions {tuple(pos.shape)} must be integer and match input_ids {tuple(ids.shape)}")
+        if tree is not None and (tree.shape != (b, n, n) or tree.dtype != torch.bool):
+            raise ValueError(f"forward: tree_mask must be bool [N={n}, N] per row, got {tuple(tree.shape)} {tree.dtype}")
+        if len(n_real) != b or not all(1 <= k <= n for k in n_real):
+            raise ValueError(f"forward: num_tokens must be {b} values in [1, {n}], got {n_real}")
+        pool = caches[0].pool if isinstance(caches[0], CpuCache) else None
+        if pool is None or pool.owner is not self or any(not isinstance(c, CpuCache) or c.pool is not pool for c in caches):
+            raise ValueError("forward: caches must be CpuCache handles of one pool created by this model")
+        if len({c.row for c in caches}) != len(caches):
+            raise ValueError("forward: a cache row appears twice in one batch")
+        for c, k in zip(caches, n_real):
+            if c.length + k > c.max_length:
+                raise ValueError(f"forward: cache overflow: {c.length} cached + {k} new > max_length {c.max_length}")
+        if tree is not None:
+            for r, k in enumerate(n_real):
+                m = tree[r, :k, :k]
+                if not bool(m.diagonal().all()) or bool(m.triu(1).any()):
+                    raise ValueError("forward: tree_mask must let each token see itself and only earlier tokens")
+        vocab, max_pos = self.info.vocab_size, self.info.max_length
+        for r, k in enumerate(n_real):
+            if int(ids[r, :k].min()) < 0 or int(ids[r, :k].max()) >= vocab:
+                raise ValueError(f"forward: token ids must be in [0, {vocab})")
+            if int(pos[r, :k].min()) < 0 or int(pos[r, :k].max()) >= max_pos:
+                raise ValueError(f"forward: positions must be in [0, {max_pos})")
+
+
+# ----------------------------------------------------------------------------- weight sources
+
+
+def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: str) -> dict:
+    """HF-named tensors -> the runtime's fused matrices (QKV, gate/up), quantized to ``quant``."""
+    args = LlamaArgs.from_hf_config(cfg)
+    q = lambda w: quantize_matrix(w.float(), quant)  # noqa: E731
+    layers = []
+    for i in range(args.n_layers):
+        p = f"model.layers.{i}."
+        t = lambda n: _take(state, p + n)  # noqa: E731
+        layer = {"attn_norm": t("input_layernorm.weight"), "ffn_norm": t("post_attention_layernorm.weight"),
+                 "wqkv": q(torch.cat([t("self_attn.q_proj.weight"), t("self_attn.k_proj.weight"), t("self_attn.v_proj.weight")])),
+                 "wo": q(t("self_attn.o_proj.weight")),
+                 "w13": q(torch.cat([t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")])),
+                 "w2": q(t("mlp.down_proj.weight"))}
+        if p + "self_attn.q_proj.bias" in state:
+            layer["wqkv_bias"] = torch.cat([t("self_attn.q_proj.bias"), t("self_attn.k_proj.bias"), t("self_attn.v_proj.bias")])
+        layers.append(layer)
+    embed = _take(state, "model.embed_tokens.weight")
+    tied = cfg.get("tie_word_embeddings", "lm_head.weight" not in state)
+    head = embed if tied else _take(state, "lm_head.weight")
+    head_fmt = "f32" if quant == "f32" else "q8_0"  # a quantized model's head in Q8_0, as llama.cpp does
+    return {"layers": layers, "norm": _take(state, "model.norm.weight"), "head": quantize_matrix(head.float(), head_fmt),
+            "embed": None if tied else quantize_matrix(embed.float(), head_fmt)}
+
+
+_GGUF_FORMATS = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "F32": "f32"}
+
+
+def gguf_weights(path: Path, cfg: dict) -> tuple[dict, str]:
+    """The weights of a llama-architecture GGUF file as its own blocks (no dequantization).
+    Q/K rows go from GGUF's interleaved RoPE pairs to HF's rotate_half order (a row permutation)."""
+    from gguf import GGUFReader
+
+    from verispec.models.loading import rope_interleaved_to_half
+
+    args = LlamaArgs.from_hf_config(cfg)
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+
+    def raw(name: str, heads: int | None = None) -> RawMatrix:
+        if name not in tensors:
+            raise ModelError(f"{path}: missing tensor {name}")
+        t = tensors[name]
+        fmt = _GGUF_FORMATS.get(t.tensor_type.name)
+        if fmt is None:
+            raise ModelError(f"{path}: tensor {name} is {t.tensor_type.name}; the compiled runtime reads "
+                             f"{', '.join(_GGUF_FORMATS)} (use --backend native for other formats)")
+        data = np.asarray(t.data)
+        if fmt == "f32":
+            data = data.reshape(int(t.shape[1]), int(t.shape[0])) if len(t.shape) == 2 else data
+        rows = data.shape[0]
+        if heads is not None:
+            data = rope_interleaved_to_half(torch.from_numpy(np.ascontiguousarray(data)), heads).numpy()
+        return RawMatrix(fmt, np.ascontiguousarray(data), rows, int(t.shape[0]))
+
+    def vec(name: str) -> torch.Tensor:
+        if name not in tensors:
+            raise ModelError(f"{path}: missing tensor {name}")
+        return torch.from_numpy(np.array(tensors[name].data, dtype=np.float32))
+
+    layers = []
+    for i in range(args.n_layers):
+        b = f"blk.{i}."
+        layers.append({"attn_norm": vec(b + "attn_norm.weight"), "ffn_norm": vec(b + "ffn_norm.weight"),
+                       "wqkv": RawMatrix.cat([raw(b + "attn_q.weight", args.n_heads), raw(b + "attn_k.weight", args.n_kv_heads),
+                                              raw(b + "attn_v.weight")]),
+                       "wo": raw(b + "attn_output.weight"),
+                       "w13": RawMatrix.cat([raw(b + "ffn_gate.weight"), raw(b + "ffn_up.weight")]),
+                       "w2": raw(b + "ffn_down.weight")})
+    tied = "output.weight" not in tensors
+    head = raw("token_embd.weight" if tied else "output.weight")
+    formats = sorted({m.fmt for layer in layers for m in (layer["wqkv"], layer["wo"], layer["w13"], layer["w2"])})
+    return ({"layers": layers, "norm": vec("output_norm.weight"), "head": head,
+             "embed": None if tied else raw("token_embd.weight")}, "+".join(formats))
+
+
+def supports(cfg: dict) -> bool:
+    """Can the compiled runtime run this HF config? (Llama family, shapes in 32-blocks.)"""
+    try:
+        a = LlamaArgs.from_hf_config(cfg)
+    except (ModelError, KeyError, ValueError):
+        return False
+    return (cfg.get("model_type") in SUPPORTED_MODEL_TYPES and a.dim % 32 == 0 and a.intermediate_size % 32 == 0
+            and (a.n_heads * a.head_dim) % 32 == 0)
