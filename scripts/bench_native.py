@@ -1,16 +1,31 @@
-"""Benchmark the native runtime against transformers eager on SmolLM2-135M (CPU).
+"""Benchmark the CPU runtimes (compiled ``cpu``, PyTorch ``native``, transformers eager,
+llama.cpp) on SmolLM2-135M.
 
 For each configuration: prefill tok/s on a ``--context``-token prompt, then the cost of one
 forward over k new tokens at that context (k = 1 is plain decoding), reported as ms and as
 the cost curve t(k)/t(1), which is what speculative decoding pays to verify k tokens. The
-bandwidth floor is weight bytes / measured memory bandwidth (a large tensor copy).
+bandwidth floor is weight bytes / measured memory bandwidth (a large tensor copy). With
+``llamacpp`` among the configurations, each one's t(1) and prefill are also given as ratios
+to llama.cpp's.
 
     python scripts/bench_native.py                     # all configurations
-    python scripts/bench_native.py --configs native-fp32 native-int8 --reps 5
+    python scripts/bench_native.py --configs cpu cpu-avx2 native-int4 llamacpp --threads 2 --reps 5
+    python scripts/bench_native.py --synthetic-1b --threads 2 --reps 5   # cost curve of a ~1B model
     python scripts/bench_native.py --ab --threads 1 --reps 6   # invariance cost, interleaved
 
+``cpu`` runs the GGUF file's own Q4_1 blocks with the widest ISA the machine has;
+``cpu-avx2`` forces the AVX2 kernels (what an AVX2-only CPU runs). ``--synthetic-1b``: a
+random-weight Llama of ~0.85B parameters (dim 2048, 16 layers, 32/8 heads, ffn 5632,
+vocab 32000, untied head) quantized to Q4_1 at load, on
+``cpu`` and ``cpu-avx2``, to show how the verification cost curve changes with model size.
+
 Times are the minimum over ``--reps`` runs (the machine may be shared; the minimum is the
-least disturbed). Run one benchmark at a time.
+least disturbed). By default the configurations are interleaved: each rep times every
+configuration once per measurement (prefill, then each k), in an order rotated every rep,
+so they all see the same machine load; ``--sequential`` runs them one after another. Before
+each timed call the script sleeps ``--gap-ms`` so that the previous configuration's waiting
+threads (torch's OpenMP, llama.cpp's and the runtime's pools) are idle. Run one benchmark at
+a time.
 """
 
 from __future__ import annotations
@@ -18,7 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -28,9 +43,13 @@ from rich.table import Table
 from verispec.models.loading import materialize, resolve_model
 from verispec.models.native import NativeLlama
 
-KS = (1, 2, 4, 8, 16, 32)
-CONFIGS = ("hf-fp32", "hf-bf16", "native-fp32", "native-fp32-noinv", "native-bf16", "native-bf16-noinv",
-           "native-int8", "native-int8-noinv", "native-int4", "native-int4-noinv", "llamacpp")
+KS = (1, 2, 4, 8, 16)
+CONFIGS = ("cpu", "cpu-avx2", "hf-fp32", "hf-bf16", "native-fp32", "native-fp32-noinv", "native-bf16",
+           "native-bf16-noinv", "native-int8", "native-int8-noinv", "native-int4", "native-int4-noinv", "llamacpp")
+# the issue's "~1B" shape: 0.85B parameters (TinyLlama-1.1B's widths, 16 layers instead of 22, 8 kv heads)
+SYNTHETIC_1B = dict(vocab_size=32000, hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+                    num_key_value_heads=8, intermediate_size=5632, max_position_embeddings=4096,
+                    tie_word_embeddings=False, rms_norm_eps=1e-5)
 
 
 @dataclass(frozen=True)
@@ -40,6 +59,32 @@ class Result:
     prefill_tok_s: float
     ms: dict[int, float]  # k -> ms per forward of k new tokens
     weight_bytes: int
+
+
+@dataclass
+class Runner:
+    """One configuration, loaded: ``prefill()`` runs the ``ctx``-token prompt from an empty
+    cache; ``step(k)`` rolls the cache back to ``ctx`` and runs k new tokens."""
+
+    name: str
+    setup: str
+    ctx: int
+    weight_bytes: int
+    prefill: Callable[[], None]
+    step: Callable[[int], None]
+    best: dict = field(default_factory=dict)  # "prefill" or k -> min ms
+
+    def timed(self, key, fn: Callable[[], None], gap_s: float) -> None:
+        if gap_s:
+            time.sleep(gap_s)
+        t = time.perf_counter()
+        fn()
+        ms = (time.perf_counter() - t) * 1e3
+        self.best[key] = min(self.best.get(key, float("inf")), ms)
+
+    def result(self, ks) -> Result:
+        return Result(self.name, self.setup, self.ctx / self.best["prefill"] * 1e3,
+                      {k: self.best[k] for k in ks}, self.weight_bytes)
 
 
 def best_of(fn: Callable[[], None], reps: int) -> float:
@@ -61,37 +106,87 @@ def copy_bandwidth(mb: int = 512) -> float:
     return 2 * a.numel() * 4 / (ms / 1e3)
 
 
-def bench_native(path, name: str, ids: torch.Tensor, reps: int) -> Result:
+def measure(runners: list[Runner], ks, reps: int, interleave: bool, gap_s: float, console: Console) -> list[Result]:
+    """Min ms of each runner's prefill and k-token steps over ``reps``, after one warm-up of each.
+    Interleaved: each rep times every runner once per measurement, in an order rotated every
+    rep; sequential: one runner's reps after another's."""
+    def one_rep(group: list[Runner]) -> None:
+        for r in group:
+            r.timed("prefill", r.prefill, gap_s)
+        for k in ks:
+            for r in group:
+                r.timed(k, lambda: r.step(k), gap_s)
+
+    for r in runners:  # warm-up, not timed
+        r.prefill()
+        for k in ks:
+            r.step(k)
+        r.best.clear()
+    if interleave:
+        for rep in range(reps):
+            t = time.perf_counter()
+            shift = rep % len(runners)
+            one_rep(runners[shift:] + runners[:shift])
+            console.print(f"rep {rep + 1}/{reps}: {time.perf_counter() - t:.0f} s, load {os.getloadavg()[0]:.2f}")
+    else:
+        for r in runners:
+            t = time.perf_counter()
+            for _ in range(reps):
+                one_rep([r])
+            console.print(f"{r.name}: {time.perf_counter() - t:.0f} s, t(1) = {r.best[ks[0]]:.1f} ms")
+    return [r.result(ks) for r in runners]
+
+
+def native_runner(path, name: str, ids: torch.Tensor, ctx: int) -> Runner:
     dtype = torch.float32 if "fp32" in name or "int4" in name else torch.bfloat16
     quant = next((q for q in ("int8", "int4") if q in name), "none")
     model = NativeLlama.from_hf_dir(path, dtype=dtype, max_length=ids.shape[1] + 64, quant=quant,
                                     batch_invariant="noinv" not in name)
-    ctx = ids.shape[1] - max(KS)
+    return _cache_runner(model, name, ids, ctx, _native_setup(model), model.weight_bytes)
+
+
+def _native_setup(model) -> str:
+    o = model.options
+    return f"min_rows={o.min_rows} attn_min_rows={o.attn_min_rows}" if o.batch_invariant else "invariance off"
+
+
+def _cache_runner(model, name: str, ids: torch.Tensor, ctx: int, setup: str, weight_bytes: int) -> Runner:
+    """A runner for a model with ``new_cache()`` / ``cache.truncate`` (native and cpu runtimes)."""
     cache = model.new_cache()
+    prompt, prompt_pos = ids[:, :ctx], torch.arange(ctx)[None]
+    new_ids = {k: ids[:, ctx:ctx + k] for k in range(1, ids.shape[1] - ctx + 1)}
+    new_pos = {k: torch.arange(ctx, ctx + k)[None] for k in new_ids}
 
     def prefill():
         cache.truncate(0)
-        model.forward(ids[:, :ctx], torch.arange(ctx)[None], cache)
+        model.forward(prompt, prompt_pos, cache)
 
-    prefill_ms = best_of(prefill, max(1, reps // 2))
+    def step(k: int):
+        cache.truncate(ctx)
+        model.forward(new_ids[k], new_pos[k], cache)
 
-    def step(k: int) -> Callable[[], None]:
-        def run():
-            cache.truncate(ctx)
-            model.forward(ids[:, ctx:ctx + k], torch.arange(ctx, ctx + k)[None], cache)
-        return run
-
-    o = model.options
-    setup = f"min_rows={o.min_rows} attn_min_rows={o.attn_min_rows}" if o.batch_invariant else "invariance off"
-    return Result(name, setup, ctx / prefill_ms * 1e3, {k: best_of(step(k), reps) for k in KS}, model.weight_bytes)
+    return Runner(name, setup, ctx, weight_bytes, prefill, step)
 
 
-def bench_hf(path, name: str, ids: torch.Tensor, reps: int) -> Result:
+def cpu_runner(name: str, model, ids: torch.Tensor, ctx: int) -> Runner:
+    """The compiled runtime (``CpuLlama``)."""
+    return _cache_runner(model, name, ids, ctx, model.description, model.weight_bytes)
+
+
+def load_cpu(source, name: str, max_length: int, threads: int):
+    from verispec.models.cpu import CpuLlama
+
+    if source.kind != "gguf":
+        raise SystemExit(f"{name} needs a GGUF model")
+    return CpuLlama.from_hf_dir(materialize(source), gguf=source.path, max_length=max_length, threads=threads,
+                                isa="avx2" if name.endswith("avx2") else None)
+
+
+def hf_runner(path, name: str, ids: torch.Tensor, ctx: int) -> Runner:
     from transformers import DynamicCache, LlamaForCausalLM
 
     dtype = torch.float32 if "fp32" in name else torch.bfloat16
     model = LlamaForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    ctx = ids.shape[1] - max(KS)
     state = {}
 
     @torch.inference_mode()
@@ -99,23 +194,19 @@ def bench_hf(path, name: str, ids: torch.Tensor, reps: int) -> Result:
         state["cache"] = DynamicCache(config=model.config)
         model(ids[:, :ctx], past_key_values=state["cache"], use_cache=True)
 
-    prefill_ms = best_of(prefill, max(1, reps // 2))
-
-    def step(k: int) -> Callable[[], None]:
-        @torch.inference_mode()
-        def run():
-            extra = state["cache"].get_seq_length() - ctx
-            if extra:
-                state["cache"].crop(-extra)  # transformers 5: a negative count drops that many tokens
-            model(ids[:, ctx:ctx + k], past_key_values=state["cache"], use_cache=True,
-                  position_ids=torch.arange(ctx, ctx + k)[None])
-        return run
+    @torch.inference_mode()
+    def step(k: int):
+        extra = state["cache"].get_seq_length() - ctx
+        if extra:
+            state["cache"].crop(-extra)  # transformers 5: a negative count drops that many tokens
+        model(ids[:, ctx:ctx + k], past_key_values=state["cache"], use_cache=True,
+              position_ids=torch.arange(ctx, ctx + k)[None])
 
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied embedding counted once
-    return Result(name, "eager, DynamicCache", ctx / prefill_ms * 1e3, {k: best_of(step(k), reps) for k in KS}, nbytes)
+    return Runner(name, "eager, DynamicCache", ctx, nbytes, prefill, step)
 
 
-def bench_llamacpp(source, name: str, ids: torch.Tensor, reps: int, threads: int) -> Result:
+def llamacpp_runner(source, name: str, ids: torch.Tensor, ctx: int, threads: int) -> Runner:
     """llama.cpp (llama-cpp-python) on the same GGUF file: ``eval`` of k tokens after
     rolling ``n_tokens`` back (it drops the KV entries past it), logits for every token as a
     speculative verifier needs (``logits_all``)."""
@@ -126,27 +217,54 @@ def bench_llamacpp(source, name: str, ids: torch.Tensor, reps: int, threads: int
     llm = Llama(model_path=str(source.path), n_ctx=ids.shape[1] + 64, n_threads=threads, n_threads_batch=threads,
                 logits_all=True, verbose=False)
     toks = ids[0].tolist()
-    ctx = ids.shape[1] - max(KS)
 
     def prefill():
         llm.reset()
         llm.eval(toks[:ctx])
 
-    prefill_ms = best_of(prefill, max(1, reps // 2))
+    def step(k: int):
+        llm.n_tokens = ctx
+        llm.eval(toks[ctx:ctx + k])
 
-    def step(k: int) -> Callable[[], None]:
-        def run():
-            llm.n_tokens = ctx
-            llm.eval(toks[ctx:ctx + k])
-        return run
-
-    return Result(name, f"llama-cpp-python, {source.path.name}", ctx / prefill_ms * 1e3,
-                  {k: best_of(step(k), reps) for k in KS}, source.path.stat().st_size)
+    return Runner(name, f"llama-cpp-python, {source.path.name}", ctx, prefill=prefill, step=step,
+                  weight_bytes=source.path.stat().st_size)
 
 
-def ab_invariance(path, ids: torch.Tensor, rounds: int, console: Console) -> None:
+def synthetic_1b(ids_len: int, threads: int):
+    """A random-weight Llama of ~0.85B parameters (``SYNTHETIC_1B``), quantized to Q4_1 once
+    and loaded twice: the widest ISA and forced AVX2. Built tensor by tensor (fp32 peak ~3.5 GB)."""
+    from transformers import LlamaConfig
+
+    from verispec.models.cpu import CpuLlama, state_dict_weights
+
+    cfg = LlamaConfig(**SYNTHETIC_1B).to_dict()
+    g = torch.Generator().manual_seed(0)
+    dim, ffn, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv = cfg["num_key_value_heads"] * hd
+    shapes = {"self_attn.q_proj.weight": (dim, dim), "self_attn.k_proj.weight": (kv, dim),
+              "self_attn.v_proj.weight": (kv, dim), "self_attn.o_proj.weight": (dim, dim),
+              "mlp.gate_proj.weight": (ffn, dim), "mlp.up_proj.weight": (ffn, dim), "mlp.down_proj.weight": (dim, ffn)}
+    state = {"model.embed_tokens.weight": torch.randn(cfg["vocab_size"], dim, generator=g) * 0.02,
+             "lm_head.weight": torch.randn(cfg["vocab_size"], dim, generator=g) * 0.02,
+             "model.norm.weight": torch.ones(dim)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for n, shape in shapes.items():
+            state[p + n] = torch.randn(*shape, generator=g) * 0.02
+        state[p + "input_layernorm.weight"] = torch.ones(dim)
+        state[p + "post_attention_layernorm.weight"] = torch.ones(dim)
+    params = sum(t.numel() for t in state.values())
+    weights = state_dict_weights(cfg, state, "q4_1")
+    del state
+    kw = dict(max_length=ids_len + 64, name="synthetic-1b", quant="q4_1", threads=threads)
+    models = {"cpu": CpuLlama.from_weights(cfg, weights, isa=None, **kw),
+              "cpu-avx2": CpuLlama.from_weights(cfg, weights, isa="avx2", **kw)}
+    return models, params, cfg["vocab_size"]
+
+
+def ab_invariance(path, ids: torch.Tensor, ctx: int, rounds: int, console: Console) -> None:
     """Invariance on vs off, interleaved round by round so both see the same machine load."""
-    ctx, ks = ids.shape[1] - max(KS), (1, 4, 8, 16)
+    ks = (1, 4, 8, 16)
     models = {}
     for name, dtype, quant in (("fp32", torch.float32, "none"), ("int8", torch.bfloat16, "int8"),
                                ("bf16", torch.bfloat16, "none")):
@@ -173,22 +291,52 @@ def ab_invariance(path, ids: torch.Tensor, rounds: int, console: Console) -> Non
     console.print(table)
 
 
-def render(results: list[Result], bandwidth: float, console: Console) -> None:
-    table = Table(title=f"SmolLM2-135M, {torch.get_num_threads()} threads, copy bandwidth {bandwidth / 1e9:.1f} GB/s")
-    for col in ("config", "setup", "ms/step", "tok/s", *(f"t({k})/t(1)" for k in KS[1:]), "prefill tok/s", "floor ms"):
+def markdown(results: list[Result]) -> str:
+    """The same numbers as ``render``, as markdown tables (for docs)."""
+    ks = list(results[0].ms)
+    peer = next((r for r in results if r.name == "llamacpp"), None)
+    row = lambda cells: "| " + " | ".join(cells) + " |"  # noqa: E731
+    head = ["config", *(f"t({k}) ms" for k in ks), *(f"t({k})/t(1)" for k in ks[1:]), "prefill tok/s"]
+    lines = [row(head), row(["---"] + ["---:"] * (len(head) - 1))]
+    for r in results:
+        lines.append(row([r.name, *(f"{r.ms[k]:.2f}" for k in ks), *(f"{r.ms[k] / r.ms[1]:.2f}" for k in ks[1:]),
+                          f"{r.prefill_tok_s:.0f}"]))
+    if peer is not None:
+        head = ["config", *(f"t({k}) / llama.cpp" for k in ks), "prefill / llama.cpp"]
+        lines += ["", row(head), row(["---"] + ["---:"] * (len(head) - 1))]
+        for r in results:
+            lines.append(row([r.name, *(f"{r.ms[k] / peer.ms[k]:.2f}" for k in ks),
+                              f"{r.prefill_tok_s / peer.prefill_tok_s:.2f}"]))
+    return "\n".join(lines)
+
+
+def render(results: list[Result], bandwidth: float, console: Console, title: str) -> None:
+    ks = list(results[0].ms)
+    table = Table(title=f"{title}, {torch.get_num_threads()} threads, copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    for col in ("config", "setup", "ms/step", "tok/s", *(f"t({k})/t(1)" for k in ks[1:]), "prefill tok/s", "floor ms"):
         table.add_column(col, justify="left" if col in ("config", "setup") else "right")
     for r in results:
         t1 = r.ms[1]
-        table.add_row(r.name, r.setup, f"{t1:.1f}", f"{1e3 / t1:.1f}", *(f"{r.ms[k] / t1:.2f}" for k in KS[1:]),
-                      f"{r.prefill_tok_s:.0f}", f"{r.weight_bytes / bandwidth * 1e3:.1f}")
+        table.add_row(r.name, r.setup, f"{t1:.2f}", f"{1e3 / t1:.1f}", *(f"{r.ms[k] / t1:.2f}" for k in ks[1:]),
+                      f"{r.prefill_tok_s:.0f}", f"{r.weight_bytes / bandwidth * 1e3:.2f}")
     console.print(table)
-    ms = Table(title="ms per forward of k new tokens")
+    ms = Table(title="ms per forward of k new tokens (min over reps)")
     ms.add_column("config")
-    for k in KS:
+    for k in ks:
         ms.add_column(f"k={k}", justify="right")
     for r in results:
-        ms.add_row(r.name, *(f"{r.ms[k]:.1f}" for k in KS))
+        ms.add_row(r.name, *(f"{r.ms[k]:.2f}" for k in ks))
     console.print(ms)
+    peer = next((r for r in results if r.name == "llamacpp"), None)
+    if peer is None:
+        return
+    vs = Table(title="vs llama.cpp (same GGUF, same threads): t(1) ratio < 1 and prefill ratio > 1 are better")
+    for col in ("config", "t(1) / llama.cpp t(1)", *(f"t({k}) / llama.cpp t({k})" for k in ks[1:]),
+                "prefill / llama.cpp prefill"):
+        vs.add_column(col, justify="left" if col == "config" else "right")
+    for r in results:
+        vs.add_row(r.name, *(f"{r.ms[k] / peer.ms[k]:.2f}" for k in ks), f"{r.prefill_tok_s / peer.prefill_tok_s:.2f}")
+    console.print(vs)
 
 
 def main() -> None:
@@ -196,29 +344,59 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
     ap.add_argument("--context", type=int, default=512, help="prompt length (prefill) and decode position")
+    ap.add_argument("--ks", type=int, nargs="+", default=list(KS), help="new tokens per forward (must include 1)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--sequential", action="store_true", help="one configuration after another (default: interleaved)")
+    ap.add_argument("--gap-ms", type=float, default=10.0, help="sleep before each timed call (other pools go idle)")
+    ap.add_argument("--synthetic-1b", action="store_true",
+                    help="only the cost curve of a random ~0.85B Llama in Q4_1 on cpu and cpu-avx2")
     ap.add_argument("--ab", action="store_true", help="only the interleaved invariance on/off comparison")
+    ap.add_argument("--markdown", action="store_true", help="also print the tables as markdown")
     args = ap.parse_args()
+    ks = sorted(set(args.ks))
+    if ks[0] != 1:
+        ap.error("--ks must include 1 (the cost curve is relative to t(1))")
     torch.set_num_threads(args.threads)
-    console = Console()
-    path = materialize(resolve_model(args.model))
-    ids = torch.randint(0, 49152, (1, args.context + max(KS)), generator=torch.Generator().manual_seed(0))
+    console = Console(width=200)
+    ctx = args.context
     bandwidth = copy_bandwidth()
-    console.print(f"load average {os.getloadavg()[0]:.1f}; model dir {path}")
-    if args.ab:
-        ab_invariance(path, ids, args.reps, console)
+    console.print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+                  f"{'sequential' if args.sequential else 'interleaved'}, {args.reps} reps, gap {args.gap_ms:g} ms")
+    gap_s = args.gap_ms / 1e3
+    if args.synthetic_1b:
+        models, params, vocab = synthetic_1b(ctx + max(ks), args.threads)
+        ids = torch.randint(0, vocab, (1, ctx + max(ks)), generator=torch.Generator().manual_seed(0))
+        console.print(f"synthetic Llama: {params / 1e9:.2f} B parameters, Q4_1 (head Q8_0)")
+        runners = [cpu_runner(name, m, ids, ctx) for name, m in models.items()]
+        results = measure(runners, ks, args.reps, not args.sequential, gap_s, console)
+        render(results, bandwidth, console, f"synthetic {params / 1e9:.2f} B Llama (Q4_1), context {ctx}")
+        if args.markdown:
+            print(markdown(results))
         return
-    results = []
+    source = resolve_model(args.model)
+    path = materialize(source)
+    ids = torch.randint(0, 49152, (1, ctx + max(*ks, 16)), generator=torch.Generator().manual_seed(0))
+    console.print(f"model dir {path}")
+    if args.ab:
+        ab_invariance(path, ids, ctx, args.reps, console)
+        return
+    runners = []
     for name in args.configs:
         t = time.perf_counter()
         if name == "llamacpp":
-            results.append(bench_llamacpp(resolve_model(args.model), name, ids, args.reps, args.threads))
+            runners.append(llamacpp_runner(source, name, ids, ctx, args.threads))
+        elif name.startswith("cpu"):
+            runners.append(cpu_runner(name, load_cpu(source, name, ids.shape[1] + 64, args.threads), ids, ctx))
+        elif name.startswith("hf"):
+            runners.append(hf_runner(path, name, ids, ctx))
         else:
-            bench = bench_hf if name.startswith("hf") else bench_native
-            results.append(bench(path, name, ids, args.reps))
-        console.print(f"{name}: done in {time.perf_counter() - t:.0f} s, t(1) = {results[-1].ms[1]:.1f} ms")
-    render(results, bandwidth, console)
+            runners.append(native_runner(path, name, ids, ctx))
+        console.print(f"{name}: loaded in {time.perf_counter() - t:.1f} s ({runners[-1].setup})")
+    results = measure(runners, ks, args.reps, not args.sequential, gap_s, console)
+    render(results, bandwidth, console, f"{args.model}, context {ctx}")
+    if args.markdown:
+        print(markdown(results))
 
 
 if __name__ == "__main__":
