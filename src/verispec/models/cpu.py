@@ -261,6 +261,7 @@ class CpuLlama:
                  threads: int | None = None, quant: str = "f32"):
         lib = library()
         self.args, self.info, self.quant = args, info, quant
+        self.gguf_path: Path | None = None
         self._cfg = _Config(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim,
                             args.intermediate_size, info.max_length, args.norm_eps)
         cos, sin = (t.contiguous() for t in rope_tables(args, info.max_length, torch.device("cpu")))
@@ -312,20 +313,26 @@ class CpuLlama:
 
     @classmethod
     def from_hf_dir(cls, path: str | Path, max_length: int | None = None, quant: str = "f32",
-                    gguf: str | Path | None = None, **kw) -> CpuLlama:
+                    gguf: str | Path | None = None, num_layers: int | None = None, **kw) -> CpuLlama:
         """Load an HF dir (config + safetensors), in fp32 or quantized at load to ``quant``
         (q8_0, q4_1, q4_0); or, with ``gguf``, the weights from that GGUF file's own blocks
-        (the HF dir then only gives the config)."""
+        (the HF dir then only gives the config). ``num_layers``: keep the first layers."""
         path = Path(path)
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} is not an HF model directory (no config.json)")
         cfg = json.loads((path / "config.json").read_text())
         LlamaArgs.from_hf_config(cfg)
+        name = cfg.get("_name_or_path") or path.name
+        if num_layers is not None:  # the first layers only: a truncated self-drafter
+            if not 1 <= num_layers <= cfg["num_hidden_layers"]:
+                raise ValueError(f"num_layers must be in [1, {cfg['num_hidden_layers']}], got {num_layers}")
+            cfg, name = {**cfg, "num_hidden_layers": num_layers}, f"{name}[:{num_layers}]"
         if gguf is not None:
             weights, quant = gguf_weights(Path(gguf), cfg)
-            return cls.from_weights(cfg, weights, max_length, name=cfg.get("_name_or_path") or path.name, quant=quant, **kw)
-        return cls.from_state_dict(cfg, _read_safetensors(path), max_length, quant=quant,
-                                   name=cfg.get("_name_or_path") or path.name, **kw)
+            model = cls.from_weights(cfg, weights, max_length, name=name, quant=quant, **kw)
+            model.gguf_path = Path(gguf)
+            return model
+        return cls.from_state_dict(cfg, _read_safetensors(path), max_length, quant=quant, name=name, **kw)
 
     @classmethod
     def from_state_dict(cls, cfg: dict, state: dict[str, torch.Tensor], max_length: int | None = None,
@@ -529,7 +536,7 @@ def gguf_weights(path: Path, cfg: dict) -> tuple[dict, str]:
             data = data.reshape(int(t.shape[1]), int(t.shape[0])) if len(t.shape) == 2 else data
         rows = data.shape[0]
         if heads is not None:
-            data = rope_interleaved_to_half(torch.from_numpy(np.ascontiguousarray(data)), heads).numpy()
+            data = rope_interleaved_to_half(torch.from_numpy(np.array(data)), heads).numpy()
         return RawMatrix(fmt, np.ascontiguousarray(data), rows, int(t.shape[0]))
 
     def vec(name: str) -> torch.Tensor:
