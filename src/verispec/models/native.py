@@ -27,10 +27,13 @@ than in sequential decoding (holes for siblings), which changes the reduction or
 With ``batch_invariant=True`` (default):
 
 1. Every decode/verify forward (N <= ``max_rows``) is padded with dummy rows to at least
-   ``min_rows`` rows. ``min_rows`` is calibrated at load time on the model's own weights
-   (``calibrate_min_rows``): the smallest m such that every row count in [m, max_rows]
-   gives bitwise-equal rows and a row's result does not depend on its index. It is valid
-   for one torch thread count; the model recalibrates if that changes.
+   ``min_rows`` rows. ``min_rows`` is calibrated at load time on the model's own weights at
+   their full shapes (``calibrate_min_rows``): the smallest m such that, for every row count
+   in [m, max_rows], every row is bitwise equal to the same row of a ``max_rows``-row forward
+   and does not depend on its index. It is valid for one torch thread count and one CPU ISA
+   (oneDNN's AVX-512-BF16 GEMV differs from its GEMM at K=1536; its AVX2 path does not); the
+   model recalibrates if the thread count changes. ``model.exactness`` reports the outcome:
+   where no padding helps, invariance is switched off with the reason (never a silent claim).
 2. Attention (``invariant_attention``, fp32) cuts keys into fixed ``attn_chunk``-slot
    chunks. Chunks holding only cached slots are shared by all rows; the tail chunks are
    laid out per new token exactly as sequential decoding would see them (cached slots, then
@@ -40,8 +43,8 @@ With ``batch_invariant=True`` (default):
    result does not change when zero chunks are appended.
 3. RMSNorm, RoPE and the MLP are row-local; logits are computed for all padded rows.
 
-Cost: the padded rows (on this AVX2 CPU fp32 pays for >= 12 rows with 2 threads, bf16 and
-int8 kernels are row-invariant and pay nothing) and the per-token tail gather (small).
+Cost: the padded rows (2 threads: fp32 pays for >= 12 rows on AVX2 and AVX-512, bf16 for 2
+on AVX-512-BF16 and 1 on AVX2, int8/int4 for 1; docs/native.md has the per-ISA table) and the per-token tail gather (small).
 Forwards of more than ``max_rows`` tokens (prefill) take the fast path (no padding, SDPA
 over the exact window). Plain and speculative decoding share the same prefill, and with the
 engine's invariant ``cache.length == len(committed) - 1`` the first decode step (root token
