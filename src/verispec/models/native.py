@@ -44,7 +44,8 @@ With ``batch_invariant=True`` (default):
 3. RMSNorm, RoPE and the MLP are row-local; logits are computed for all padded rows.
 
 Cost: the padded rows (2 threads: fp32 pays for >= 12 rows on AVX2 and AVX-512, bf16 for 2
-on AVX-512-BF16 and 1 on AVX2, int8/int4 for 1; docs/native.md has the per-ISA table) and the per-token tail gather (small).
+on AVX-512-BF16 and 1 on AVX2, int8/int4 for 1; docs/native.md has the per-ISA table) and
+the per-token tail gather (small).
 Forwards of more than ``max_rows`` tokens (prefill) take the fast path (no padding, SDPA
 over the exact window). Plain and speculative decoding share the same prefill, and with the
 engine's invariant ``cache.length == len(committed) - 1`` the first decode step (root token
