@@ -36,6 +36,14 @@ def test_stories_prompt_lookup_matches_golden_and_reports_stats():
     assert out["stats"]["target_forwards"] < 200 and out["stats"]["tau"] > 1.0
 
 
+@pytest.mark.parametrize("backend,exact,needle", [("native", True, "row-invariant"), ("hf", False, "transformers")])
+def test_json_reports_whether_output_is_bit_exact(backend, exact, needle):
+    r = invoke("generate", "--model", "stories260k", "--backend", backend, "-n", "8", "--json", "")
+    assert r.exit_code == 0, r.output
+    stats = json.loads(r.stdout)["stats"]
+    assert stats["bit_exact"] is exact and needle in stats["bit_exact_reason"]
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--temperature", "-1"], "temperature"),
     (["--top-p", "0"], "top_p"),

@@ -39,6 +39,7 @@ def plain(smollm, prompts):
 def test_default_is_native_int4(smollm):
     assert (smollm.backend_kind, smollm.quant) == ("native", "int4")
     assert smollm.backend.options.batch_invariant
+    assert smollm.backend.exactness.bit_exact, smollm.backend.exactness.reason
 
 
 @pytest.mark.parametrize("name,opts", DRAFTERS, ids=["-".join([n, *(f"{k}={v}" for k, v in o.items())]) for n, o in DRAFTERS])

@@ -52,7 +52,8 @@ def peak_rss_mb() -> float:
 def stats_table(stats: dict) -> Table:
     table = Table(title="speculation statistics", show_header=False)
     for key in ("new_tokens", "target_forwards", "steps", "drafted", "accepted", "tau", "alpha",
-                "tokens_per_second", "prefill_s", "decode_s", "peak_rss_mb", "backend"):
+                "tokens_per_second", "prefill_s", "decode_s", "peak_rss_mb", "backend", "bit_exact",
+                "bit_exact_reason"):
         table.add_row(key, str(stats.get(key)))
     ppa = stats.get("per_position_acceptance") or []
     table.add_row("per_position_acceptance", " ".join(f"{x:.2f}" for x in ppa[:12]))
@@ -84,7 +85,7 @@ def generate(
 ) -> None:
     """Generate text with speculative decoding and print speculation statistics."""
     from .api import SpecDecoder, load_model
-    from .models.base import ModelError
+    from .models.base import ModelError, exactness_of
     from .types import SamplingParams
 
     from .registry import ALIASES, DRAFTERS
@@ -109,6 +110,8 @@ def generate(
     stats = chunks[-1].stats.as_dict() | {"peak_rss_mb": round(peak_rss_mb(), 1)}
     stats["drafter_memory_bytes"] = dec.drafter.memory_bytes()
     stats["backend"] = getattr(lm.backend, "description", lm.backend_kind)
+    exact = exactness_of(lm.backend)  # greedy output == plain decoding, bit for bit, on this machine?
+    stats |= {"bit_exact": exact.bit_exact, "bit_exact_reason": exact.reason}
     if as_json:
         print(json.dumps({"text": out_text, "token_ids": ids, "finish_reason": chunks[-1].finished,
                           "model": lm.name, "drafter": dec.drafter.name, "stats": stats}))

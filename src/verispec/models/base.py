@@ -39,6 +39,26 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class Exactness:
+    """Is a backend's speculative greedy output bit-identical to plain decoding here, and why
+    (not)? Backends measure this on the machine they run on (kernels differ per CPU ISA);
+    the CLI reports it next to the speculation statistics so no claim is silent."""
+
+    bit_exact: bool
+    reason: str
+
+
+NOT_CLAIMED = Exactness(False, "this backend does not claim batch invariance: logits may differ in the last "
+                               "bits between forwards of different sizes, so a near-tie can flip a token")
+
+
+def exactness_of(model: object) -> Exactness:
+    """The backend's own ``exactness`` attribute, or ``NOT_CLAIMED``."""
+    ex = getattr(model, "exactness", None)
+    return ex if isinstance(ex, Exactness) else NOT_CLAIMED
+
+
+@dataclass(frozen=True)
 class ModelOutput:
     logits: torch.Tensor  # [B, N, V] float32
     hidden: torch.Tensor | None  # [B, N, H] last hidden state (after final norm), if asked

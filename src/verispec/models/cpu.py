@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from verispec.models.base import ModelError, ModelInfo, ModelOutput
+from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput
 from verispec.models.native import SUPPORTED_MODEL_TYPES, LlamaArgs, _read_safetensors, _take, rope_tables
 
 SLOT_TILE = 64  # K cache slots per transposed tile (csrc/vs.h)
@@ -368,6 +368,11 @@ class CpuLlama:
     def weight_bytes(self) -> int:
         """Bytes of repacked weights read per decode step (embedding rows excluded)."""
         return int(library().vs_model_weight_bytes(self._h))
+
+    @property
+    def exactness(self) -> Exactness:
+        """Always bit-exact: one fixed reduction order per output (module docstring), tested bitwise."""
+        return Exactness(True, f"compiled CPU runtime ({self.isa}): fixed reduction order per token, by construction")
 
     @property
     def description(self) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from .base import ModelError, ModelInfo, ModelOutput
+from .base import Exactness, ModelError, ModelInfo, ModelOutput
 
 
 class HFCache:
@@ -63,6 +63,9 @@ class HFCausalLM:
             dtype=param.dtype,
             device=param.device,
         )
+        self.exactness = Exactness(False, "transformers backend: its kernels are not batch-invariant (a "
+                                          "multi-token verify forward may round differently from one-token "
+                                          "decoding); use the native backend for bit-exact output")
 
     @classmethod
     def from_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32,

@@ -27,10 +27,13 @@ than in sequential decoding (holes for siblings), which changes the reduction or
 With ``batch_invariant=True`` (default):
 
 1. Every decode/verify forward (N <= ``max_rows``) is padded with dummy rows to at least
-   ``min_rows`` rows. ``min_rows`` is calibrated at load time on the model's own weights
-   (``calibrate_min_rows``): the smallest m such that every row count in [m, max_rows]
-   gives bitwise-equal rows and a row's result does not depend on its index. It is valid
-   for one torch thread count; the model recalibrates if that changes.
+   ``min_rows`` rows. ``min_rows`` is calibrated at load time on the model's own weights at
+   their full shapes (``calibrate_min_rows``): the smallest m such that, for every row count
+   in [m, max_rows], every row is bitwise equal to the same row of a ``max_rows``-row forward
+   and does not depend on its index. It is valid for one torch thread count and one CPU ISA
+   (oneDNN's AVX-512-BF16 GEMV differs from its GEMM at K=1536; its AVX2 path does not); the
+   model recalibrates if the thread count changes. ``model.exactness`` reports the outcome:
+   where no padding helps, invariance is switched off with the reason (never a silent claim).
 2. Attention (``invariant_attention``, fp32) cuts keys into fixed ``attn_chunk``-slot
    chunks. Chunks holding only cached slots are shared by all rows; the tail chunks are
    laid out per new token exactly as sequential decoding would see them (cached slots, then
@@ -40,8 +43,9 @@ With ``batch_invariant=True`` (default):
    result does not change when zero chunks are appended.
 3. RMSNorm, RoPE and the MLP are row-local; logits are computed for all padded rows.
 
-Cost: the padded rows (on this AVX2 CPU fp32 pays for >= 12 rows with 2 threads, bf16 and
-int8 kernels are row-invariant and pay nothing) and the per-token tail gather (small).
+Cost: the padded rows (2 threads: fp32 pays for >= 12 rows on AVX2 and AVX-512, bf16 for 2
+on AVX-512-BF16 and 1 on AVX2, int8/int4 for 1; docs/native.md has the per-ISA table) and
+the per-token tail gather (small).
 Forwards of more than ``max_rows`` tokens (prefill) take the fast path (no padding, SDPA
 over the exact window). Plain and speculative decoding share the same prefill, and with the
 engine's invariant ``cache.length == len(committed) - 1`` the first decode step (root token
@@ -53,6 +57,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Literal
@@ -60,7 +65,7 @@ from typing import Callable, Literal
 import torch
 import torch.nn.functional as F
 
-from verispec.models.base import ModelError, ModelInfo, ModelOutput
+from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput
 from verispec.models.quant import QuantWeight, quant_linear, quantize_int4, quantize_int8
 
 Weight = torch.Tensor | QuantWeight
@@ -592,12 +597,26 @@ class NativeLlama:
         return cls(args, embed, layers, prep(_take(state, "model.norm.weight")), lm_head, options, info, head_rows)
 
     def _resolve_options(self, opts: NativeOptions) -> NativeOptions:
+        """Fill the padding sizes and ``self.exactness``: bit-exact only when this machine's
+        kernels were measured invariant under that padding (``_calibrate``)."""
         if not opts.batch_invariant:
+            self.exactness = Exactness(False, "batch_invariant=False: every forward takes the fast path, whose "
+                                              "rows round differently for different forward sizes")
             return replace(opts, min_rows=1, attn_min_rows=1)
         if opts.min_rows is not None and not 1 <= opts.min_rows <= opts.max_rows:
             raise ValueError(f"min_rows must be in [1, max_rows={opts.max_rows}], got {opts.min_rows}")
-        if opts.min_rows is None or opts.attn_min_rows is None:
-            return self._calibrate(opts)
+        if opts.min_rows is not None and opts.attn_min_rows is not None:
+            self.exactness = Exactness(False, f"min_rows={opts.min_rows}, attn_min_rows={opts.attn_min_rows} "
+                                              "were set by the caller, not calibrated: invariance is not verified")
+            return opts
+        try:
+            opts = self._calibrate(opts)
+        except NotInvariant as err:  # no padding helps: run fast, say so
+            self.exactness = Exactness(False, str(err))
+            return replace(opts, batch_invariant=False, min_rows=1, attn_min_rows=1)
+        self.exactness = Exactness(True, f"every kernel measured row-invariant on {cpu_isa()} with "
+                                         f"{opts.calibrated_threads} threads when padded to {opts.min_rows} rows "
+                                         f"(attention: {opts.attn_min_rows})")
         return opts
 
     def _check_threads(self) -> None:
@@ -607,13 +626,15 @@ class NativeLlama:
             self.options = self._resolve_options(self._requested)
 
     def _calibrate(self, opts: NativeOptions) -> NativeOptions:
-        """Fill ``min_rows`` / ``attn_min_rows`` for this device, dtype and weights (module docstring)."""
+        """Fill ``min_rows`` / ``attn_min_rows`` by measuring, at their full shapes, every
+        kernel the invariant path runs (module docstring). Raises NotInvariant."""
         a, first, dev = self.args, self.layers[0], self.info.device
         if opts.min_rows is None:
-            probes = [RowProbe(name, lambda x, w=_row_slice(w, 256): linear(x, w), w.shape[1], opts.dtype)
+            probes = [RowProbe(name, lambda x, w=w: linear(x, w), w.shape[1], opts.dtype, _kernel_key(w))
                       for name, w in [("wqkv", first.wqkv), ("wo", first.wo), ("w13", first.w13),
                                       ("w2", first.w2), ("lm_head", self.lm_head)]]
-            probes.append(RowProbe("rms_norm", lambda x: rms_norm(x, first.attn_norm, a.norm_eps), a.dim, opts.dtype))
+            probes.append(RowProbe("rms_norm", lambda x: rms_norm(x, first.attn_norm, a.norm_eps), a.dim, opts.dtype,
+                                   ("rms_norm", a.dim)))
             opts = replace(opts, min_rows=calibrate_min_rows(probes, list(range(1, opts.max_rows + 1)), dev))
         if opts.attn_min_rows is None:
             probes = attention_probes(a.n_kv_heads, a.head_dim, opts.attn_chunk, dev)
@@ -825,30 +846,78 @@ class RowProbe:
     fn: Callable[[torch.Tensor], torch.Tensor]
     width: int
     dtype: torch.dtype
+    # what selects the kernel (op, weight type and shape): probes with equal keys share one
+    # measurement per process, thread count and ISA; None: always measure
+    key: tuple | None = None
+
+
+class NotInvariant(ModelError):
+    """A kernel's rows depend on more than their own input, and no padding fixes that."""
+
+
+PROBE_ELEMENTS = 1 << 17  # output elements compared per row count and probe (see calibrate_min_rows)
 
 
 def calibrate_min_rows(probes: list[RowProbe], row_counts: list[int], device: torch.device, seed: int = 0) -> int:
-    """Smallest m in ``row_counts`` such that every probe gives bitwise-equal rows for every
-    row count >= m (up to the largest), and a row's result does not depend on its index.
-    Probes are raw matmuls: another kernel shows up in almost every output element, so
-    random data suffices.
+    """Smallest m in ``row_counts`` such that, for every probe and every row count c >= m,
+    every row computed in a forward of c rows is bitwise equal to the same row computed in
+    a forward of the largest count, and a row's result does not depend on its index.
 
-    Raises ModelError if rows depend on their index (padding cannot fix that).
+    Every row is checked at every count (the probe rows are cut into consecutive blocks of
+    c), over at least ``PROBE_ELEMENTS`` outputs: a bf16 output hides most fp32 rounding
+    differences (oneDNN's AVX-512-BF16 GEMV, K=1536, flips ~2 in 10^4 outputs), so one
+    row of a sliced weight is not enough evidence. Raises NotInvariant on index dependence.
     """
     counts = sorted(set(row_counts))
-    top, need = counts[-1], counts[0]
-    g = torch.Generator().manual_seed(seed)
+    need = counts[0]
     for p in probes:
-        x = torch.randn(top, p.width, generator=g).to(device, p.dtype)  # [top, width]
-        ref = p.fn(x)
-        i = len(counts) - 1
-        while i > 0 and counts[i - 1] >= need and torch.equal(p.fn(x[: counts[i - 1]]), ref[: counts[i - 1]]):
-            i -= 1
-        shift = top // 2 + 1
-        if top > 1 and not torch.equal(p.fn(x.roll(shift, 0)), ref.roll(shift, 0)):
-            raise ModelError(f"batch_invariant: rows of {p.name} ({p.dtype}) depend on their index on {device}")
-        need = max(need, counts[i])
+        key = None if p.key is None else (p.key, p.dtype, str(device), torch.get_num_threads(), cpu_isa(), tuple(counts), seed)
+        if key not in _CALIBRATED:
+            _CALIBRATED[key] = _probe_min_rows(p, counts, device, seed)
+        found = _CALIBRATED.pop(key) if key is None else _CALIBRATED[key]
+        if isinstance(found, str):
+            raise NotInvariant(found)
+        need = max(need, found)
     return need
+
+
+_CALIBRATED: dict[tuple | None, int | str] = {}  # kernel signature -> its min rows (or why none)
+
+
+def _probe_min_rows(p: RowProbe, counts: list[int], device: torch.device, seed: int) -> int | str:
+    """One probe's smallest invariant count, or a message saying why there is none."""
+    g = torch.Generator().manual_seed(seed)
+    x, ref = _probe_reference(p, counts[-1], device, g)
+    perm = torch.randperm(counts[-1], generator=g).to(device)
+    if not torch.equal(p.fn(x[perm]), ref[perm]):
+        return (f"rows of {p.name} ({p.dtype}) depend on their index on {cpu_isa()}; no padding "
+                "makes it invariant, so speculative output may differ from plain decoding")
+    i = len(counts) - 1
+    while i > 0 and _rows_agree(p, x, ref, counts[i - 1]):
+        i -= 1
+    return counts[i]
+
+
+def _probe_reference(p: RowProbe, top: int, device: torch.device, g: torch.Generator):
+    """Random probe rows (a multiple of ``top``, >= PROBE_ELEMENTS outputs) and their
+    outputs computed in blocks of ``top`` rows."""
+    x = torch.randn(top, p.width, generator=g).to(device, p.dtype)
+    per_row = p.fn(x)[0].numel()
+    blocks = max(1, -(-PROBE_ELEMENTS // (top * per_row)))
+    x = torch.cat([x, torch.randn((blocks - 1) * top, p.width, generator=g).to(device, p.dtype)])
+    return x, torch.cat([p.fn(x[j:j + top]) for j in range(0, len(x), top)])
+
+
+def _rows_agree(p: RowProbe, x: torch.Tensor, ref: torch.Tensor, count: int) -> bool:
+    """Every block of ``count`` consecutive probe rows reproduces the reference bitwise."""
+    return all(torch.equal(p.fn(x[j:j + count]), ref[j:j + count]) for j in range(0, len(x) - count + 1, count))
+
+
+def cpu_isa() -> str:
+    """The kernel families in use: ATen's CPU capability and oneDNN's ISA cap, if any."""
+    cap = "ATen " + torch.backends.cpu.get_cpu_capability()
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    return f"{cap}, oneDNN max ISA {onednn}" if onednn else cap
 
 
 def attention_probes(n_kv_heads: int, head_dim: int, chunk: int, device: torch.device) -> list[RowProbe]:
@@ -865,7 +934,9 @@ def attention_probes(n_kv_heads: int, head_dim: int, chunk: int, device: torch.d
     def pv(x: torch.Tensor) -> torch.Tensor:  # x [M, chunk]
         return rows(bmm(x.expand(1, n_kv_heads, 2, *x.shape), kc))
 
-    return [RowProbe("attention q@k", qk, head_dim, torch.float32), RowProbe("attention p@v", pv, chunk, torch.float32)]
+    key = ("bmm", n_kv_heads, head_dim, chunk)
+    return [RowProbe("attention q@k", qk, head_dim, torch.float32, key + ("qk",)),
+            RowProbe("attention p@v", pv, chunk, torch.float32, key + ("pv",))]
 
 
 def check_window_invariance(args: LlamaArgs, chunk: int, device: torch.device, min_rows: int) -> None:
@@ -882,9 +953,12 @@ def check_window_invariance(args: LlamaArgs, chunk: int, device: torch.device, m
         idx, valid = tail_layout(tree, torch.tensor([[length]], device=device), shared * chunk, size)
         outs.append(invariant_attention(q, k, v, shared, idx, valid, chunk, min_rows))
     if not all(torch.equal(outs[0], o) for o in outs[1:]):
-        raise ModelError(f"batch_invariant: chunked attention is not exact under re-splitting on {device}")
+        raise NotInvariant(f"chunked attention is not exact under re-splitting on {cpu_isa()}")
 
 
-def _row_slice(w: Weight, n: int) -> Weight:
-    """The first n output features of a weight (probing cost stays small for big matrices)."""
-    return w[:n] if isinstance(w, torch.Tensor) else w.probe_rows(n)
+def _kernel_key(w: Weight) -> tuple:
+    """What selects a linear's kernel: the weight's type, dtype, shape and kernel flag."""
+    if isinstance(w, torch.Tensor):
+        return ("linear", w.dtype, tuple(w.shape))
+    return ("linear", type(w).__name__, tuple(w.shape), w.packed_kernel)
+
