@@ -634,14 +634,19 @@ VALGRIND_SCRIPT = textwrap.dedent("""
 @pytest.mark.skipif(not os.path.exists("/usr/bin/valgrind"), reason="valgrind is not installed")
 @pytest.mark.parametrize("isa", [isa for isa in ISAS if isa != "avx512"])
 def test_valgrind_memcheck(tiny_dirs, tmp_path, isa):
-    """Tiny forwards (prompt past a tile, batched tree with padding, compact) under memcheck.
+    """Tiny forwards (prompt past a tile, batched tree with padding, compact) under memcheck;
+    ~6 min an ISA here.
     AVX-512 is left out: valgrind (3.x) does not decode AVX-512 instructions and hides the
     feature from CPUID, so the runtime cannot even pick it there."""
     script = tmp_path / "forward.py"
     script.write_text(VALGRIND_SCRIPT)
     env = dict(os.environ, VERISPEC_ISA=isa, PYTHONMALLOC="malloc",
                PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(["valgrind", "--error-exitcode=1", "--leak-check=no", "--quiet", sys.executable, str(script),
-                           str(tiny_dirs["llama"][0])], env=env, capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(["valgrind", "--leak-check=no", sys.executable, str(script), str(tiny_dirs["llama"][0])],
+                          env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert proc.stdout.count(f" {isa} ok") == 3, proc.stdout
+    # CPython and libtorch report uninitialised-value noise of their own (seen: ceval.c, at::native::to,
+    # Py_FinalizeEx), so --error-exitcode cannot be used: fail on any error record with a frame in our library.
+    ours = [r for r in proc.stderr.split("== \n") if "_vscpu" in r or " vs::" in r or " vs_" in r]
+    assert not ours, "memcheck errors in the compiled runtime:\n" + "\n".join(ours)[-6000:]
