@@ -1,6 +1,7 @@
 """The default configuration on the real target: SmolLM2-135M-Instruct from its Q4_1 GGUF on
-the native runtime (int4 weights, batch-invariant). Speculative greedy output must equal
-plain decoding token for token for every drafter: strict equality, no near-tie allowance."""
+the compiled CPU runtime (the file's own Q4_1 blocks), and on the native PyTorch runtime
+(int4 weights, batch-invariant) as the fallback. Speculative greedy output must equal plain
+decoding token for token for every drafter: strict equality, no near-tie allowance."""
 
 from __future__ import annotations
 
@@ -36,10 +37,28 @@ def plain(smollm, prompts):
     return [run(smollm.backend, NoDrafter(), p, PARAMS)[0] for p in prompts]
 
 
-def test_default_is_native_int4(smollm):
-    assert (smollm.backend_kind, smollm.quant) == ("native", "int4")
-    assert smollm.backend.options.batch_invariant
+def test_default_is_the_compiled_runtime(smollm):
+    assert (smollm.backend_kind, smollm.backend.quant) == ("cpu", "q4_1")
     assert smollm.backend.exactness.bit_exact, smollm.backend.exactness.reason
+
+
+@pytest.fixture(scope="module")
+def smollm_native():
+    return load_model("smollm2-135m-instruct", backend="native")
+
+
+def test_native_fallback_is_int4_and_exact(smollm_native):
+    assert (smollm_native.backend_kind, smollm_native.quant) == ("native", "int4")
+    assert smollm_native.backend.options.batch_invariant
+    assert smollm_native.backend.exactness.bit_exact, smollm_native.backend.exactness.reason
+
+
+@pytest.mark.parametrize("name,opts", [("prompt-lookup", {}), ("draft", {"model": "truncated:4"}), ("medusa", {})])
+def test_native_greedy_equals_plain_exactly(smollm_native, prompts, name, opts):
+    drafter = make_drafter(name, smollm_native, opts)
+    for prompt in prompts[:2]:
+        want = run(smollm_native.backend, NoDrafter(), prompt, PARAMS)[0]
+        assert run(smollm_native.backend, drafter, prompt, PARAMS, k=6)[0] == want
 
 
 @pytest.mark.parametrize("name,opts", DRAFTERS, ids=["-".join([n, *(f"{k}={v}" for k, v in o.items())]) for n, o in DRAFTERS])
@@ -50,4 +69,7 @@ def test_greedy_equals_plain_exactly(smollm, prompts, plain, name, opts):
         ids, stats = run(smollm.backend, drafter, prompt, PARAMS, k=6)
         assert ids == want
         accepted += stats.accepted
-    assert accepted > 0 or name in ("eagle",), f"{name} never had a draft token accepted"
+    # Sequoia sizes its tree from the measured cost curve: on a loaded machine that may be
+    # 0 nodes (plain decoding is the fastest), and then nothing can be accepted.
+    sized_out = opts.get("tree") == "sequoia" and not drafter.paths(6)
+    assert accepted > 0 or name in ("eagle",) or sized_out, f"{name} never had a draft token accepted"

@@ -51,7 +51,8 @@ def _medusa(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         from .policies.tree_shape import cached_cost_curve
 
         info = target.backend.info
-        key = f"{target.name}-{target.backend_kind}-{target.quant}-{info.dtype}-{info.device}-t{torch.get_num_threads()}"
+        isa = getattr(target.backend, "isa", "")  # the compiled runtime's kernels differ per ISA
+        key = f"{target.name}-{target.backend_kind}{isa}-{target.quant}-{info.dtype}-{info.device}-t{torch.get_num_threads()}"
         cost = cached_cost_curve(target.backend, key)
     return MedusaDrafter(MedusaHeads.load(path), load_target_embedding(target.hf_dir), tree=tree, cost=cost)
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
 from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput
 from verispec.models.native import SUPPORTED_MODEL_TYPES, LlamaArgs, _read_safetensors, _take, rope_tables
 
@@ -178,83 +179,35 @@ def quantize_matrix(w: torch.Tensor, fmt: str) -> RawMatrix:
 # ----------------------------------------------------------------------------- cache
 
 
-class CpuCachePool:
+class CpuCachePool(CachePool):
     """K/V of ``rows`` requests, fp32: k [layers, rows, kv_heads, slots/64, head_dim, 64] (64-slot
     transposed tiles, so a token's scores read contiguous keys), v [layers, rows, kv_heads,
     slots, head_dim]. ``torch.empty``: slots past a request's length are never read."""
 
     def __init__(self, owner: CpuLlama, rows: int, max_length: int):
+        super().__init__(owner, rows, max_length)
         a = owner.args
-        if rows < 1 or not 1 <= max_length <= owner.info.max_length:
-            raise ValueError(f"cache pool: need rows >= 1 and 1 <= max_length <= {owner.info.max_length}, got {rows}, {max_length}")
-        self.owner, self.max_length = owner, max_length
         self.slots = -(-max_length // SLOT_TILE) * SLOT_TILE
         self.k = torch.empty(a.n_layers, rows, a.n_kv_heads, self.slots // SLOT_TILE, a.head_dim, SLOT_TILE)
         self.v = torch.empty(a.n_layers, rows, a.n_kv_heads, self.slots, a.head_dim)
-        self._free = list(range(rows))
 
-    @property
-    def rows(self) -> int:
-        return self.k.shape[1]
-
-    def acquire(self) -> CpuCache:
-        if not self._free:
-            raise ValueError(f"cache pool: all {self.rows} rows are in use")
-        return CpuCache(self, self._free.pop(0))
-
-    def release(self, cache: CpuCache) -> None:
-        if cache.pool is not self or cache.row in self._free:
-            raise ValueError(f"cache pool: row {cache.row} is not acquired from this pool")
-        cache.truncate(0)
-        self._free.append(cache.row)
-        self._free.sort()
+    def _move_slots(self, row: int, src: list[int], dst_start: int) -> None:
+        idx = _i32(src)
+        library().vs_cache_move(ctypes.byref(self.owner._cfg), _ptr(self.k, ctypes.c_float), _ptr(self.v, ctypes.c_float),
+                                self.rows, self.slots, row, _ptr(idx), len(src), dst_start)
 
 
-class CpuCache:
-    """A request's view on one pool row. Slots ``0 .. length-1`` hold K/V in sequence order."""
+class CpuCache(PooledCache):
+    """A request's view on one row of a ``CpuCachePool``."""
 
-    def __init__(self, pool: CpuCachePool, row: int):
-        self.pool, self.row, self._length = pool, row, 0
 
-    @property
-    def length(self) -> int:
-        return self._length
-
-    @property
-    def max_length(self) -> int:
-        return self.pool.max_length
-
-    def truncate(self, new_length: int) -> int:
-        if new_length < 0:
-            raise ValueError(f"truncate: new_length must be >= 0, got {new_length}")
-        dropped = max(0, self._length - new_length)
-        self._length = min(self._length, new_length)
-        return dropped
-
-    def compact(self, src_slots: list[int], dst_start: int) -> None:
-        src = [int(s) for s in src_slots]
-        if any(b <= a for a, b in zip(src, src[1:])) or (src and (src[0] < 0 or src[-1] >= self._length)):
-            raise ValueError(f"compact: src_slots must be ascending, within [0, {self._length}), got {src}")
-        if not 0 <= dst_start <= (src[0] if src else self._length):
-            raise ValueError(f"compact: dst_start {dst_start} must be in [0, first src slot]")
-        if src and src != list(range(dst_start, dst_start + len(src))):
-            p, idx = self.pool, _i32(src)
-            library().vs_cache_move(ctypes.byref(p.owner._cfg), _ptr(p.k, ctypes.c_float), _ptr(p.v, ctypes.c_float),
-                                    p.rows, p.slots, self.row, _ptr(idx), len(src), dst_start)
-        self._length = dst_start + len(src)
-
-    def _advance(self, n: int) -> None:
-        self._length += n
-
-    def check_integrity(self) -> None:
-        assert 0 <= self._length <= self.pool.max_length, self._length
-        assert self.row not in self.pool._free, f"row {self.row} is used after release"
+CpuCachePool.cache_class = CpuCache
 
 
 # ----------------------------------------------------------------------------- model
 
 
-class CpuLlama:
+class CpuLlama(PooledLM):
     """``CausalLM`` backend on the compiled runtime (Llama-family decoders)."""
 
     def __init__(self, args: LlamaArgs, weights: dict, info: ModelInfo, isa: str | None = None,
@@ -378,24 +331,7 @@ class CpuLlama:
     def description(self) -> str:
         return f"compiled CPU runtime ({self.quant}, {self.isa}, {self.threads} threads)"
 
-    # ---- caches
-
-    def new_cache(self, max_length: int | None = None) -> CpuCache:
-        return self.new_cache_pool(1, max_length).acquire()
-
-    def new_cache_pool(self, rows: int, max_length: int | None = None) -> CpuCachePool:
-        return CpuCachePool(self, rows, max_length or self.info.max_length)
-
-    # ---- forward
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: CpuCache,
-                tree_mask: torch.Tensor | None = None, want_hidden: bool = False,
-                last_logits_only: bool = False) -> ModelOutput:
-        """input_ids, positions [1, N]; tree_mask [N, N] bool or None (causal)."""
-        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-            raise ValueError(f"forward: input_ids must be [1, N], got {tuple(input_ids.shape)}")
-        masks = None if tree_mask is None else tree_mask.unsqueeze(0)
-        return self.forward_batch(input_ids, positions, [cache], masks, want_hidden, last_logits_only=last_logits_only)
+    # ---- forward (new_cache, new_cache_pool and one-row forward come from PooledLM)
 
     def forward_batch(self, input_ids: torch.Tensor, positions: torch.Tensor, caches: list[CpuCache],
                       tree_masks: torch.Tensor | None = None, want_hidden: bool = False,
@@ -573,3 +509,6 @@ def supports(cfg: dict) -> bool:
         return False
     return (cfg.get("model_type") in SUPPORTED_MODEL_TYPES and a.dim % 32 == 0 and a.intermediate_size % 32 == 0
             and (a.n_heads * a.head_dim) % 32 == 0)
+
+
+CpuLlama.pool_class = CpuCachePool

@@ -65,6 +65,7 @@ from typing import Callable, Literal
 import torch
 import torch.nn.functional as F
 
+from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
 from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput
 from verispec.models.quant import QuantWeight, quant_linear, quantize_int4, quantize_int8
 
@@ -427,86 +428,34 @@ def _round_up(n: int, m: int) -> int:
 # ----------------------------------------------------------------------------- cache
 
 
-class NativeCachePool:
+class NativeCachePool(CachePool):
     """Preallocated K/V for ``rows`` requests: k, v [layers, rows, kv_heads, capacity, head_dim].
 
     Invariants: ``capacity >= max_length + slack`` (dummy rows of padded forwards are written
-    past a request's length, never past capacity) and ``capacity % attn_chunk == 0``; a row is
-    handed out by ``acquire`` at most once until ``release``.
+    past a request's length, never past capacity) and ``capacity % attn_chunk == 0``.
     """
 
     def __init__(self, owner: NativeLlama, rows: int, max_length: int):
+        super().__init__(owner, rows, max_length)
         args, opts = owner.args, owner.options
-        if rows < 1 or not 1 <= max_length <= owner.info.max_length:
-            raise ValueError(f"cache pool: need rows >= 1 and 1 <= max_length <= {owner.info.max_length}, got {rows}, {max_length}")
-        self.owner = owner
-        self.max_length = max_length
         self.capacity = _round_up(max_length + opts.max_rows, opts.attn_chunk)
         shape = (args.n_layers, rows, args.n_kv_heads, self.capacity, args.head_dim)
         # zeros, not empty: masked slots are multiplied by an exact 0 and must not be NaN
         self.k = torch.zeros(shape, dtype=owner.kv_dtype, device=owner.info.device)
         self.v = torch.zeros(shape, dtype=owner.kv_dtype, device=owner.info.device)
-        self._free = list(range(rows))
 
-    @property
-    def rows(self) -> int:
-        return self.k.shape[1]
-
-    def acquire(self) -> NativeCache:
-        if not self._free:
-            raise ValueError(f"cache pool: all {self.rows} rows are in use")
-        return NativeCache(self, self._free.pop(0))
-
-    def release(self, cache: NativeCache) -> None:
-        if cache.pool is not self or cache.row in self._free:
-            raise ValueError(f"cache pool: row {cache.row} is not acquired from this pool")
-        cache.truncate(0)
-        self._free.append(cache.row)
-        self._free.sort()
+    def _move_slots(self, row: int, src: list[int], dst_start: int) -> None:
+        idx = torch.tensor(src, device=self.k.device)
+        dst = slice(dst_start, dst_start + len(src))
+        for kv in (self.k, self.v):  # [layers, rows, Hkv, slots, D]
+            kv[:, row, :, dst] = kv[:, row].index_select(2, idx)
 
 
-class NativeCache:
-    """A request's view on one pool row. Slots ``0 .. length-1`` hold K/V in sequence order."""
+class NativeCache(PooledCache):
+    """A request's view on one row of a ``NativeCachePool``."""
 
-    def __init__(self, pool: NativeCachePool, row: int):
-        self.pool = pool
-        self.row = row
-        self._length = 0
 
-    @property
-    def length(self) -> int:
-        return self._length
-
-    @property
-    def max_length(self) -> int:
-        return self.pool.max_length
-
-    def truncate(self, new_length: int) -> int:
-        if new_length < 0:
-            raise ValueError(f"truncate: new_length must be >= 0, got {new_length}")
-        dropped = max(0, self._length - new_length)
-        self._length = min(self._length, new_length)
-        return dropped
-
-    def compact(self, src_slots: list[int], dst_start: int) -> None:
-        src = [int(s) for s in src_slots]
-        if any(b <= a for a, b in zip(src, src[1:])) or (src and (src[0] < 0 or src[-1] >= self._length)):
-            raise ValueError(f"compact: src_slots must be ascending, within [0, {self._length}), got {src}")
-        if not 0 <= dst_start <= (src[0] if src else self._length):
-            raise ValueError(f"compact: dst_start {dst_start} must be in [0, first src slot]")
-        if src and src != list(range(dst_start, dst_start + len(src))):
-            idx = torch.tensor(src, device=self.pool.k.device)
-            dst = slice(dst_start, dst_start + len(src))
-            for kv in (self.pool.k, self.pool.v):  # [layers, rows, Hkv, slots, D]
-                kv[:, self.row, :, dst] = kv[:, self.row].index_select(2, idx)
-        self._length = dst_start + len(src)
-
-    def _advance(self, n: int) -> None:
-        self._length += n
-
-    def check_integrity(self) -> None:
-        assert 0 <= self._length <= self.pool.max_length, self._length
-        assert self.row not in self.pool._free, f"row {self.row} is used after release"
+NativeCachePool.cache_class = NativeCache
 
 
 # ----------------------------------------------------------------------------- model
@@ -532,7 +481,7 @@ class _Plan:
     tail_valid: torch.Tensor | None = None  # invariant path: [B, Np, T] bool
 
 
-class NativeLlama:
+class NativeLlama(PooledLM):
     """``CausalLM`` backend: Llama-family decoder on plain tensors with a static cache."""
 
     def __init__(self, args: LlamaArgs, embed: torch.Tensor, layers: tuple[LayerWeights, ...],
@@ -656,25 +605,7 @@ class NativeLlama:
         per_layer = [weight_nbytes(w) for lw in self.layers for w in (lw.attn_norm, lw.wqkv, lw.bqkv, lw.wo, lw.mlp_norm, lw.w13, lw.w2)]
         return sum(per_layer) + weight_nbytes(self.norm) + weight_nbytes(self.lm_head)
 
-    # ---- caches
-
-    def new_cache(self, max_length: int | None = None) -> NativeCache:
-        return self.new_cache_pool(1, max_length).acquire()
-
-    def new_cache_pool(self, rows: int, max_length: int | None = None) -> NativeCachePool:
-        return NativeCachePool(self, rows, max_length or self.info.max_length)
-
-    # ---- forward
-
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: NativeCache,
-                tree_mask: torch.Tensor | None = None, want_hidden: bool = False,
-                last_logits_only: bool = False) -> ModelOutput:
-        """input_ids, positions [1, N]; tree_mask [N, N] bool or None (causal)."""
-        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-            raise ValueError(f"forward: input_ids must be [1, N], got {tuple(input_ids.shape)}")
-        masks = None if tree_mask is None else tree_mask.unsqueeze(0)
-        return self.forward_batch(input_ids, positions, [cache], masks, want_hidden, last_logits_only=last_logits_only)
+    # ---- forward (new_cache, new_cache_pool and one-row forward come from PooledLM)
 
     @torch.inference_mode()
     def forward_batch(self, input_ids: torch.Tensor, positions: torch.Tensor, caches: list[NativeCache],
@@ -962,3 +893,6 @@ def _kernel_key(w: Weight) -> tuple:
         return ("linear", w.dtype, tuple(w.shape))
     return ("linear", type(w).__name__, tuple(w.shape), w.packed_kernel)
 
+
+
+NativeLlama.pool_class = NativeCachePool

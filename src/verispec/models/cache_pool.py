@@ -1,0 +1,105 @@
+"""Row-pooled KV caches shared by the native and compiled runtimes: the bookkeeping only.
+
+A pool preallocates K/V for ``rows`` requests; a request's cache is a handle on one row
+plus an int ``length``. ``truncate`` changes the int; ``compact`` checks its arguments and
+asks the backend to move the accepted slots (``_move_slots``). The tensors and their
+layout belong to the backend's subclass.
+"""
+
+from __future__ import annotations
+
+
+class CachePool:
+    """Rows of a preallocated K/V store. Invariant: a row is handed out by ``acquire`` at
+    most once until ``release``. Subclasses set ``max_length`` and create the tensors."""
+
+    cache_class: type[PooledCache]
+
+    def __init__(self, owner, rows: int, max_length: int):
+        if rows < 1 or not 1 <= max_length <= owner.info.max_length:
+            raise ValueError(f"cache pool: need rows >= 1 and 1 <= max_length <= {owner.info.max_length}, "
+                             f"got {rows}, {max_length}")
+        self.owner, self.max_length = owner, max_length
+        self._free = list(range(rows))
+        self._rows = rows
+
+    @property
+    def rows(self) -> int:
+        return self._rows
+
+    def acquire(self) -> PooledCache:
+        if not self._free:
+            raise ValueError(f"cache pool: all {self.rows} rows are in use")
+        return self.cache_class(self, self._free.pop(0))
+
+    def release(self, cache: PooledCache) -> None:
+        if cache.pool is not self or cache.row in self._free:
+            raise ValueError(f"cache pool: row {cache.row} is not acquired from this pool")
+        cache.truncate(0)
+        self._free.append(cache.row)
+        self._free.sort()
+
+    def _move_slots(self, row: int, src: list[int], dst_start: int) -> None:
+        """Copy K/V of slots ``src`` (ascending, all >= their targets) to ``dst_start, ...``."""
+        raise NotImplementedError
+
+
+class PooledCache:
+    """A request's view on one pool row (implements ``KVCache``). Slots ``0 .. length-1``
+    hold K/V in sequence order."""
+
+    def __init__(self, pool: CachePool, row: int):
+        self.pool, self.row, self._length = pool, row, 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def max_length(self) -> int:
+        return self.pool.max_length
+
+    def truncate(self, new_length: int) -> int:
+        if new_length < 0:
+            raise ValueError(f"truncate: new_length must be >= 0, got {new_length}")
+        dropped = max(0, self._length - new_length)
+        self._length = min(self._length, new_length)
+        return dropped
+
+    def compact(self, src_slots: list[int], dst_start: int) -> None:
+        src = [int(s) for s in src_slots]
+        if any(b <= a for a, b in zip(src, src[1:])) or (src and (src[0] < 0 or src[-1] >= self._length)):
+            raise ValueError(f"compact: src_slots must be ascending, within [0, {self._length}), got {src}")
+        if not 0 <= dst_start <= (src[0] if src else self._length):
+            raise ValueError(f"compact: dst_start {dst_start} must be in [0, first src slot]")
+        if src and src != list(range(dst_start, dst_start + len(src))):
+            self.pool._move_slots(self.row, src, dst_start)
+        self._length = dst_start + len(src)
+
+    def _advance(self, n: int) -> None:
+        self._length += n
+
+    def check_integrity(self) -> None:
+        assert 0 <= self._length <= self.pool.max_length, self._length
+        assert self.row not in self.pool._free, f"row {self.row} is used after release"
+
+
+class PooledLM:
+    """Mixin of a backend whose ``forward_batch`` runs rows of one ``pool_class`` pool:
+    single-request caches and ``forward`` are one-row cases of the batched forward."""
+
+    pool_class: type[CachePool]
+
+    def new_cache(self, max_length: int | None = None) -> PooledCache:
+        return self.new_cache_pool(1, max_length).acquire()
+
+    def new_cache_pool(self, rows: int, max_length: int | None = None) -> CachePool:
+        return self.pool_class(self, rows, max_length or self.info.max_length)
+
+    def forward(self, input_ids, positions, cache, tree_mask=None, want_hidden: bool = False,
+                last_logits_only: bool = False):
+        """input_ids, positions [1, N]; tree_mask [N, N] bool or None (causal)."""
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"forward: input_ids must be [1, N], got {tuple(input_ids.shape)}")
+        masks = None if tree_mask is None else tree_mask.unsqueeze(0)
+        return self.forward_batch(input_ids, positions, [cache], masks, want_hidden, last_logits_only=last_logits_only)
