@@ -109,13 +109,13 @@ static void tile(const Matrix& w, int p, const QAct& a, int t0, float* out, int 
 }
 
 // Scores of whole 64-slot tiles: lanes are keys, and each lane is the fmaf chain over d.
-// All G heads of the kv head share the key loads.
-static void score_tiles(const AttnTask& t, int D, int G, int tiles, float* sc, int stride) {
-  if (G > 4) return score_tiles_ref(t, D, G, tiles, sc, stride);
+// All G heads of the kv head share the key loads (G a template argument: registers).
+template <int G>
+static void score_tiles_g(const AttnTask& t, int D, int tiles, float* sc, int stride) {
   for (int tile = 0; tile < tiles; tile++) {
     const float* kt = t.kt + (size_t)tile * D * 64;
     for (int half = 0; half < 2; half++) {  // 32 keys at a time: 4 registers of 8 per head
-      __m256 acc[4][4];
+      __m256 acc[G][4];
       for (int h = 0; h < G; h++)
         for (int i = 0; i < 4; i++) acc[h][i] = _mm256_setzero_ps();
       for (int d = 0; d < D; d++) {
@@ -136,22 +136,51 @@ static void score_tiles(const AttnTask& t, int D, int G, int tiles, float* sc, i
   }
 }
 
-// out[h] = sum_j p[h][j] * v[j] in key order; lanes are value dimensions.
-static void weigh_values(const AttnTask& t, int D, int G, const float* sc, int stride) {
-  if (D % 8 || D > 64 || G > 4) return weigh_values_ref(t, D, G, sc, stride);
-  const int nc = t.n_cached, n = nc + t.n_path, nv = D / 8;
-  __m256 acc[4][8];
-  for (int h = 0; h < G; h++)
-    for (int i = 0; i < nv; i++) acc[h][i] = _mm256_setzero_ps();
+static void score_tiles(const AttnTask& t, int D, int G, int tiles, float* sc, int stride) {
+  switch (G) {
+    case 1: return score_tiles_g<1>(t, D, tiles, sc, stride);
+    case 2: return score_tiles_g<2>(t, D, tiles, sc, stride);
+    case 3: return score_tiles_g<3>(t, D, tiles, sc, stride);
+    case 4: return score_tiles_g<4>(t, D, tiles, sc, stride);
+    default: return score_tiles_ref(t, D, G, tiles, sc, stride);
+  }
+}
+
+// out[h] = sum_j p[h][j] * v[j] and sum[h] = sum_j p[h][j], both in key order; lanes are
+// value dimensions. G heads share the value loads; D / 8 = NV registers per head.
+template <int G, int NV>
+static void weigh_values_g(const AttnTask& t, const float* sc, int stride, float* sum) {
+  const int nc = t.n_cached, n = nc + t.n_path, D = 8 * NV;
+  __m256 acc[G][NV];
+  float s[G];
+  for (int h = 0; h < G; h++) {
+    s[h] = 0.0f;
+    for (int i = 0; i < NV; i++) acc[h][i] = _mm256_setzero_ps();
+  }
   for (int j = 0; j < n; j++) {
     const float* v = t.v + (size_t)(j < nc ? j : t.path[j - nc]) * D;
+    __m256 vr[NV];
+    for (int i = 0; i < NV; i++) vr[i] = _mm256_loadu_ps(v + 8 * i);
     for (int h = 0; h < G; h++) {
-      const __m256 p = _mm256_set1_ps(sc[(size_t)h * stride + j]);
-      for (int i = 0; i < nv; i++) acc[h][i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), acc[h][i]);
+      const float p = sc[(size_t)h * stride + j];
+      s[h] += p;
+      const __m256 pb = _mm256_set1_ps(p);
+      for (int i = 0; i < NV; i++) acc[h][i] = _mm256_fmadd_ps(pb, vr[i], acc[h][i]);
     }
   }
-  for (int h = 0; h < G; h++)
-    for (int i = 0; i < nv; i++) _mm256_storeu_ps(t.out + (size_t)h * D + 8 * i, acc[h][i]);
+  for (int h = 0; h < G; h++) {
+    sum[h] = s[h];
+    for (int i = 0; i < NV; i++) _mm256_storeu_ps(t.out + (size_t)h * D + 8 * i, acc[h][i]);
+  }
+}
+
+static void weigh_values(const AttnTask& t, int D, int G, const float* sc, int stride, float* sum) {
+  if (D == 64 && G == 3) return weigh_values_g<3, 8>(t, sc, stride, sum);
+  if (D == 64 && G == 1) return weigh_values_g<1, 8>(t, sc, stride, sum);
+  if (D == 64 && G == 2) return weigh_values_g<2, 8>(t, sc, stride, sum);
+  if (D == 64 && G == 4) return weigh_values_g<4, 8>(t, sc, stride, sum);
+  if (D == 16 && G == 2) return weigh_values_g<2, 2>(t, sc, stride, sum);
+  return weigh_values_ref(t, D, G, sc, stride, sum);
 }
 VS_ATTEND(score_tiles, weigh_values)
 

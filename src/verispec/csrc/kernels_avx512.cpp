@@ -108,12 +108,12 @@ static void tile(const Matrix& w, int p, const QAct& a, int t0, float* out, int 
 }
 
 // Scores of whole 64-slot tiles: lanes are keys, and each lane is the fmaf chain over d.
-// All G heads of the kv head share the key loads.
-static void score_tiles(const AttnTask& t, int D, int G, int tiles, float* sc, int stride) {
-  if (G > 4) return score_tiles_ref(t, D, G, tiles, sc, stride);
+// All G heads of the kv head share the key loads (G a template argument: registers).
+template <int G>
+static void score_tiles_g(const AttnTask& t, int D, int tiles, float* sc, int stride) {
   for (int tile = 0; tile < tiles; tile++) {
     const float* kt = t.kt + (size_t)tile * D * 64;
-    __m512 acc[4][4];
+    __m512 acc[G][4];
     for (int h = 0; h < G; h++)
       for (int i = 0; i < 4; i++) acc[h][i] = _mm512_setzero_ps();
     for (int d = 0; d < D; d++) {
@@ -132,22 +132,53 @@ static void score_tiles(const AttnTask& t, int D, int G, int tiles, float* sc, i
   }
 }
 
-// out[h] = sum_j p[h][j] * v[j] in key order; lanes are value dimensions.
-static void weigh_values(const AttnTask& t, int D, int G, const float* sc, int stride) {
-  if (D % 16 || D > 128 || G > 4) return weigh_values_ref(t, D, G, sc, stride);
-  const int nc = t.n_cached, n = nc + t.n_path, nv = D / 16;
-  __m512 acc[4][8];
-  for (int h = 0; h < G; h++)
-    for (int i = 0; i < nv; i++) acc[h][i] = _mm512_setzero_ps();
+static void score_tiles(const AttnTask& t, int D, int G, int tiles, float* sc, int stride) {
+  switch (G) {
+    case 1: return score_tiles_g<1>(t, D, tiles, sc, stride);
+    case 2: return score_tiles_g<2>(t, D, tiles, sc, stride);
+    case 3: return score_tiles_g<3>(t, D, tiles, sc, stride);
+    case 4: return score_tiles_g<4>(t, D, tiles, sc, stride);
+    default: return score_tiles_ref(t, D, G, tiles, sc, stride);
+  }
+}
+
+// out[h] = sum_j p[h][j] * v[j] and sum[h] = sum_j p[h][j], both in key order; lanes are
+// value dimensions. G heads share the value loads; D / 16 = NV registers per head.
+template <int G, int NV>
+static void weigh_values_g(const AttnTask& t, const float* sc, int stride, float* sum) {
+  const int nc = t.n_cached, n = nc + t.n_path, D = 16 * NV;
+  __m512 acc[G][NV];
+  float s[G];
+  for (int h = 0; h < G; h++) {
+    s[h] = 0.0f;
+    for (int i = 0; i < NV; i++) acc[h][i] = _mm512_setzero_ps();
+  }
   for (int j = 0; j < n; j++) {
     const float* v = t.v + (size_t)(j < nc ? j : t.path[j - nc]) * D;
+    __m512 vr[NV];
+    for (int i = 0; i < NV; i++) vr[i] = _mm512_loadu_ps(v + 16 * i);
     for (int h = 0; h < G; h++) {
-      const __m512 p = _mm512_set1_ps(sc[(size_t)h * stride + j]);
-      for (int i = 0; i < nv; i++) acc[h][i] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * i), acc[h][i]);
+      const float p = sc[(size_t)h * stride + j];
+      s[h] += p;
+      const __m512 pb = _mm512_set1_ps(p);
+      for (int i = 0; i < NV; i++) acc[h][i] = _mm512_fmadd_ps(pb, vr[i], acc[h][i]);
     }
   }
-  for (int h = 0; h < G; h++)
-    for (int i = 0; i < nv; i++) _mm512_storeu_ps(t.out + (size_t)h * D + 16 * i, acc[h][i]);
+  for (int h = 0; h < G; h++) {
+    sum[h] = s[h];
+    for (int i = 0; i < NV; i++) _mm512_storeu_ps(t.out + (size_t)h * D + 16 * i, acc[h][i]);
+  }
+}
+
+static void weigh_values(const AttnTask& t, int D, int G, const float* sc, int stride, float* sum) {
+  if (D == 64 && G == 3) return weigh_values_g<3, 4>(t, sc, stride, sum);
+  if (D == 64 && G == 1) return weigh_values_g<1, 4>(t, sc, stride, sum);
+  if (D == 64 && G == 2) return weigh_values_g<2, 4>(t, sc, stride, sum);
+  if (D == 64 && G == 4) return weigh_values_g<4, 4>(t, sc, stride, sum);
+  if (D == 128 && G == 4) return weigh_values_g<4, 8>(t, sc, stride, sum);
+  if (D == 128 && G == 2) return weigh_values_g<2, 8>(t, sc, stride, sum);
+  if (D == 16 && G == 2) return weigh_values_g<2, 1>(t, sc, stride, sum);
+  return weigh_values_ref(t, D, G, sc, stride, sum);
 }
 VS_ATTEND(score_tiles, weigh_values)
 

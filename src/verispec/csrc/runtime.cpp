@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -212,6 +213,7 @@ struct Model {
   bool tied = false;
   const Kernels* k = nullptr;
   std::unique_ptr<ThreadPool> pool;
+  std::mutex busy;  // one forward (or thread-count change) at a time: the pool runs one job
 
   ~Model() {
     auto free_m = [](Matrix& m) { std::free(m.data); std::free(m.bias); m.data = nullptr; m.bias = nullptr; };
@@ -435,8 +437,8 @@ void* vs_model_new(const vs::Config* cfg, const float* rope_cos, const float* ro
       return nullptr;
     }
     if (cfg->dim % vs::QK || cfg->ffn % vs::QK || (cfg->n_heads * cfg->head_dim) % vs::QK || cfg->head_dim % 2 ||
-        cfg->n_kv_heads < 1 || cfg->n_heads % cfg->n_kv_heads) {
-      set_err(err, n, "unsupported shape: dim, ffn and heads * head_dim must be multiples of 32, heads a multiple of kv heads");
+        cfg->n_kv_heads < 1 || cfg->n_heads % cfg->n_kv_heads || cfg->n_heads / cfg->n_kv_heads > 64) {
+      set_err(err, n, "unsupported shape: dim, ffn and heads * head_dim must be multiples of 32, heads a multiple of kv heads (at most 64 per kv head)");
       return nullptr;
     }
     auto* m = new Model();
@@ -463,6 +465,7 @@ int vs_model_threads(void* m) { return ((Model*)m)->pool->size(); }
 int vs_model_set_threads(void* mp, int threads) {
   auto* m = (Model*)mp;
   if (threads < 1) return -1;
+  std::lock_guard<std::mutex> lock(m->busy);
   if (threads != m->pool->size()) m->pool = std::make_unique<vs::ThreadPool>(threads);
   return 0;
 }
@@ -556,6 +559,7 @@ int vs_forward(void* mp, const vs::Batch* b, char* err, int n) {
     return -1;
   }
   try {
+    std::lock_guard<std::mutex> lock(m->busy);
     vs::forward(*m, *b);
   } catch (const std::exception& ex) {
     set_err(err, n, std::string("forward failed: ") + ex.what());
