@@ -201,7 +201,8 @@ def _meta(o: BenchOptions, lm, num_prompts: int, notices: list[str]) -> dict:
     return {
         "command": shlex.join(["verispec", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else "verispec bench (API)",
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "model": lm.name, "backend": lm.backend_kind,
-        "dtype": o.dtype, "quant": lm.quant, "machine": f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}",
+        "backend_detail": getattr(lm.backend, "description", lm.backend_kind),
+        "dtype": o.dtype, "quant": getattr(lm.backend, "quant", lm.quant), "machine": f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}",
         "threads": o.threads, "prompts": num_prompts, "categories": list(o.categories), "limit": o.limit,
         "max_new_tokens": o.max_new_tokens, "num_draft_tokens": o.num_draft_tokens, "policy": o.policy,
         "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "seed": o.seed,
@@ -305,7 +306,7 @@ def bench(
     limit: Optional[int] = typer.Option(None, "--limit", help="prompts (agentic: sessions) per category (default 10; 0 = all)"),
     method: list[str] = typer.Option([], "--method", "-m", help="drafter[:k=v,...] or a peer (hf-generate, hf-pld, hf-assisted:model=truncated:4, llamacpp, llamacpp-pld); repeatable; the baseline `none` always runs"),
     model: str = typer.Option("smollm2-135m-instruct", help="catalog name or path"),
-    backend: str = typer.Option("auto", help="auto (native for Llama-family models), hf or native"),
+    backend: str = typer.Option("auto", help="auto (the compiled CPU runtime for Llama-family models on CPU), cpu, native or hf"),
     quant: str = typer.Option("auto", help="native weights: auto (the checkpoint's precision), none, int8 or int4"),
     dtype: str = typer.Option("float32", help="float32 or bfloat16"),
     temperature: float = typer.Option(0.0, help="0 = greedy (exactness is checked); > 0 = sampling"),

@@ -101,7 +101,7 @@ def markdown(meta: dict, summaries: Sequence[Summary], rows: Sequence[ExactnessR
              memory: dict[str, int]) -> str:
     greedy = meta["temperature"] == 0
     mode = "greedy" if greedy else f"sampling T={meta['temperature']} top-p={meta['top_p']} top-k={meta['top_k']}"
-    lines = [f"# verispec bench: {meta['model']} ({meta['backend']}, {meta['dtype']}, quant {meta.get('quant', 'none')}), {mode}", "",
+    lines = [f"# verispec bench: {meta['model']} ({meta.get('backend_detail', meta['backend'])}, {meta['dtype']}, quant {meta.get('quant', 'none')}), {mode}", "",
              f"{meta['started']} · {meta['machine']} · torch threads {meta['threads']} · "
              f"{meta['prompts']} prompts · max_new_tokens {meta['max_new_tokens']} · k {meta['num_draft_tokens']} · "
              f"repeats {meta['repeats']} · warm-up {meta['warmup']} · peak RSS {meta.get('peak_rss_mb', '?')} MB "
