@@ -185,6 +185,7 @@ VS_ATTEND(score_tiles, weigh_values)
 static void matmul(const Matrix& w, int p0, int p1, const QAct& a, int T, float* out, int ldo) {
   for (int p = p0; p < p1; p++) {
     int t = 0;
+    for (; t + 8 <= T; t += 8) tile<8>(w, p, a, t, out, ldo);  // one weight unpack serves 8 tokens
     for (; t + 4 <= T; t += 4) tile<4>(w, p, a, t, out, ldo);
     switch (T - t) {
       case 3: tile<3>(w, p, a, t, out, ldo); break;
