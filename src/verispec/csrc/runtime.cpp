@@ -283,6 +283,9 @@ static void forward(Model& m, const Batch& bt) {
   const int qkv_w = (H + 2 * KVH) * D, half = D / 2;
   const size_t k_layer = (size_t)bt.cache_rows * KVH * bt.cache_slots * D;  // floats per layer (K and V alike)
   const float scale = 1.0f / std::sqrt((float)D);
+  int max_slot = 0;
+  for (int t = 0; t < T; t++) max_slot = bt.slot[t] > max_slot ? bt.slot[t] : max_slot;
+  const int stride = ((max_slot >> 6) + 1) * 64;  // attention scratch per head: whole tiles up to any token's slot
   ThreadPool& pool = *m.pool;
   const int tok_grain = 8;  // row-local phases: tokens per thread before splitting pays
 
@@ -323,13 +326,14 @@ static void forward(Model& m, const Batch& bt) {
     }, tok_grain);
     const int G = H / KVH;
     pool.parallel_for(T * KVH, [&](int i0, int i1) {
-      std::vector<float> scores((size_t)G * bt.cache_slots);  // >= 64 * tiles up to any token's own slot
+      static thread_local std::vector<float> scores;  // grown, never zeroed: every read score is written first
+      if (scores.size() < (size_t)G * stride) scores.resize((size_t)G * stride);
       for (int i = i0; i < i1; i++) {
-        const int t = i / KVH, g = i % KVH, sq = bt.seq[t];
+        const int g = i / T, t = i % T, sq = bt.seq[t];  // kv head outer: a sequence's tokens reuse its K/V in cache
         const size_t base = ((size_t)bt.seq_row[sq] * KVH + g) * bt.cache_slots * D;
         AttnTask task{&qkv[(size_t)t * qkv_w + g * G * D], kc + base, vc + base, bt.seq_cached[sq],
                       bt.vis_off[t + 1] - bt.vis_off[t], bt.vis + bt.vis_off[t], &att.x[(size_t)t * H * D + g * G * D]};
-        m.k->attend(task, D, G, scale, scores.data(), bt.cache_slots);
+        m.k->attend(task, D, G, scale, scores.data(), stride);
       }
     });
     pool.parallel_for(T, [&](int t0, int t1) { for (int t = t0; t < t1; t++) att.quantize(m.k, t); }, tok_grain);
