@@ -2,7 +2,7 @@
 
     from verispec import load_model, SpecDecoder, SamplingParams
     model = load_model("smollm2-135m-instruct")
-    dec = SpecDecoder(model, drafter="prompt-lookup")
+    dec = SpecDecoder(model)  # suffix drafter, 16-token budget
     out = dec.generate("Summarize: ...", SamplingParams(max_new_tokens=128))
     print(out.text, out.stats.tau)
 """
@@ -236,8 +236,8 @@ class Chunk:
 class SpecDecoder:
     """A target, a drafter and an engine; generates text losslessly."""
 
-    def __init__(self, model: LoadedModel, drafter: str | Drafter = "prompt-lookup",
-                 drafter_options: dict[str, Any] | None = None, num_draft_tokens: int = 4,
+    def __init__(self, model: LoadedModel, drafter: str | Drafter = "suffix",
+                 drafter_options: dict[str, Any] | None = None, num_draft_tokens: int = 16,
                  policy: Literal["fixed", "heuristic"] = "fixed"):
         self.model = model
         self.drafter = make_drafter(drafter, model, drafter_options) if isinstance(drafter, str) else drafter

@@ -65,9 +65,11 @@ def generate(
     prompt: Optional[str] = typer.Argument(None, help="prompt text; '-' or omitted reads stdin"),
     file: Optional[Path] = typer.Option(None, "--file", "-f", help="read the prompt from a file"),
     model: str = typer.Option("smollm2-135m-instruct", help="catalog name or path (see `verispec models`)"),
-    drafter: str = typer.Option("prompt-lookup", help="none, prompt-lookup, draft, ..."),
+    drafter: str = typer.Option("suffix", help="suffix (default: the fastest lossless method measured, "
+                                "docs/cpu.md), prompt-lookup, none, draft, ..."),
     drafter_option: list[str] = typer.Option([], "--drafter-option", "-o", help="key=value, repeatable"),
-    num_draft_tokens: int = typer.Option(4, "-k", "--num-draft-tokens", help="draft budget per step (4: verifying more costs more than it returns on CPU int4, see docs/benchmarks.md)"),
+    num_draft_tokens: int = typer.Option(16, "-k", "--num-draft-tokens", help="draft budget per step (16: the "
+                                         "compiled runtime verifies 16 tokens for ~3x one step, docs/cpu.md)"),
     policy: str = typer.Option("fixed", help="draft length policy: fixed or heuristic"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
     temperature: float = typer.Option(0.0, help="0 = greedy"),
@@ -281,7 +283,7 @@ def serve(
     port: int = typer.Option(8000, help="bind port"),
     drafter: list[str] = typer.Option(["prompt-lookup", "none"], "--drafter", help="drafters requests may pick (repeatable; the first is the default)"),
     drafter_option: list[str] = typer.Option([], "--drafter-option", "-o", help="key=value for the default drafter, repeatable"),
-    num_draft_tokens: int = typer.Option(4, "-k", "--num-draft-tokens", help="draft budget per step (4: verifying more costs more than it returns on CPU int4, see docs/benchmarks.md)"),
+    num_draft_tokens: int = typer.Option(4, "-k", "--num-draft-tokens", help="draft budget per step (prompt lookup: 4 beats 8 on Spec-Bench, docs/cpu.md)"),
     policy: str = typer.Option("fixed", help="draft length policy: fixed or heuristic"),
     max_batch: int = typer.Option(16, help="most requests decoding together (cache-pool rows)"),
     max_queue: int = typer.Option(64, help="most requests waiting; more get HTTP 429"),
