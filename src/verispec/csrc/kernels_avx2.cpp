@@ -109,29 +109,26 @@ static void tile(const Matrix& w, int p, const QAct& a, int t0, float* out, int 
 }
 
 // Scores of whole 64-slot tiles: lanes are keys, and each lane is the fmaf chain over d.
-// All G heads of the kv head share the key loads (G a template argument: registers).
+// All G heads of the kv head share the key loads; 16 keys per pass keep the G * 2
+// accumulators in AVX2's 16 registers.
 template <int G>
 static void score_tiles_g(const AttnTask& t, int D, int tiles, float* sc, int stride) {
   for (int tile = 0; tile < tiles; tile++) {
     const float* kt = t.kt + (size_t)tile * D * 64;
-    for (int half = 0; half < 2; half++) {  // 32 keys at a time: 4 registers of 8 per head
-      __m256 acc[G][4];
-      for (int h = 0; h < G; h++)
-        for (int i = 0; i < 4; i++) acc[h][i] = _mm256_setzero_ps();
+    for (int part = 0; part < 4; part++) {
+      __m256 acc[G][2];
+      for (int h = 0; h < G; h++) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
       for (int d = 0; d < D; d++) {
-        const float* kd = kt + d * 64 + 32 * half;
+        const float* kd = kt + d * 64 + 16 * part;
         const __m256 k0 = _mm256_loadu_ps(kd), k1 = _mm256_loadu_ps(kd + 8);
-        const __m256 k2 = _mm256_loadu_ps(kd + 16), k3 = _mm256_loadu_ps(kd + 24);
         for (int h = 0; h < G; h++) {
           const __m256 q = _mm256_set1_ps(t.q[(size_t)h * D + d]);
           acc[h][0] = _mm256_fmadd_ps(q, k0, acc[h][0]);
           acc[h][1] = _mm256_fmadd_ps(q, k1, acc[h][1]);
-          acc[h][2] = _mm256_fmadd_ps(q, k2, acc[h][2]);
-          acc[h][3] = _mm256_fmadd_ps(q, k3, acc[h][3]);
         }
       }
       for (int h = 0; h < G; h++)
-        for (int i = 0; i < 4; i++) _mm256_storeu_ps(sc + (size_t)h * stride + tile * 64 + 32 * half + 8 * i, acc[h][i]);
+        for (int i = 0; i < 2; i++) _mm256_storeu_ps(sc + (size_t)h * stride + tile * 64 + 16 * part + 8 * i, acc[h][i]);
     }
   }
 }
@@ -147,39 +144,46 @@ static void score_tiles(const AttnTask& t, int D, int G, int tiles, float* sc, i
 }
 
 // out[h] = sum_j p[h][j] * v[j] and sum[h] = sum_j p[h][j], both in key order; lanes are
-// value dimensions. G heads share the value loads; D / 8 = NV registers per head.
-template <int G, int NV>
-static void weigh_values_g(const AttnTask& t, const float* sc, int stride, float* sum) {
-  const int nc = t.n_cached, n = nc + t.n_path, D = 8 * NV;
-  __m256 acc[G][NV];
-  float s[G];
-  for (int h = 0; h < G; h++) {
-    s[h] = 0.0f;
-    for (int i = 0; i < NV; i++) acc[h][i] = _mm256_setzero_ps();
-  }
-  for (int j = 0; j < n; j++) {
-    const float* v = t.v + (size_t)(j < nc ? j : t.path[j - nc]) * D;
-    __m256 vr[NV];
-    for (int i = 0; i < NV; i++) vr[i] = _mm256_loadu_ps(v + 8 * i);
+// value dimensions, 16 per pass over the keys (G * 2 accumulators fit AVX2's registers).
+template <int G>
+static void weigh_values_g(const AttnTask& t, int D, const float* sc, int stride, float* sum) {
+  const int nc = t.n_cached, n = nc + t.n_path;
+  for (int part = 0; part < D / 16; part++) {
+    __m256 acc[G][2];
+    float s[G];
     for (int h = 0; h < G; h++) {
-      const float p = sc[(size_t)h * stride + j];
-      s[h] += p;
-      const __m256 pb = _mm256_set1_ps(p);
-      for (int i = 0; i < NV; i++) acc[h][i] = _mm256_fmadd_ps(pb, vr[i], acc[h][i]);
+      s[h] = 0.0f;
+      acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     }
-  }
-  for (int h = 0; h < G; h++) {
-    sum[h] = s[h];
-    for (int i = 0; i < NV; i++) _mm256_storeu_ps(t.out + (size_t)h * D + 8 * i, acc[h][i]);
+    for (int j = 0; j < n; j++) {
+      const float* v = t.v + (size_t)(j < nc ? j : t.path[j - nc]) * D + 16 * part;
+      const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+      for (int h = 0; h < G; h++) {
+        const float p = sc[(size_t)h * stride + j];
+        s[h] += p;
+        const __m256 pb = _mm256_set1_ps(p);
+        acc[h][0] = _mm256_fmadd_ps(pb, v0, acc[h][0]);
+        acc[h][1] = _mm256_fmadd_ps(pb, v1, acc[h][1]);
+      }
+    }
+    for (int h = 0; h < G; h++) {
+      sum[h] = s[h];  // the same sequential sum in every part
+      _mm256_storeu_ps(t.out + (size_t)h * D + 16 * part, acc[h][0]);
+      _mm256_storeu_ps(t.out + (size_t)h * D + 16 * part + 8, acc[h][1]);
+    }
   }
 }
 
 static void weigh_values(const AttnTask& t, int D, int G, const float* sc, int stride, float* sum) {
-  if (D == 64 && G == 3) return weigh_values_g<3, 8>(t, sc, stride, sum);
-  if (D == 64 && G == 1) return weigh_values_g<1, 8>(t, sc, stride, sum);
-  if (D == 64 && G == 2) return weigh_values_g<2, 8>(t, sc, stride, sum);
-  if (D == 64 && G == 4) return weigh_values_g<4, 8>(t, sc, stride, sum);
-  if (D == 16 && G == 2) return weigh_values_g<2, 2>(t, sc, stride, sum);
+  if (D % 16 == 0) {
+    switch (G) {
+      case 1: return weigh_values_g<1>(t, D, sc, stride, sum);
+      case 2: return weigh_values_g<2>(t, D, sc, stride, sum);
+      case 3: return weigh_values_g<3>(t, D, sc, stride, sum);
+      case 4: return weigh_values_g<4>(t, D, sc, stride, sum);
+      default: break;
+    }
+  }
   return weigh_values_ref(t, D, G, sc, stride, sum);
 }
 VS_ATTEND(score_tiles, weigh_values)
