@@ -54,7 +54,7 @@ def load(tiny_dirs):
 
     def get(kind: str = "llama", quant: str = "f32", isa: str | None = None, threads: int = 2,
             max_length: int = 512) -> CpuLlama:
-        key = (kind, quant, isa, threads, max_length)
+        key = (kind, quant, isa, threads, max_length)  # quantized models: fp16 K/V (the default)
         if key not in models:
             models[key] = CpuLlama.from_hf_dir(tiny_dirs[kind][0], max_length=max_length, quant=quant, isa=isa,
                                                threads=threads)
@@ -232,6 +232,37 @@ def test_isas_and_threads_give_scalar_bits(load, kind, quant):
     for isa in ISAS:
         for threads in (1, 2):
             assert_same_bits(ref, scenario(load(kind, quant, isa, threads=threads), VOCAB), f"{isa}, {threads} threads")
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_kv_cache_dtypes_bitwise_across_isas(tiny_dirs, kv_dtype):
+    """A quantized model with an fp32 or fp16 (default) K/V cache: chain, tree and batch stay
+    bitwise, and every ISA gives the scalar reference's bits (fp16 widening is exact)."""
+    def make(isa):
+        return CpuLlama.from_hf_dir(tiny_dirs["llama"][0], max_length=512, quant="q4_1", isa=isa, kv_dtype=kv_dtype)
+
+    model = make(None)
+    assert model.new_cache().pool.k.dtype == kv_dtype
+    assert_chain_bitwise(model, VOCAB, prefix_len=60, k=8)
+    assert_tree_bitwise(model, VOCAB, prefix_len=60)
+    assert_batch_bitwise(model, VOCAB)
+    ref = scenario(make("scalar"), VOCAB)
+    for isa in ISAS:
+        assert_same_bits(ref, scenario(make(isa), VOCAB), f"{isa}, kv {kv_dtype}")
+
+
+def test_fp16_cache_holds_round_to_nearest_even_values(tiny_dirs):
+    """The fp16 cache holds exactly torch's round-to-nearest-even of the fp32 cache's K/V."""
+    models = {dt: CpuLlama.from_hf_dir(tiny_dirs["llama"][0], max_length=128, quant="q8_0", kv_dtype=dt)
+              for dt in (torch.float32, torch.float16)}
+    ids = tokens(20, seed=5)
+    caches = {}
+    for dt, m in models.items():
+        caches[dt] = m.new_cache()
+        m.forward(ids[:, :1], torch.zeros(1, 1, dtype=torch.long), caches[dt])  # layer 0 sees identical inputs
+    k32, k16 = caches[torch.float32].pool.k[0, 0, :, 0, :, 0], caches[torch.float16].pool.k[0, 0, :, 0, :, 0]
+    v32, v16 = caches[torch.float32].pool.v[0, 0, :, 0], caches[torch.float16].pool.v[0, 0, :, 0]
+    assert torch.equal(k32.half(), k16) and torch.equal(v32.half(), v16)
 
 
 # ----------------------------------------------------------------------------- accuracy

@@ -13,6 +13,9 @@ namespace vs {
 namespace avx2 {
 #include "kernels_generic.inc"
 
+static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+
 static inline __m256i bcast4(const int8_t* p) {  // 4 activation bytes into every lane
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -111,16 +114,16 @@ static void tile(const Matrix& w, int p, const QAct& a, int t0, float* out, int 
 // Scores of whole 64-slot tiles: lanes are keys, and each lane is the fmaf chain over d.
 // All G heads of the kv head share the key loads; 16 keys per pass keep the G * 2
 // accumulators in AVX2's 16 registers.
-template <int G>
+template <int G, class KV>
 static void score_tiles_g(const AttnTask& t, int D, int tiles, float* sc, int stride) {
   for (int tile = 0; tile < tiles; tile++) {
-    const float* kt = t.kt + (size_t)tile * D * 64;
+    const KV* kt = (const KV*)t.kt + (size_t)tile * D * 64;
     for (int part = 0; part < 4; part++) {
       __m256 acc[G][2];
       for (int h = 0; h < G; h++) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
       for (int d = 0; d < D; d++) {
-        const float* kd = kt + d * 64 + 16 * part;
-        const __m256 k0 = _mm256_loadu_ps(kd), k1 = _mm256_loadu_ps(kd + 8);
+        const KV* kd = kt + d * 64 + 16 * part;
+        const __m256 k0 = load8(kd), k1 = load8(kd + 8);
         for (int h = 0; h < G; h++) {
           const __m256 q = _mm256_set1_ps(t.q[(size_t)h * D + d]);
           acc[h][0] = _mm256_fmadd_ps(q, k0, acc[h][0]);
@@ -133,19 +136,20 @@ static void score_tiles_g(const AttnTask& t, int D, int tiles, float* sc, int st
   }
 }
 
+template <class KV>
 static void score_tiles(const AttnTask& t, int D, int G, int tiles, float* sc, int stride) {
   switch (G) {
-    case 1: return score_tiles_g<1>(t, D, tiles, sc, stride);
-    case 2: return score_tiles_g<2>(t, D, tiles, sc, stride);
-    case 3: return score_tiles_g<3>(t, D, tiles, sc, stride);
-    case 4: return score_tiles_g<4>(t, D, tiles, sc, stride);
-    default: return score_tiles_ref(t, D, G, tiles, sc, stride);
+    case 1: return score_tiles_g<1, KV>(t, D, tiles, sc, stride);
+    case 2: return score_tiles_g<2, KV>(t, D, tiles, sc, stride);
+    case 3: return score_tiles_g<3, KV>(t, D, tiles, sc, stride);
+    case 4: return score_tiles_g<4, KV>(t, D, tiles, sc, stride);
+    default: return score_tiles_ref<KV>(t, D, G, tiles, sc, stride);
   }
 }
 
 // out[h] = sum_j p[h][j] * v[j] and sum[h] = sum_j p[h][j], both in key order; lanes are
 // value dimensions, 16 per pass over the keys (G * 2 accumulators fit AVX2's registers).
-template <int G>
+template <int G, class KV>
 static void weigh_values_g(const AttnTask& t, int D, const float* sc, int stride, float* sum) {
   const int nc = t.n_cached, n = nc + t.n_path;
   for (int part = 0; part < D / 16; part++) {
@@ -156,8 +160,8 @@ static void weigh_values_g(const AttnTask& t, int D, const float* sc, int stride
       acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     }
     for (int j = 0; j < n; j++) {
-      const float* v = t.v + (size_t)(j < nc ? j : t.path[j - nc]) * D + 16 * part;
-      const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+      const KV* v = (const KV*)t.v + (size_t)(j < nc ? j : t.path[j - nc]) * D + 16 * part;
+      const __m256 v0 = load8(v), v1 = load8(v + 8);
       for (int h = 0; h < G; h++) {
         const float p = sc[(size_t)h * stride + j];
         s[h] += p;
@@ -174,17 +178,18 @@ static void weigh_values_g(const AttnTask& t, int D, const float* sc, int stride
   }
 }
 
+template <class KV>
 static void weigh_values(const AttnTask& t, int D, int G, const float* sc, int stride, float* sum) {
   if (D % 16 == 0) {
     switch (G) {
-      case 1: return weigh_values_g<1>(t, D, sc, stride, sum);
-      case 2: return weigh_values_g<2>(t, D, sc, stride, sum);
-      case 3: return weigh_values_g<3>(t, D, sc, stride, sum);
-      case 4: return weigh_values_g<4>(t, D, sc, stride, sum);
+      case 1: return weigh_values_g<1, KV>(t, D, sc, stride, sum);
+      case 2: return weigh_values_g<2, KV>(t, D, sc, stride, sum);
+      case 3: return weigh_values_g<3, KV>(t, D, sc, stride, sum);
+      case 4: return weigh_values_g<4, KV>(t, D, sc, stride, sum);
       default: break;
     }
   }
-  return weigh_values_ref(t, D, G, sc, stride, sum);
+  return weigh_values_ref<KV>(t, D, G, sc, stride, sum);
 }
 VS_ATTEND(score_tiles, weigh_values)
 

@@ -13,6 +13,9 @@ namespace vs {
 namespace avx512 {
 #include "kernels_generic.inc"
 
+static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+
 static inline __m512i bcast4(const int8_t* p) {  // 4 activation bytes into every lane
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -109,16 +112,16 @@ static void tile(const Matrix& w, int p, const QAct& a, int t0, float* out, int 
 
 // Scores of whole 64-slot tiles: lanes are keys, and each lane is the fmaf chain over d.
 // All G heads of the kv head share the key loads (G a template argument: registers).
-template <int G>
+template <int G, class KV>
 static void score_tiles_g(const AttnTask& t, int D, int tiles, float* sc, int stride) {
   for (int tile = 0; tile < tiles; tile++) {
-    const float* kt = t.kt + (size_t)tile * D * 64;
+    const KV* kt = (const KV*)t.kt + (size_t)tile * D * 64;
     __m512 acc[G][4];
     for (int h = 0; h < G; h++)
       for (int i = 0; i < 4; i++) acc[h][i] = _mm512_setzero_ps();
     for (int d = 0; d < D; d++) {
-      const __m512 k0 = _mm512_loadu_ps(kt + d * 64), k1 = _mm512_loadu_ps(kt + d * 64 + 16);
-      const __m512 k2 = _mm512_loadu_ps(kt + d * 64 + 32), k3 = _mm512_loadu_ps(kt + d * 64 + 48);
+      const __m512 k0 = load16(kt + d * 64), k1 = load16(kt + d * 64 + 16);
+      const __m512 k2 = load16(kt + d * 64 + 32), k3 = load16(kt + d * 64 + 48);
       for (int h = 0; h < G; h++) {
         const __m512 q = _mm512_set1_ps(t.q[(size_t)h * D + d]);
         acc[h][0] = _mm512_fmadd_ps(q, k0, acc[h][0]);
@@ -132,19 +135,20 @@ static void score_tiles_g(const AttnTask& t, int D, int tiles, float* sc, int st
   }
 }
 
+template <class KV>
 static void score_tiles(const AttnTask& t, int D, int G, int tiles, float* sc, int stride) {
   switch (G) {
-    case 1: return score_tiles_g<1>(t, D, tiles, sc, stride);
-    case 2: return score_tiles_g<2>(t, D, tiles, sc, stride);
-    case 3: return score_tiles_g<3>(t, D, tiles, sc, stride);
-    case 4: return score_tiles_g<4>(t, D, tiles, sc, stride);
-    default: return score_tiles_ref(t, D, G, tiles, sc, stride);
+    case 1: return score_tiles_g<1, KV>(t, D, tiles, sc, stride);
+    case 2: return score_tiles_g<2, KV>(t, D, tiles, sc, stride);
+    case 3: return score_tiles_g<3, KV>(t, D, tiles, sc, stride);
+    case 4: return score_tiles_g<4, KV>(t, D, tiles, sc, stride);
+    default: return score_tiles_ref<KV>(t, D, G, tiles, sc, stride);
   }
 }
 
 // out[h] = sum_j p[h][j] * v[j] and sum[h] = sum_j p[h][j], both in key order; lanes are
 // value dimensions. G heads share the value loads; D / 16 = NV registers per head.
-template <int G, int NV>
+template <int G, int NV, class KV>
 static void weigh_values_g(const AttnTask& t, const float* sc, int stride, float* sum) {
   const int nc = t.n_cached, n = nc + t.n_path, D = 16 * NV;
   __m512 acc[G][NV];
@@ -154,9 +158,9 @@ static void weigh_values_g(const AttnTask& t, const float* sc, int stride, float
     for (int i = 0; i < NV; i++) acc[h][i] = _mm512_setzero_ps();
   }
   for (int j = 0; j < n; j++) {
-    const float* v = t.v + (size_t)(j < nc ? j : t.path[j - nc]) * D;
+    const KV* v = (const KV*)t.v + (size_t)(j < nc ? j : t.path[j - nc]) * D;
     __m512 vr[NV];
-    for (int i = 0; i < NV; i++) vr[i] = _mm512_loadu_ps(v + 16 * i);
+    for (int i = 0; i < NV; i++) vr[i] = load16(v + 16 * i);
     for (int h = 0; h < G; h++) {
       const float p = sc[(size_t)h * stride + j];
       s[h] += p;
@@ -170,15 +174,16 @@ static void weigh_values_g(const AttnTask& t, const float* sc, int stride, float
   }
 }
 
+template <class KV>
 static void weigh_values(const AttnTask& t, int D, int G, const float* sc, int stride, float* sum) {
-  if (D == 64 && G == 3) return weigh_values_g<3, 4>(t, sc, stride, sum);
-  if (D == 64 && G == 1) return weigh_values_g<1, 4>(t, sc, stride, sum);
-  if (D == 64 && G == 2) return weigh_values_g<2, 4>(t, sc, stride, sum);
-  if (D == 64 && G == 4) return weigh_values_g<4, 4>(t, sc, stride, sum);
-  if (D == 128 && G == 4) return weigh_values_g<4, 8>(t, sc, stride, sum);
-  if (D == 128 && G == 2) return weigh_values_g<2, 8>(t, sc, stride, sum);
-  if (D == 16 && G == 2) return weigh_values_g<2, 1>(t, sc, stride, sum);
-  return weigh_values_ref(t, D, G, sc, stride, sum);
+  if (D == 64 && G == 3) return weigh_values_g<3, 4, KV>(t, sc, stride, sum);
+  if (D == 64 && G == 1) return weigh_values_g<1, 4, KV>(t, sc, stride, sum);
+  if (D == 64 && G == 2) return weigh_values_g<2, 4, KV>(t, sc, stride, sum);
+  if (D == 64 && G == 4) return weigh_values_g<4, 4, KV>(t, sc, stride, sum);
+  if (D == 128 && G == 4) return weigh_values_g<4, 8, KV>(t, sc, stride, sum);
+  if (D == 128 && G == 2) return weigh_values_g<2, 8, KV>(t, sc, stride, sum);
+  if (D == 16 && G == 2) return weigh_values_g<2, 1, KV>(t, sc, stride, sum);
+  return weigh_values_ref<KV>(t, D, G, sc, stride, sum);
 }
 VS_ATTEND(score_tiles, weigh_values)
 

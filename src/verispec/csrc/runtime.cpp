@@ -48,6 +48,29 @@ float half_to_float(uint16_t h) {
   return f;
 }
 
+uint16_t float_to_half(float f) {  // round to nearest even, like F16C's vcvtps2ph
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xFF;
+  uint32_t mant = x & 0x7FFFFF;
+  if (exp == 0xFF) return (uint16_t)(sign | 0x7C00 | (mant ? 0x200 : 0));  // inf / nan
+  const int e = (int)exp - 127 + 15;
+  if (e >= 31) return (uint16_t)(sign | 0x7C00);  // overflow: inf
+  if (e <= 0) {  // a half subnormal (or zero)
+    if (e < -10) return (uint16_t)sign;
+    mant |= 0x800000;
+    const int shift = 14 - e;
+    uint32_t h = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+  }
+  uint32_t h = sign | ((uint32_t)e << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1FFF;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;  // a carry rounds up into the exponent
+  return (uint16_t)h;
+}
+
 // ---------------------------------------------------------------- ISA dispatch
 
 static bool cpu_has_avx512() {
@@ -198,6 +221,7 @@ static void matrix_row(const Matrix& m, int row, float* out) {
 struct Config {  // mirrors the Python ctypes struct (models/cpu.py)
   int32_t vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn, max_pos;
   float eps;
+  int32_t kv16;  // the KV cache holds fp16 values (else fp32)
 };
 
 struct Layer {
@@ -231,7 +255,7 @@ struct Model {
 
 // A batch of new tokens over rows of one cache pool (mirrors the ctypes struct).
 //  K cache [layers][rows][kv_heads][slots / 64][head_dim][64] (64-slot tiles, transposed)
-//  V cache [layers][rows][kv_heads][slots][head_dim]
+//  V cache [layers][rows][kv_heads][slots][head_dim]; elements fp32, or fp16 if Config::kv16
 struct Batch {
   int32_t T;               // new tokens
   const int32_t* ids;      // [T]
@@ -243,8 +267,8 @@ struct Batch {
   int32_t n_seqs;
   const int32_t* seq_row;     // [n_seqs] cache row
   const int32_t* seq_cached;  // [n_seqs] visible cached slots 0 .. n-1
-  float* kcache;
-  float* vcache;
+  void* kcache;
+  void* vcache;
   int32_t cache_rows, cache_slots;
   int32_t n_logits;
   const int32_t* logit_tokens;  // [n_logits] tokens whose logits are wanted
@@ -283,6 +307,7 @@ static void forward(Model& m, const Batch& bt) {
   const int qkv_w = (H + 2 * KVH) * D, half = D / 2;
   const size_t k_layer = (size_t)bt.cache_rows * KVH * bt.cache_slots * D;  // floats per layer (K and V alike)
   const float scale = 1.0f / std::sqrt((float)D);
+  const size_t esize = c.kv16 ? 2 : 4;  // bytes per cache element
   int max_slot = 0;
   for (int t = 0; t < T; t++) max_slot = bt.slot[t] > max_slot ? bt.slot[t] : max_slot;
   const int stride = ((max_slot >> 6) + 1) * 64;  // attention scratch per head: whole tiles up to any token's slot
@@ -298,8 +323,8 @@ static void forward(Model& m, const Batch& bt) {
 
   for (int l = 0; l < c.n_layers; l++) {
     Layer& L = m.layers[l];
-    float* kc = bt.kcache + (size_t)l * k_layer;
-    float* vc = bt.vcache + (size_t)l * k_layer;
+    char* kc = (char*)bt.kcache + (size_t)l * k_layer * esize;
+    char* vc = (char*)bt.vcache + (size_t)l * k_layer * esize;
     // attention: norm, QKV, RoPE, cache write
     pool.parallel_for(T, [&](int t0, int t1) {
       for (int t = t0; t < t1; t++) {
@@ -317,10 +342,18 @@ static void forward(Model& m, const Batch& bt) {
         const int row = bt.seq_row[bt.seq[t]], s = bt.slot[t];
         for (int g = 0; g < KVH; g++) {
           const size_t base = ((size_t)row * KVH + g) * bt.cache_slots * D;
-          float* kt = kc + base + (size_t)(s >> 6) * D * 64 + (s & 63);
-          const float* kv = q + (H + g) * D;
-          for (int d = 0; d < D; d++) kt[d * 64] = kv[d];
-          std::memcpy(vc + base + (size_t)s * D, q + (H + KVH + g) * D, D * sizeof(float));
+          const size_t kt = base + (size_t)(s >> 6) * D * 64 + (s & 63), vt = base + (size_t)s * D;
+          const float* k = q + (H + g) * D;
+          const float* v = q + (H + KVH + g) * D;
+          for (int d = 0; d < D; d++) {
+            if (c.kv16) {
+              ((uint16_t*)kc)[kt + d * 64] = float_to_half(k[d]);
+              ((uint16_t*)vc)[vt + d] = float_to_half(v[d]);
+            } else {
+              ((float*)kc)[kt + d * 64] = k[d];
+              ((float*)vc)[vt + d] = v[d];
+            }
+          }
         }
       }
     }, tok_grain);
@@ -331,9 +364,9 @@ static void forward(Model& m, const Batch& bt) {
       for (int i = i0; i < i1; i++) {
         const int g = i / T, t = i % T, sq = bt.seq[t];  // kv head outer: a sequence's tokens reuse its K/V in cache
         const size_t base = ((size_t)bt.seq_row[sq] * KVH + g) * bt.cache_slots * D;
-        AttnTask task{&qkv[(size_t)t * qkv_w + g * G * D], kc + base, vc + base, bt.seq_cached[sq],
+        AttnTask task{&qkv[(size_t)t * qkv_w + g * G * D], kc + base * esize, vc + base * esize, bt.seq_cached[sq],
                       bt.vis_off[t + 1] - bt.vis_off[t], bt.vis + bt.vis_off[t], &att.x[(size_t)t * H * D + g * G * D]};
-        m.k->attend(task, D, G, scale, scores.data(), stride);
+        m.k->attend(task, D, G, scale, scores.data(), stride, c.kv16 != 0);
       }
     });
     pool.parallel_for(T, [&](int t0, int t1) { for (int t = t0; t < t1; t++) att.quantize(m.k, t); }, tok_grain);
@@ -413,6 +446,26 @@ static std::string check_batch(const Model& m, const Batch& b) {
 }
 
 }  // namespace vs
+
+// The cache slot move of vs_cache_move, per element type.
+template <class KV>
+static void cache_move(const vs::Config* c, KV* kcache, KV* vcache, int rows, int slots, int row, const int32_t* src,
+                       int count, int dst) {
+  const int D = c->head_dim, KVH = c->n_kv_heads;
+  const size_t layer = (size_t)rows * KVH * slots * D;
+  for (int l = 0; l < c->n_layers; l++)
+    for (int g = 0; g < KVH; g++) {
+      const size_t base = (size_t)l * layer + ((size_t)row * KVH + g) * slots * D;
+      for (int i = 0; i < count; i++) {
+        const int s = src[i], t = dst + i;
+        if (s == t) continue;
+        KV* k = kcache + base;
+        for (int d = 0; d < D; d++)
+          k[(size_t)(t >> 6) * D * 64 + d * 64 + (t & 63)] = k[(size_t)(s >> 6) * D * 64 + d * 64 + (s & 63)];
+        std::memmove(vcache + base + (size_t)t * D, vcache + base + (size_t)s * D, D * sizeof(KV));
+      }
+    }
+}
 
 // ---------------------------------------------------------------- C ABI (ctypes)
 
@@ -573,22 +626,10 @@ int vs_forward(void* mp, const vs::Batch* b, char* err, int n) {
 }
 
 // Move slots src[0..n) of one cache row to dst, dst+1, ... (the accepted tree path).
-void vs_cache_move(const vs::Config* c, float* kcache, float* vcache, int rows, int slots, int row, const int32_t* src,
+void vs_cache_move(const vs::Config* c, void* kcache, void* vcache, int rows, int slots, int row, const int32_t* src,
                    int count, int dst) {
-  const int D = c->head_dim, KVH = c->n_kv_heads;
-  const size_t layer = (size_t)rows * KVH * slots * D;
-  for (int l = 0; l < c->n_layers; l++)
-    for (int g = 0; g < KVH; g++) {
-      const size_t base = (size_t)l * layer + ((size_t)row * KVH + g) * slots * D;
-      for (int i = 0; i < count; i++) {
-        const int s = src[i], t = dst + i;
-        if (s == t) continue;
-        float* k = kcache + base;
-        for (int d = 0; d < D; d++)
-          k[(size_t)(t >> 6) * D * 64 + d * 64 + (t & 63)] = k[(size_t)(s >> 6) * D * 64 + d * 64 + (s & 63)];
-        std::memmove(vcache + base + (size_t)t * D, vcache + base + (size_t)s * D, D * sizeof(float));
-      }
-    }
+  if (c->kv16) cache_move(c, (uint16_t*)kcache, (uint16_t*)vcache, rows, slots, row, src, count, dst);
+  else cache_move(c, (float*)kcache, (float*)vcache, rows, slots, row, src, count, dst);
 }
 
 }  // extern "C"

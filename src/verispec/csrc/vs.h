@@ -53,8 +53,8 @@ struct QAct {
 // root first, itself last; ascending).
 struct AttnTask {
   const float* q;       // [G][head_dim], unscaled
-  const float* kt;      // K cache of its kv head: [slots / 64][head_dim][64] (transposed tiles)
-  const float* v;       // V cache of its kv head: [slots][head_dim]
+  const void* kt;       // K cache of its kv head: [slots / 64][head_dim][64] (transposed tiles)
+  const void* v;        // V cache of its kv head: [slots][head_dim]; fp32 or fp16 (Kernels::attend)
   int n_cached;
   int n_path;
   const int32_t* path;  // [n_path] slots
@@ -66,8 +66,9 @@ struct Kernels {
   const char* name;
   // out[t * ldo + row] for rows of panels [p0, p1), tokens [0, T)
   void (*matmul)(const Matrix& w, int p0, int p1, const QAct& a, int T, float* out, int ldo);
-  // scratch: G * stride floats, stride >= 64 * ceil((last path slot + 1) / 64)
-  void (*attend)(const AttnTask& task, int head_dim, int G, float scale, float* scratch, int stride);
+  // scratch: G * stride floats, stride >= 64 * ceil((last path slot + 1) / 64);
+  // kv16: the cache holds fp16 (IEEE half) values, else fp32
+  void (*attend)(const AttnTask& task, int head_dim, int G, float scale, float* scratch, int stride, bool kv16);
   void (*silu_mul)(const float* g, const float* u, float* out, int n);  // out = silu(g) * u
   void (*quantize_row)(const float* x, int cols, int8_t* q, float* d, float* s, int32_t* qsum);
   void (*rms_norm)(const float* x, const float* w, int n, float eps, float* out);
@@ -77,7 +78,8 @@ extern const Kernels kernels_scalar;
 extern const Kernels kernels_avx2;
 extern const Kernels kernels_avx512;
 
-// fp16 <-> fp32 (exact conversion; round-to-nearest-even for to_half)
+// fp16 <-> fp32 (exact widening; round-to-nearest-even narrowing, as F16C does)
 float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);
 
 }  // namespace vs

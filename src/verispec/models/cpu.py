@@ -4,7 +4,8 @@ Python keeps the orchestration (drafters, verification, caches' bookkeeping); ea
 is one ``vs_forward`` call through ctypes, which releases the GIL. Weights stay in their
 checkpoint's precision: GGUF Q4_0 / Q4_1 / Q8_0 blocks are read from the file itself and
 repacked into 16-row panels (no fp32 copy), HF checkpoints run in fp32. Activations are
-quantized per 32-block to int8 (llama.cpp's Q8_1) for quantized weights.
+quantized per 32-block to int8 (llama.cpp's Q8_1) for quantized weights; their K/V cache is
+fp16 (rounded once when written, widened exactly when read).
 
 **Bit-exact by construction.** Every output is one fixed sequence of IEEE operations that
 depends only on the token's own inputs: products are vectorised across output rows, never
@@ -44,7 +45,7 @@ _ERR = 512
 
 class _Config(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int32) for n in ("vocab", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn",
-                                              "max_pos")] + [("eps", ctypes.c_float)]
+                                              "max_pos")] + [("eps", ctypes.c_float), ("kv16", ctypes.c_int32)]
 
 
 _P = ctypes.POINTER
@@ -54,7 +55,7 @@ class _Batch(ctypes.Structure):
     _fields_ = [("T", ctypes.c_int32), ("ids", _P(ctypes.c_int32)), ("pos", _P(ctypes.c_int32)),
                 ("seq", _P(ctypes.c_int32)), ("slot", _P(ctypes.c_int32)), ("vis_off", _P(ctypes.c_int32)),
                 ("vis", _P(ctypes.c_int32)), ("n_seqs", ctypes.c_int32), ("seq_row", _P(ctypes.c_int32)),
-                ("seq_cached", _P(ctypes.c_int32)), ("kcache", _P(ctypes.c_float)), ("vcache", _P(ctypes.c_float)),
+                ("seq_cached", _P(ctypes.c_int32)), ("kcache", ctypes.c_void_p), ("vcache", ctypes.c_void_p),
                 ("cache_rows", ctypes.c_int32), ("cache_slots", ctypes.c_int32), ("n_logits", ctypes.c_int32),
                 ("logit_tokens", _P(ctypes.c_int32)), ("logits", _P(ctypes.c_float)), ("hidden", _P(ctypes.c_float))]
 
@@ -84,7 +85,7 @@ def _load_library() -> ctypes.CDLL:
     lib.vs_model_weight_bytes.restype = ctypes.c_size_t
     lib.vs_model_weight_bytes.argtypes = (ctypes.c_void_p,)
     lib.vs_forward.argtypes = (ctypes.c_void_p, _P(_Batch), *c_err)
-    lib.vs_cache_move.argtypes = (_P(_Config), _P(ctypes.c_float), _P(ctypes.c_float), ctypes.c_int, ctypes.c_int,
+    lib.vs_cache_move.argtypes = (_P(_Config), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                   ctypes.c_int, _P(ctypes.c_int32), ctypes.c_int, ctypes.c_int)
     return lib
 
@@ -180,7 +181,7 @@ def quantize_matrix(w: torch.Tensor, fmt: str) -> RawMatrix:
 
 
 class CpuCachePool(CachePool):
-    """K/V of ``rows`` requests, fp32: k [layers, rows, kv_heads, slots/64, head_dim, 64] (64-slot
+    """K/V of ``rows`` requests, in ``owner.kv_dtype``: k [layers, rows, kv_heads, slots/64, head_dim, 64] (64-slot
     transposed tiles, so a token's scores read contiguous keys), v [layers, rows, kv_heads,
     slots, head_dim]. ``torch.empty``: slots past a request's length are never read."""
 
@@ -188,12 +189,13 @@ class CpuCachePool(CachePool):
         super().__init__(owner, rows, max_length)
         a = owner.args
         self.slots = -(-max_length // SLOT_TILE) * SLOT_TILE
-        self.k = torch.empty(a.n_layers, rows, a.n_kv_heads, self.slots // SLOT_TILE, a.head_dim, SLOT_TILE)
-        self.v = torch.empty(a.n_layers, rows, a.n_kv_heads, self.slots, a.head_dim)
+        dtype = owner.kv_dtype
+        self.k = torch.empty(a.n_layers, rows, a.n_kv_heads, self.slots // SLOT_TILE, a.head_dim, SLOT_TILE, dtype=dtype)
+        self.v = torch.empty(a.n_layers, rows, a.n_kv_heads, self.slots, a.head_dim, dtype=dtype)
 
     def _move_slots(self, row: int, src: list[int], dst_start: int) -> None:
         idx = _i32(src)
-        library().vs_cache_move(ctypes.byref(self.owner._cfg), _ptr(self.k, ctypes.c_float), _ptr(self.v, ctypes.c_float),
+        library().vs_cache_move(ctypes.byref(self.owner._cfg), self.k.data_ptr(), self.v.data_ptr(),
                                 self.rows, self.slots, row, _ptr(idx), len(src), dst_start)
 
 
@@ -211,12 +213,16 @@ class CpuLlama(PooledLM):
     """``CausalLM`` backend on the compiled runtime (Llama-family decoders)."""
 
     def __init__(self, args: LlamaArgs, weights: dict, info: ModelInfo, isa: str | None = None,
-                 threads: int | None = None, quant: str = "f32"):
+                 threads: int | None = None, quant: str = "f32", kv_dtype: torch.dtype | None = None):
         lib = library()
         self.args, self.info, self.quant = args, info, quant
         self.gguf_path: Path | None = None
+        # a quantized model keeps fp16 K/V (half the attention traffic, as llama.cpp does); fp32 stays fp32
+        self.kv_dtype = kv_dtype or (torch.float32 if quant == "f32" else torch.float16)
+        if self.kv_dtype not in (torch.float32, torch.float16):
+            raise ValueError(f"kv_dtype must be torch.float32 or torch.float16, got {self.kv_dtype}")
         self._cfg = _Config(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim,
-                            args.intermediate_size, info.max_length, args.norm_eps)
+                            args.intermediate_size, info.max_length, args.norm_eps, int(self.kv_dtype == torch.float16))
         cos, sin = (t.contiguous() for t in rope_tables(args, info.max_length, torch.device("cpu")))
         err = ctypes.create_string_buffer(_ERR)
         threads = threads or torch.get_num_threads()
@@ -368,7 +374,7 @@ class CpuLlama(PooledLM):
                                     np.concatenate(seq), np.concatenate(slot), vis_off, np.concatenate(vis),
                                     [c.row for c in caches], [c.length for c in caches], logit_tokens)]
         batch = _Batch(total, *(_ptr(t) for t in keep[:6]), len(caches), _ptr(keep[6]), _ptr(keep[7]),
-                       _ptr(pool.k, ctypes.c_float), _ptr(pool.v, ctypes.c_float), pool.rows, pool.slots,
+                       pool.k.data_ptr(), pool.v.data_ptr(), pool.rows, pool.slots,
                        len(logit_tokens), _ptr(keep[8]), _ptr(logits, ctypes.c_float),
                        None if hidden is None else _ptr(hidden, ctypes.c_float))
         err = ctypes.create_string_buffer(_ERR)
