@@ -7,6 +7,7 @@
 // then the final norm and the LM head over the rows that want logits. Every stage is
 // row-local or reduces in a fixed order (vs.h), so a token's logits do not depend on the
 // other tokens of the forward, the thread count or the ISA.
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -312,7 +313,8 @@ static void forward(Model& m, const Batch& bt) {
   for (int t = 0; t < T; t++) max_slot = bt.slot[t] > max_slot ? bt.slot[t] : max_slot;
   const int stride = ((max_slot >> 6) + 1) * 64;  // attention scratch per head: whole tiles up to any token's slot
   ThreadPool& pool = *m.pool;
-  const int tok_grain = 8;  // row-local phases: tokens per thread before splitting pays
+  // row-local phases: one chunk per thread, of at least 4 tokens (fewer do not pay a wake-up)
+  const int tok_grain = std::max(4, (T + pool.size() - 1) / pool.size());
 
   std::vector<float> x((size_t)T * dim), qkv((size_t)T * qkv_w), tmp((size_t)T * dim), gu((size_t)T * 2 * c.ffn);
   Act xn(T, dim), att(T, H * D), hid(T, c.ffn);
