@@ -91,7 +91,8 @@ def _load_backend(hf_dir: Path, name: str, dtype: torch.dtype, backend: str, dev
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
     if backend == "auto":
-        backend = "cpu" if head_rows is None and _cpu_supports(hf_dir, device) else "native" if _native_supports(hf_dir) else "hf"
+        cpu_ok = head_rows is None and dtype == torch.float32 and _cpu_supports(hf_dir, device)
+        backend = "cpu" if cpu_ok else "native" if _native_supports(hf_dir) else "hf"
     if backend == "cpu":
         from .models.cpu import CpuLlama
 
@@ -141,7 +142,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32",
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
     if backend == "auto":  # resolved once here: _load_backend then need not read the config again
-        backend = "cpu" if _cpu_supports(hf_dir, device) else "native" if _native_supports(hf_dir) else "hf"
+        cpu_ok = _dtype(dtype) == torch.float32 and _cpu_supports(hf_dir, device)  # bf16 asks for PyTorch
+        backend = "cpu" if cpu_ok else "native" if _native_supports(hf_dir) else "hf"
     gguf = source.path if source.kind == "gguf" else None
     if quant == "auto" and backend == "native":
         quant = default_quant(source)
