@@ -432,15 +432,15 @@ static std::string check_batch(const Model& m, const Batch& b) {
     if (b.seq_cached[s] < 0 || b.seq_cached[s] > b.cache_slots) return fail("cached length %d out of [0, %d]", b.seq_cached[s], b.cache_slots);
   }
   for (int t = 0; t < b.T; t++) {
-    if (b.ids[t] < 0 || b.ids[t] >= c.vocab) return fail("token id %d out of [0, %d)", b.ids[t], c.vocab);
-    if (b.pos[t] < 0 || b.pos[t] >= c.max_pos) return fail("position %d out of [0, %d)", b.pos[t], c.max_pos);
+    if (b.ids[t] < 0 || b.ids[t] >= c.vocab) return fail("token ids must be in [0, %d), got %d", c.vocab, b.ids[t]);
+    if (b.pos[t] < 0 || b.pos[t] >= c.max_pos) return fail("positions must be in [0, %d), got %d", c.max_pos, b.pos[t]);
     if (b.seq[t] < 0 || b.seq[t] >= b.n_seqs) return fail("token %d: sequence %d out of [0, %d)", t, b.seq[t], b.n_seqs);
     if (b.slot[t] < b.seq_cached[b.seq[t]] || b.slot[t] >= b.cache_slots)
       return fail("token %d: slot %d would overwrite a cached slot or overflow the cache (%d slots)", t, b.slot[t], b.cache_slots);
-    if (b.vis_off[t + 1] < b.vis_off[t] || b.vis_off[t + 1] - b.vis_off[t] < 1) return fail("token %d sees no new token (not even itself)", t);
+    if (b.vis_off[t + 1] < b.vis_off[t] || b.vis_off[t + 1] - b.vis_off[t] < 1) return fail("tree_mask must let each token see itself and only earlier tokens (token %d sees none)", t);
     for (int i = b.vis_off[t]; i < b.vis_off[t + 1]; i++)
       if (b.vis[i] < b.seq_cached[b.seq[t]] || b.vis[i] >= b.cache_slots) return fail("token %d: visible slot %d is not a new slot", t, b.vis[i]);
-    if (b.vis[b.vis_off[t + 1] - 1] != b.slot[t]) return fail("token %d must see itself last", t);
+    if (b.vis[b.vis_off[t + 1] - 1] != b.slot[t]) return fail("tree_mask must let each token see itself and only earlier tokens (token %d)", t);
   }
   for (int i = 0; i < b.n_logits; i++)
     if (b.logit_tokens[i] < 0 || b.logit_tokens[i] >= b.T) return fail("logit token %d out of [0, %d)", b.logit_tokens[i], b.T);

@@ -8,6 +8,8 @@ layout belong to the backend's subclass.
 
 from __future__ import annotations
 
+import torch
+
 
 class CachePool:
     """Rows of a preallocated K/V store. Invariant: a row is handed out by ``acquire`` at
@@ -95,6 +97,28 @@ class PooledLM:
 
     def new_cache_pool(self, rows: int, max_length: int | None = None) -> CachePool:
         return self.pool_class(self, rows, max_length or self.info.max_length)
+
+    def _check_batch(self, ids, pos, caches, tree, n_real: list[int]) -> None:
+        """The checks every batched forward makes before touching memory: shapes and dtypes,
+        ``num_tokens``, caches that are distinct rows of one pool of this model, overflow."""
+        b, n = ids.shape if ids.dim() == 2 else (0, 0)
+        if ids.dim() != 2 or n < 1 or b != len(caches) or b < 1 or ids.is_floating_point():
+            raise ValueError(f"forward: input_ids must be integer [B={len(caches)}, N>=1], got {tuple(ids.shape)}")
+        if pos.shape != ids.shape or pos.is_floating_point():
+            raise ValueError(f"forward: positions {tuple(pos.shape)} must be integer and match input_ids {tuple(ids.shape)}")
+        if tree is not None and (tree.shape != (b, n, n) or tree.dtype != torch.bool):
+            raise ValueError(f"forward: tree_mask must be bool [N={n}, N] per row, got {tuple(tree.shape)} {tree.dtype}")
+        if len(n_real) != b or not all(1 <= k <= n for k in n_real):
+            raise ValueError(f"forward: num_tokens must be {b} values in [1, {n}], got {n_real}")
+        cls = self.pool_class.cache_class
+        pool = caches[0].pool if isinstance(caches[0], cls) else None
+        if pool is None or pool.owner is not self or any(not isinstance(c, cls) or c.pool is not pool for c in caches):
+            raise ValueError(f"forward: caches must be {cls.__name__} handles of one pool created by this model")
+        if len({c.row for c in caches}) != b:
+            raise ValueError("forward: a cache row appears twice in one batch")
+        for c, k in zip(caches, n_real):
+            if c.length + k > c.max_length:
+                raise ValueError(f"forward: cache overflow: {c.length} cached + {k} new > max_length {c.max_length}")
 
     def forward(self, input_ids, positions, cache, tree_mask=None, want_hidden: bool = False,
                 last_logits_only: bool = False):

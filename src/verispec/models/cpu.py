@@ -133,11 +133,7 @@ def _ptr(t: torch.Tensor | np.ndarray, ctype=ctypes.c_int32):
     return ctypes.cast(addr, _P(ctype))
 
 
-def _i32(values) -> torch.Tensor:
-    return torch.as_tensor(values, dtype=torch.int32).contiguous()
-
-
-def _i32np(values) -> np.ndarray:
+def _i32(values) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=np.int32)
 
 
@@ -369,7 +365,7 @@ class CpuLlama(PooledLM):
         logits = torch.empty(len(logit_tokens), self.info.vocab_size)
         hidden = torch.empty(total, self.args.dim) if want_hidden else None
         pool = caches[0].pool
-        keep = [_i32np(a) for a in (np.concatenate([ids_np[r, :k] for r, k in enumerate(n_real)]),
+        keep = [_i32(a) for a in (np.concatenate([ids_np[r, :k] for r, k in enumerate(n_real)]),
                                     np.concatenate([pos_np[r, :k] for r, k in enumerate(n_real)]),
                                     np.concatenate(seq), np.concatenate(slot), vis_off, np.concatenate(vis),
                                     [c.row for c in caches], [c.length for c in caches], logit_tokens)]
@@ -400,34 +396,9 @@ class CpuLlama(PooledLM):
         return out
 
     def _validate(self, ids, pos, caches, tree, n_real) -> None:
-        b, n = ids.shape if ids.dim() == 2 else (0, 0)
-        if ids.dim() != 2 or n < 1 or b != len(caches) or b < 1 or ids.is_floating_point():
-            raise ValueError(f"forward: input_ids must be integer [B={len(caches)}, N>=1], got {tuple(ids.shape)}")
-        if pos.shape != ids.shape or pos.is_floating_point():
-            raise ValueError(f"forward: positions {tuple(pos.shape)} must be integer and match input_ids {tuple(ids.shape)}")
-        if tree is not None and (tree.shape != (b, n, n) or tree.dtype != torch.bool):
-            raise ValueError(f"forward: tree_mask must be bool [N={n}, N] per row, got {tuple(tree.shape)} {tree.dtype}")
-        if len(n_real) != b or not all(1 <= k <= n for k in n_real):
-            raise ValueError(f"forward: num_tokens must be {b} values in [1, {n}], got {n_real}")
-        pool = caches[0].pool if isinstance(caches[0], CpuCache) else None
-        if pool is None or pool.owner is not self or any(not isinstance(c, CpuCache) or c.pool is not pool for c in caches):
-            raise ValueError("forward: caches must be CpuCache handles of one pool created by this model")
-        if len({c.row for c in caches}) != len(caches):
-            raise ValueError("forward: a cache row appears twice in one batch")
-        for c, k in zip(caches, n_real):
-            if c.length + k > c.max_length:
-                raise ValueError(f"forward: cache overflow: {c.length} cached + {k} new > max_length {c.max_length}")
-        if tree is not None:
-            for r, k in enumerate(n_real):
-                m = tree[r, :k, :k]
-                if not bool(m.diagonal().all()) or bool(m.triu(1).any()):
-                    raise ValueError("forward: tree_mask must let each token see itself and only earlier tokens")
-        vocab, max_pos = self.info.vocab_size, self.info.max_length
-        for r, k in enumerate(n_real):
-            if int(ids[r, :k].min()) < 0 or int(ids[r, :k].max()) >= vocab:
-                raise ValueError(f"forward: token ids must be in [0, {vocab})")
-            if int(pos[r, :k].min()) < 0 or int(pos[r, :k].max()) >= max_pos:
-                raise ValueError(f"forward: positions must be in [0, {max_pos})")
+        """Shapes and caches here; token ids, positions and the tree's shape (each token sees
+        itself and only earlier tokens) are checked by ``vs_forward`` before it writes anything."""
+        self._check_batch(ids, pos, caches, tree, n_real)
 
 
 # ----------------------------------------------------------------------------- weight sources

@@ -638,23 +638,7 @@ class NativeLlama(PooledLM):
         return ModelOutput(logits, hidden[:, :n].float() if want_hidden else None)
 
     def _validate(self, ids, pos, caches, tree, n_real) -> None:
-        b, n = ids.shape if ids.dim() == 2 else (0, 0)
-        if ids.dim() != 2 or n < 1 or b != len(caches) or b < 1 or ids.is_floating_point():
-            raise ValueError(f"forward: input_ids must be integer [B={len(caches)}, N>=1], got {tuple(ids.shape)}")
-        if pos.shape != ids.shape:
-            raise ValueError(f"forward: positions {tuple(pos.shape)} must match input_ids {tuple(ids.shape)}")
-        if tree is not None and (tree.shape != (b, n, n) or tree.dtype != torch.bool):
-            raise ValueError(f"forward: tree_mask must be bool [N={n}, N] per row, got {tuple(tree.shape)} {tree.dtype}")
-        if len(n_real) != b or not all(1 <= k <= n for k in n_real):
-            raise ValueError(f"forward: num_tokens must be {b} values in [1, {n}], got {n_real}")
-        pool = caches[0].pool if isinstance(caches[0], NativeCache) else None
-        if pool is None or pool.owner is not self or any(not isinstance(c, NativeCache) or c.pool is not pool for c in caches):
-            raise ValueError("forward: caches must be NativeCache handles of one pool created by this model")
-        if len({c.row for c in caches}) != b:
-            raise ValueError("forward: a cache appears twice in one batch")
-        for c, k in zip(caches, n_real):
-            if c.length + k > c.max_length:
-                raise ValueError(f"forward: cache overflow: length {c.length} + {k} new tokens > max_length {c.max_length}")
+        self._check_batch(ids, pos, caches, tree, n_real)
         if int(pos.min()) < 0 or int(pos.max()) >= self._cos.shape[0]:
             raise ValueError(f"forward: positions must be in [0, {self._cos.shape[0]}), got [{int(pos.min())}, {int(pos.max())}]")
 
