@@ -57,6 +57,7 @@ class RequestStats:
     """
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose K/V the prefix cache gave (not prefilled)
     new_tokens: int = 0
     target_forwards: int = 0
     steps: int = 0
@@ -107,6 +108,7 @@ class RequestStats:
     def as_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "new_tokens": self.new_tokens,
             "target_forwards": self.target_forwards,
             "steps": self.steps,

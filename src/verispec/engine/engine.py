@@ -18,6 +18,7 @@ from ..sampling import sample, target_probs
 from ..tree import DraftTree
 from ..types import FinishReason, SamplingParams
 from ..verify import verify_tree
+from .prefix_cache import PrefixCache, prefix_cache_support
 from .request import Request
 
 
@@ -31,7 +32,10 @@ class StepResult:
 
 class Engine:
     """Runs one target with one drafter. ``num_draft_tokens`` is the initial draft budget
-    per step (tree nodes for tree drafters); ``policy`` how it changes."""
+    per step (tree nodes for tree drafters); ``policy`` how it changes. ``prefix_cache``
+    (engine/prefix_cache.py; several engines on one target may share one): requests reuse
+    cached prompt prefixes, where the backend makes that exact (``prefix_cache_support``);
+    elsewhere it is left unused."""
 
     def __init__(
         self,
@@ -39,10 +43,14 @@ class Engine:
         drafter: Drafter,
         num_draft_tokens: int = 8,
         policy: PolicyName = "fixed",
+        prefix_cache: PrefixCache | None = None,
     ):
         DraftLengthPolicy(num_draft_tokens, policy)  # validate now, not at first request
         self.target, self.drafter = target, drafter
         self.num_draft_tokens, self.policy = num_draft_tokens, policy
+        self.prefix_cache = prefix_cache if prefix_cache_support(target) is None else None
+        if self.prefix_cache is not None:
+            self.prefix_cache.bind(target)
         self._ids = itertools.count()
 
     # ---- request lifecycle -------------------------------------------------------------
@@ -75,20 +83,23 @@ class Engine:
             cache=self.target.new_cache() if cache is None else cache,
             policy=DraftLengthPolicy(self.num_draft_tokens, self.policy),
         )
-        self.drafter.start(request_id, req.prompt_ids)
+        self.drafter.start(request_id, req.prompt_ids)  # the whole prompt, reused prefix or not
         self._prefill(req)
         return req
 
     def _prefill(self, req: Request) -> None:
-        """One forward over the prompt. A drafter that needs hidden states observes it as
-        a verified chain: root = the first prompt token, the rest of the prompt accepted,
-        the first generated token as bonus (``Observation`` of the prefill)."""
+        """One forward over the prompt (past a prefix reused from the prefix cache). A
+        drafter that needs hidden states observes it as a verified chain: root = the first
+        prompt token, the rest of the prompt accepted, the first generated token as bonus
+        (``Observation`` of the prefill); it needs the whole prompt's, so it reuses nothing."""
         t0 = time.perf_counter()
         device = self.target.info.device
         prompt = req.prompt_ids
-        ids = torch.tensor([prompt], device=device)
-        pos = torch.arange(len(prompt), device=device)[None]
         want = self.drafter.needs_hidden_states
+        pc = self.prefix_cache
+        start = req.stats.cached_tokens = pc.restore(prompt, req.cache) if pc is not None and not want else 0
+        ids = torch.tensor([prompt[start:]], device=device)
+        pos = torch.arange(start, len(prompt), device=device)[None]
         out = self.target.forward(ids, pos, req.cache, want_hidden=want, last_logits_only=True)
         last = out.logits[0, -1:]  # [1, V]
         first = int(last.argmax()) if req.params.greedy else sample(
@@ -99,13 +110,19 @@ class Engine:
             tree = DraftTree.chain(prompt[0], prompt[1:])
             self.drafter.observe(Observation(req.request_id, tree, list(range(1, len(prompt))),
                                              [*prompt[1:], first], out.logits[0], out.hidden[0]))
+        if pc is not None:  # now, so requests running beside this one can share its prompt
+            pc.store(prompt, req.cache)
         req.stats.prefill_s = time.perf_counter() - t0
         self._commit(req, [first])
 
     def finish(self, req: Request, reason: FinishReason) -> None:
+        """End ``req`` (idempotent); its committed tokens' K/V go to the prefix cache."""
         if req.finished is None:
             req.finished = reason
         self.drafter.finish(req.request_id)
+        if self.prefix_cache is not None:
+            # slots past len(tokens) - 1 may hold an unverified tree if a step failed midway
+            self.prefix_cache.store(req.tokens[:min(req.cache.length, len(req.tokens) - 1)], req.cache)
 
     # ---- one step ----------------------------------------------------------------------
     # A step is propose -> forward_tree -> complete_step; a batch scheduler (engine/batch.py)

@@ -2,8 +2,10 @@
 
 A pool preallocates K/V for ``rows`` requests; a request's cache is a handle on one row
 plus an int ``length``. ``truncate`` changes the int; ``compact`` checks its arguments and
-asks the backend to move the accepted slots (``_move_slots``). The tensors and their
-layout belong to the backend's subclass.
+asks the backend to move the accepted slots (``_move_slots``). ``read_kv`` / ``append_kv``
+copy slots out of and into a row (the prefix cache across requests, engine/prefix_cache.py),
+through the backend's ``_read_slots`` / ``_write_slots``. The tensors and their layout
+belong to the backend's subclass.
 """
 
 from __future__ import annotations
@@ -41,9 +43,22 @@ class CachePool:
         self._free.append(cache.row)
         self._free.sort()
 
+    @property
+    def in_use(self) -> int:
+        """Rows handed out and not yet released."""
+        return self._rows - len(self._free)
+
     def _move_slots(self, row: int, src: list[int], dst_start: int) -> None:
         """Copy K/V of slots ``src`` (ascending, all >= their targets) to ``dst_start, ...``."""
         raise NotImplementedError
+
+    def _read_slots(self, row: int, start: int, n: int) -> tuple[torch.Tensor, ...]:
+        """A copy of the K/V of slots ``start .. start+n-1`` in the backend's own layout."""
+        raise NotImplementedError(f"{type(self).__name__} cannot copy K/V out (no prefix cache)")
+
+    def _write_slots(self, row: int, start: int, kv: tuple[torch.Tensor, ...]) -> None:
+        """Write ``_read_slots`` output back at slots ``start ..``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot copy K/V in (no prefix cache)")
 
 
 class PooledCache:
@@ -78,6 +93,20 @@ class PooledCache:
             self.pool._move_slots(self.row, src, dst_start)
         self._length = dst_start + len(src)
 
+    def read_kv(self, start: int, n: int) -> tuple[torch.Tensor, ...]:
+        """A copy of the K/V of cached slots ``start .. start+n-1`` (opaque, backend layout):
+        what ``append_kv`` of a cache of the same model takes."""
+        if n < 1 or start < 0 or start + n > self._length:
+            raise ValueError(f"read_kv: slots [{start}, {start + n}) are not all cached (length {self._length})")
+        return self.pool._read_slots(self.row, start, n)
+
+    def append_kv(self, kv: tuple[torch.Tensor, ...], n: int) -> None:
+        """Append ``n`` slots copied by ``read_kv`` at ``length`` (a reused prefix)."""
+        if self._length + n > self.pool.max_length:
+            raise ValueError(f"append_kv: {self._length} cached + {n} > max_length {self.pool.max_length}")
+        self.pool._write_slots(self.row, self._length, kv)
+        self._length += n
+
     def _advance(self, n: int) -> None:
         self._length += n
 
@@ -91,6 +120,9 @@ class PooledLM:
     single-request caches and ``forward`` are one-row cases of the batched forward."""
 
     pool_class: type[CachePool]
+    # Is a token's K/V bitwise the same whether the prompt was prefilled in one forward or
+    # in several (a reused prefix, then the rest)? Only then may a prefix cache reuse K/V.
+    prefix_reuse_exact: bool = False
 
     def new_cache(self, max_length: int | None = None) -> PooledCache:
         return self.new_cache_pool(1, max_length).acquire()

@@ -194,6 +194,36 @@ class CpuCachePool(CachePool):
         library().vs_cache_move(ctypes.byref(self.owner._cfg), self.k.data_ptr(), self.v.data_ptr(),
                                 self.rows, self.slots, row, _ptr(idx), len(src), dst_start)
 
+    # prefix-cache copies go through numpy views: torch copies would wake torch's OpenMP
+    # threads, which then spin on the cores the runtime's own threads need (see forward_batch)
+    def _read_slots(self, row: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> k [layers, kv_heads, head_dim, n] (the tiles' slot-minor order), v [layers, kv_heads, n, head_dim]."""
+        k, v = self.k.numpy(), self.v.numpy()
+        tiles = [k[:, row, :, t, :, lo:hi] for t, lo, hi, _ in _tile_spans(start, n)]
+        return (torch.from_numpy(np.concatenate(tiles, axis=-1)),
+                torch.from_numpy(np.ascontiguousarray(v[:, row, :, start:start + n])))
+
+    def _write_slots(self, row: int, start: int, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+        k_in, v_in = (t.numpy() for t in kv)
+        k, v = self.k.numpy(), self.v.numpy()
+        for t, lo, hi, at in _tile_spans(start, v_in.shape[2]):
+            k[:, row, :, t, :, lo:hi] = k_in[..., at:at + hi - lo]
+        v[:, row, :, start:start + v_in.shape[2]] = v_in
+
+
+def _tile_spans(start: int, n: int) -> list[tuple[int, int, int, int]]:
+    """Slots ``start .. start+n-1`` as (tile, first, end, offset in the range) per 64-slot tile.
+
+    Example: _tile_spans(60, 8) -> [(0, 60, 64, 0), (1, 0, 4, 4)].
+    """
+    spans, s = [], start
+    while s < start + n:
+        t, lo = divmod(s, SLOT_TILE)
+        hi = min(SLOT_TILE, lo + start + n - s)
+        spans.append((t, lo, hi, s - start))
+        s += hi - lo
+    return spans
+
 
 class CpuCache(PooledCache):
     """A request's view on one row of a ``CpuCachePool``."""
@@ -207,6 +237,10 @@ CpuCachePool.cache_class = CpuCache
 
 class CpuLlama(PooledLM):
     """``CausalLM`` backend on the compiled runtime (Llama-family decoders)."""
+
+    # a token's K/V depends only on its own inputs (module docstring), not on how the prompt
+    # was split into forwards: a reused prefix plus the rest is bitwise one prefill (tested)
+    prefix_reuse_exact = True
 
     def __init__(self, args: LlamaArgs, weights: dict, info: ModelInfo, isa: str | None = None,
                  threads: int | None = None, quant: str = "f32", kv_dtype: torch.dtype | None = None):
