@@ -11,6 +11,8 @@ sampled, with every drafter kind; drafters still see the whole prompt.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from test_native import VOCAB, tiny_dirs, tokens  # noqa: F401  (tiny_dirs is a fixture)
@@ -286,3 +288,163 @@ def test_drafters_see_the_whole_prompt(load):
         req = engine.add_request(prompt, SamplingParams(max_new_tokens=3), rid)
         engine.finish(req, "stop")
     assert seen == {"a": prompt, "b": prompt} and req.stats.cached_tokens == 48
+
+
+def test_batch_engine_shares_one_cache_and_frees_every_row(load):
+    """Requests sharing a system prompt, joining mid-flight in batched forwards, reuse each
+    other's prefix and give the tokens of plain decoding alone; afterwards no row is held."""
+    from verispec.engine.batch import BatchEngine, SpecSchedule
+
+    model = load()
+    system = tokens(40, seed=7)[0].tolist()
+    prompts = [system + tokens(5 + 7 * i, seed=30 + i)[0].tolist() for i in range(5)]
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    plain = Engine(model, NoDrafter(), 1)
+    refs = []
+    for p in prompts:
+        req = plain.add_request(p, params)
+        while not req.finished:
+            plain.step(req)
+        refs.append(req.generated)
+    pc = PrefixCache(1 << 30, B)
+    engines = {"pl": Engine(model, PromptLookupDrafter(), 4, prefix_cache=pc),
+               "none": Engine(model, NoDrafter(), 1, prefix_cache=pc)}
+    be = BatchEngine(model, engines, max_batch=3, max_length=128, schedule=SpecSchedule("budget", 0))
+    assert be.prefix_cache is pc
+    running, done, pending = [], {}, list(enumerate(prompts))
+    while pending or running:
+        if pending and be.free_slots:
+            i, p = pending.pop(0)
+            running.append((i, be.add_request(f"r{i}", p, params, "pl" if i % 2 else "none")))
+        step = be.step([r for _, r in running])
+        assert not any(isinstance(x, Exception) for x in step.results), step.results
+        for i, r in list(running):
+            if r.finished:
+                done[i] = (r.generated, r.stats.cached_tokens)
+                be.release(r)
+                running.remove((i, r))
+    assert [done[i][0] for i in range(5)] == refs
+    assert [done[i][1] for i in range(5)] == [0] + [32] * 4  # the system prompt's 2 full blocks
+    assert be.cache_rows_in_use == 0 and be.free_slots == 3
+    pc.check_integrity()
+    with pytest.raises(ValueError, match="share one prefix cache"):
+        BatchEngine(model, {"a": Engine(model, NoDrafter(), 1, prefix_cache=PrefixCache(1 << 20)),
+                            "b": Engine(model, NoDrafter(), 1)}, max_batch=2, max_length=128)
+
+
+# ----------------------------------------------------------------------------- server
+
+
+@pytest.fixture(scope="module")
+def tiny_cpu_model(tmp_path_factory):
+    """A tiny random Llama on the compiled runtime with stories260K's tokenizer (vocab 512)."""
+    import dataclasses
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from verispec.api import load_model
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=1, eos_token_id=2)
+    path = tmp_path_factory.mktemp("tiny-cpu")
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    stories = load_model("stories260k", backend="native")
+    backend = cpu.CpuLlama.from_hf_dir(path, max_length=512, threads=2)
+    return dataclasses.replace(stories, name="tiny-cpu", backend=backend, hf_dir=path, backend_kind="cpu")
+
+
+def test_server_reuses_prefixes_reports_them_and_returns_to_idle(tiny_cpu_model):
+    """Multi-turn style requests (each extends the last) and concurrent repeats: the same text
+    as a server without the cache; /metrics counts the reused tokens, and every cache row is
+    free again afterwards."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from test_server import metrics, running_server, wait_until
+
+    base = "Once upon a time there was a little girl named Lily. She liked to play in the park with her dog. "
+    prompts = [base, base + "One day", base + "One day she found a shiny red ball under a big tree."]
+
+    def ask(url: str, prompt: str) -> dict:
+        r = httpx.post(f"{url}/v1/completions", timeout=120,
+                       json={"model": "tiny-cpu", "prompt": prompt, "max_tokens": 20, "temperature": 0})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    texts = {}
+    for mb in (0, 64):
+        with running_server(tiny_cpu_model, "tiny-cpu", prefix_cache_mb=mb) as (url, state, _):
+            outs = [ask(url, p) for p in prompts]
+            with ThreadPoolExecutor(3) as pool:
+                outs += list(pool.map(lambda p: ask(url, p), prompts))
+            texts[mb] = [o["choices"][0]["text"] for o in outs]
+            cached = [o["verispec"]["cached_tokens"] for o in outs]
+            wait_until(lambda: metrics(url)["verispec_requests_running"] == 0)
+            m = metrics(url)
+            assert m["verispec_cache_rows_in_use"] == 0 and state.worker.engine.cache_rows_in_use == 0
+            assert m["verispec_prefix_cache_enabled"] == (mb > 0)
+            assert m["verispec_prefix_cache_hits_total"] == sum(cached)
+            if mb:
+                assert cached[0] == 0 and all(c >= 16 for c in cached[1:])
+                assert m["verispec_prefix_cache_queries_total"] == sum(o["usage"]["prompt_tokens"] for o in outs)
+                assert 0 < m["verispec_prefix_cache_hit_rate"] < 1 and m["verispec_prefix_cache_blocks"] > 0
+                assert 0 < m["verispec_prefix_cache_bytes"] <= m["verispec_prefix_cache_max_bytes"] == 64 * 2**20
+            else:
+                assert cached == [0] * 6
+    assert texts[0] == texts[64]
+
+
+# ----------------------------------------------------------------------------- API, CLI, bench
+
+
+def test_spec_decoder_reuses_across_calls(tiny_cpu_model):
+    """The Python API: a second call that extends the first prompt reuses it (default on);
+    ``prefix_cache_mb=0`` turns it off, with the same text."""
+    from verispec.api import SpecDecoder
+
+    prompt = "Once upon a time there was a little girl named Lily. She liked to play in the park. " * 2
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    outs = {}
+    for mb in (0, 8):
+        dec = SpecDecoder(tiny_cpu_model, "prompt-lookup", prefix_cache_mb=mb)
+        first = dec.generate(prompt, params, chat=False)
+        again = dec.generate(prompt + first.text + " The end.", params, chat=False)
+        outs[mb] = (first.text, again.text, again.stats.cached_tokens)
+    assert outs[0][:2] == outs[8][:2] and outs[0][2] == 0 and outs[8][2] >= 32
+
+
+def test_cli_flags_and_stats(tiny_cpu_model):
+    from typer.testing import CliRunner
+
+    from verispec.cli import PREFIX_CACHE_MB, app
+    from verispec.engine.prefix_cache import DEFAULT_MAX_MB
+
+    assert PREFIX_CACHE_MB == DEFAULT_MAX_MB
+    runner = CliRunner()
+    r = runner.invoke(app, ["generate", "--model", "stories260k", "-n", "4", "--json", "Hello"])
+    assert r.exit_code == 0, r.output
+    stats = json.loads(r.stdout)["stats"]
+    assert stats["cached_tokens"] == 0 and stats["prefix_cache"].startswith("off: NativeLlama")
+    r = runner.invoke(app, ["generate", "--model", "stories260k", "-n", "4", "--json", "--prefix-cache-mb", "0", "Hi"])
+    assert json.loads(r.stdout)["stats"]["prefix_cache"] == "off"
+    for bad in ("-1", "nan", "inf"):
+        r = runner.invoke(app, ["generate", "--model", "stories260k", "-n", "4", "--prefix-cache-mb", bad, "Hi"])
+        assert r.exit_code == 2 and "prefix cache size" in r.output, r.output
+
+
+def test_bench_runner_reuses_its_own_turns_and_forgets_the_warm_up(tiny_cpu_model):
+    from verispec.bench.command import _pop_float, BenchError
+    from verispec.bench.runners import EngineRunner
+
+    with pytest.raises(BenchError, match="number"):
+        _pop_float({"prefix_cache_mb": "x"}, "prefix_cache_mb", 0)
+    runner = EngineRunner("none", tiny_cpu_model.backend, NoDrafter(), 1, prefix_cache_mb=16)
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    prompt = tokens(40, seed=1)[0].tolist()
+    g1 = runner.generate(prompt, params)
+    g2 = runner.generate(prompt + list(g1.token_ids) + [5, 6, 7], params)
+    assert (g1.cached_tokens, g2.cached_tokens) == (0, 32) and g2.target_forwards == 8
+    runner.reset_learned()
+    assert runner.generate(prompt, params).cached_tokens == 0

@@ -18,6 +18,7 @@ import torch
 
 from .drafters.base import Drafter
 from .engine import Engine
+from .engine.prefix_cache import DEFAULT_MAX_MB, PrefixCache
 from .models.base import CausalLM, ModelError
 from .models.catalog import DEFAULT_MODEL
 from .models.loading import default_quant, materialize, resolve_model
@@ -236,14 +237,17 @@ class Chunk:
 
 
 class SpecDecoder:
-    """A target, a drafter and an engine; generates text losslessly."""
+    """A target, a drafter and an engine; generates text losslessly. ``prefix_cache_mb``:
+    K/V kept across calls, so a prompt that extends an earlier one (a chat's next turn)
+    prefills only what is new (0 = off; the cpu backend, where it is exact)."""
 
     def __init__(self, model: LoadedModel, drafter: str | Drafter = "suffix",
                  drafter_options: dict[str, Any] | None = None, num_draft_tokens: int = 16,
-                 policy: Literal["fixed", "heuristic"] = "fixed"):
+                 policy: Literal["fixed", "heuristic"] = "fixed", prefix_cache_mb: float = DEFAULT_MAX_MB):
         self.model = model
         self.drafter = make_drafter(drafter, model, drafter_options) if isinstance(drafter, str) else drafter
-        self.engine = Engine(model.backend, self.drafter, num_draft_tokens, policy)
+        self.engine = Engine(model.backend, self.drafter, num_draft_tokens, policy,
+                             PrefixCache.from_mb(prefix_cache_mb))
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None,
                chat: bool | None = None) -> Iterator[Chunk]:

@@ -15,6 +15,9 @@ from rich.table import Table
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="verispec: lossless speculative decoding.")
 err = Console(stderr=True)
+PREFIX_CACHE_MB = 1024.0  # = engine.prefix_cache.DEFAULT_MAX_MB (not imported: `verispec --help` stays instant)
+PREFIX_CACHE_HELP = ("MiB of K/V kept across requests so a prompt reuses its longest cached prefix "
+                     "(multi-turn chats, shared system prompts); 0 = off; the cpu backend only (exact there)")
 
 
 def fail(message: str) -> None:
@@ -51,9 +54,9 @@ def peak_rss_mb() -> float:
 
 def stats_table(stats: dict) -> Table:
     table = Table(title="speculation statistics", show_header=False)
-    for key in ("new_tokens", "target_forwards", "steps", "drafted", "accepted", "tau", "alpha",
+    for key in ("new_tokens", "cached_tokens", "target_forwards", "steps", "drafted", "accepted", "tau", "alpha",
                 "tokens_per_second", "prefill_s", "decode_s", "peak_rss_mb", "backend", "bit_exact",
-                "bit_exact_reason"):
+                "bit_exact_reason", "prefix_cache"):
         table.add_row(key, str(stats.get(key)))
     ppa = stats.get("per_position_acceptance") or []
     table.add_row("per_position_acceptance", " ".join(f"{x:.2f}" for x in ppa[:12]))
@@ -84,9 +87,11 @@ def generate(
     backend: str = typer.Option("auto", help="auto (the compiled CPU runtime for Llama-family models on CPU), "
                                 "cpu, native (PyTorch) or hf"),
     quant: str = typer.Option("auto", help="native weights: auto (the checkpoint's precision), none, int8 or int4"),
+    prefix_cache_mb: float = typer.Option(PREFIX_CACHE_MB, help=PREFIX_CACHE_HELP),
 ) -> None:
     """Generate text with speculative decoding and print speculation statistics."""
     from .api import SpecDecoder, load_model
+    from .engine.prefix_cache import prefix_cache_support
     from .models.base import ModelError, exactness_of
     from .types import SamplingParams
 
@@ -99,7 +104,8 @@ def generate(
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                                 max_new_tokens=max_new_tokens, seed=seed, stop=tuple(stop))
         lm = load_model(model, dtype=dtype, backend=backend, quant=quant)
-        dec = SpecDecoder(lm, drafter, parse_options(drafter_option), num_draft_tokens, policy)
+        dec = SpecDecoder(lm, drafter, parse_options(drafter_option), num_draft_tokens, policy,
+                          prefix_cache_mb=prefix_cache_mb)
         chunks = []
         for chunk in dec.stream(text, params, chat):
             chunks.append(chunk)
@@ -114,6 +120,8 @@ def generate(
     stats["backend"] = getattr(lm.backend, "description", lm.backend_kind)
     exact = exactness_of(lm.backend)  # greedy output == plain decoding, bit for bit, on this machine?
     stats |= {"bit_exact": exact.bit_exact, "bit_exact_reason": exact.reason}
+    no_reuse = prefix_cache_support(lm.backend)
+    stats["prefix_cache"] = "off" if not prefix_cache_mb else "on" if no_reuse is None else f"off: {no_reuse}"
     if as_json:
         print(json.dumps({"text": out_text, "token_ids": ids, "finish_reason": chunks[-1].finished,
                           "model": lm.name, "drafter": dec.drafter.name, "stats": stats}))
@@ -294,6 +302,7 @@ def serve(
     token_budget: int = typer.Option(32, help="budget schedule: tokens per batched verify forward (0 = no cap)"),
     disable_spec_at: int = typer.Option(0, help="batch size from which speculation is off (0 = never)"),
     served_model_name: Optional[str] = typer.Option(None, help="model id clients send (default: --model)"),
+    prefix_cache_mb: float = typer.Option(PREFIX_CACHE_MB, help=PREFIX_CACHE_HELP),
     dtype: str = typer.Option("float32", help="float32 or bfloat16"),
     backend: str = typer.Option("auto", help="auto, cpu, native or hf (cpu and native batch verification)"),
     quant: str = typer.Option("auto", help="native weights: auto (the checkpoint's precision), none, int8 or int4"),
@@ -315,7 +324,8 @@ def serve(
                               max_queue=max_queue, max_model_len=max_model_len,
                               default_max_tokens=default_max_tokens, spec_schedule=spec_schedule,
                               fixed_cost_rows=fixed_cost_rows, token_budget=token_budget,
-                              disable_spec_at=disable_spec_at, served_model_name=served_model_name)
+                              disable_spec_at=disable_spec_at, served_model_name=served_model_name,
+                              prefix_cache_mb=prefix_cache_mb)
         run_server(config, host=host, port=port, graceful_timeout=graceful_timeout)
     except (ValueError, ModelError) as e:
         fail(str(e))

@@ -52,6 +52,7 @@ class BenchOptions:
     strict: bool
     quick: bool
     quant: str = "auto"
+    prefix_cache_mb: float = 1024.0  # per method (0 = off); a method's option prefix_cache_mb overrides it
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,13 @@ def _pop_int(opts: dict[str, str], key: str, default: int) -> int:
         return int(opts.pop(key, default))
     except ValueError:
         raise BenchError(f"option {key} must be an integer") from None
+
+
+def _pop_float(opts: dict[str, str], key: str, default: float) -> float:
+    try:
+        return float(opts.pop(key, default))
+    except ValueError:
+        raise BenchError(f"option {key} must be a number") from None
 
 
 def _check_empty(label: str, opts: dict[str, str]) -> None:
@@ -165,8 +173,9 @@ def build_runners(specs, lm, o: BenchOptions) -> tuple[list, list[str]]:
         if k < 1:
             raise BenchError(f"method {spec.label}: k must be >= 1")
         if spec.kind == "engine":
+            mb = _pop_float(opts, "prefix_cache_mb", o.prefix_cache_mb)
             drafter = make_drafter(spec.name, lm, opts)
-            runners.append(EngineRunner(spec.label, lm.backend, drafter, k, o.policy))
+            runners.append(EngineRunner(spec.label, lm.backend, drafter, k, o.policy, mb))
         elif spec.kind == "hf":
             runners.append(_hf_runner(spec, opts, k, lm, o, shared))
         else:
@@ -325,6 +334,7 @@ def bench(
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="default results/bench-<timestamp>"),
     strict: bool = typer.Option(False, "--strict", help="exit 1 if one of our methods mismatches (not a near-tie)"),
     quick: bool = typer.Option(False, "--quick", help="CI smoke run: 1 summarization + 1 rag prompt, 48 tokens, none vs prompt-lookup"),
+    prefix_cache_mb: float = typer.Option(1024.0, help="MiB of K/V each method keeps across its requests (prefix cache, cpu backend; 0 = off); a method's option prefix_cache_mb overrides it, e.g. -m none:prefix_cache_mb=0"),
 ) -> None:
     """Benchmark methods on Spec-Bench (and our agentic workload) against plain decoding (and peer engines)."""
     from transformers.utils import logging as hf_logging
@@ -336,7 +346,7 @@ def bench(
     out = output_dir or Path("results") / time.strftime("bench-%Y%m%d-%H%M%S")
     opts = BenchOptions(data, p.categories, p.limit or None, p.methods, model, backend, dtype, temperature,
                         top_p, top_k, seed, p.max_new_tokens, num_draft_tokens, policy, repeats, p.warmup,
-                        threads, ignore_eos, max_prompt_tokens, near_tie, out, strict, quick, quant)
+                        threads, ignore_eos, max_prompt_tokens, near_tie, out, strict, quick, quant, prefix_cache_mb)
     try:
         if threads < 1 or repeats < 1 or p.warmup < 0 or (p.limit or 0) < 0 or num_draft_tokens < 1:
             raise BenchError("threads, repeats and --num-draft-tokens must be >= 1; warmup and limit >= 0")

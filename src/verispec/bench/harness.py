@@ -54,6 +54,7 @@ class Record:
     rss_mb: float  # resident memory of the whole process right after this generation
     prompt_truncated: bool = False
     cpu_s: float | None = None  # CPU time of the process during the generation (all threads)
+    cached_tokens: int | None = None  # prompt tokens reused from the method's prefix cache
 
     @property
     def new_tokens(self) -> int:
@@ -110,7 +111,8 @@ def _record(label: str, bp: BenchPrompt, turn: int, repeat: int, prompt: list[in
             truncated: bool, g: Generation) -> Record:
     return Record(label, bp.question_id, bp.category, turn, repeat, tuple(prompt), g.token_ids,
                   g.finish_reason, g.wall_s, g.prefill_s, g.target_forwards, g.steps, g.drafted,
-                  g.accepted, g.accepted_at, g.drafted_at, round(rss_mb(), 1), truncated, g.cpu_s)
+                  g.accepted, g.accepted_at, g.drafted_at, round(rss_mb(), 1), truncated, g.cpu_s,
+                  g.cached_tokens)
 
 
 def run_conversation(runner: Runner, bp: BenchPrompt, builder: PromptBuilder,

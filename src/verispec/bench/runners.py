@@ -15,6 +15,7 @@ import torch
 
 from ..drafters.base import Drafter
 from ..engine import Engine
+from ..engine.prefix_cache import PrefixCache
 from ..models.base import CausalLM
 from ..types import SamplingParams
 
@@ -34,6 +35,7 @@ class Generation:
     accepted_at: tuple[int, ...] | None  # steps that accepted draft depth i+1
     drafted_at: tuple[int, ...] | None  # steps that drafted depth i+1
     cpu_s: float | None = None  # CPU time of this process (all threads) during the call
+    cached_tokens: int | None = None  # prompt tokens reused from the prefix cache (not prefilled)
 
 
 class Runner(Protocol):
@@ -66,12 +68,13 @@ def module_bytes(obj: object) -> int:
 
 
 class EngineRunner:
-    """A drafter through our engine (the drafter ``none`` is the baseline)."""
+    """A drafter through our engine (the drafter ``none`` is the baseline), with its own
+    prefix cache (``prefix_cache_mb``, 0 = off): each method reuses only its own requests."""
 
     def __init__(self, label: str, target: CausalLM, drafter: Drafter,
-                 num_draft_tokens: int, policy: str = "fixed"):
+                 num_draft_tokens: int, policy: str = "fixed", prefix_cache_mb: float = 0):
         self.label, self.drafter = label, drafter
-        self.engine = Engine(target, drafter, num_draft_tokens, policy)
+        self.engine = Engine(target, drafter, num_draft_tokens, policy, PrefixCache.from_mb(prefix_cache_mb))
         self._device = target.info.device
         draft_model = getattr(drafter, "model", None)  # a draft LM has its own weights
         self._static_bytes = module_bytes(draft_model) if draft_model is not None else 0
@@ -90,13 +93,16 @@ class EngineRunner:
         s = req.stats
         return Generation(tuple(req.generated), str(req.finished), wall, s.prefill_s,
                           s.target_forwards, s.steps, s.drafted, s.accepted,
-                          tuple(s.accepted_at), tuple(s.drafted_at), cpu)
+                          tuple(s.accepted_at), tuple(s.drafted_at), cpu, s.cached_tokens)
 
     def reset_learned(self) -> None:
-        """Forget what the drafter learned across requests (its optional ``reset``)."""
+        """Forget what the drafter learned across requests (its optional ``reset``) and the
+        prefix cache: the warm-up's prompts are measured later."""
         reset = getattr(self.drafter, "reset", None)
         if reset is not None:
             reset()
+        if self.engine.prefix_cache is not None:
+            self.engine.prefix_cache.clear()
 
     def memory_bytes(self) -> int:
         return self._static_bytes + int(self.drafter.memory_bytes())

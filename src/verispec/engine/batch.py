@@ -34,6 +34,7 @@ from ..models.base import CausalLM, KVCache
 from ..tree import DraftTree
 from ..types import FinishReason, SamplingParams
 from .engine import Engine, StepResult
+from .prefix_cache import PrefixCache
 from .request import Request
 
 
@@ -197,6 +198,8 @@ class BatchEngine:
             raise ValueError("BatchEngine needs at least one drafter engine")
         if any(e.target is not target for e in engines.values()):
             raise ValueError("every drafter engine must run on the BatchEngine's target")
+        if len({id(e.prefix_cache) for e in engines.values()}) != 1:
+            raise ValueError("every drafter engine must share one prefix cache (or none)")
         if max_batch < 1 or not 2 <= max_length <= target.info.max_length:
             raise ValueError(f"need max_batch >= 1 and 2 <= max_length <= {target.info.max_length}, "
                              f"got {max_batch}, {max_length}")
@@ -247,6 +250,16 @@ class BatchEngine:
 
     def is_active(self, request_id: str) -> bool:
         return request_id in self._active
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The prefix cache all drafter engines share (None: off or unsupported)."""
+        return next(iter(self.engines.values())).prefix_cache
+
+    @property
+    def cache_rows_in_use(self) -> int:
+        """KV cache rows held by requests (0 when idle: none leaked)."""
+        return self._pool.in_use if self._pool is not None else len(self._active)
 
     @property
     def free_slots(self) -> int:

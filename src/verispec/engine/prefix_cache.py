@@ -103,8 +103,8 @@ class PrefixCache:
         """A cache of ``max_mb`` MiB, or None for 0 / None (off)."""
         if max_mb is None or max_mb == 0:
             return None
-        if not max_mb > 0:
-            raise ValueError(f"prefix cache size must be >= 0 MiB (0 = off), got {max_mb}")
+        if not 0 < max_mb < float("inf"):
+            raise ValueError(f"prefix cache size must be a finite number of MiB >= 0 (0 = off), got {max_mb}")
         return cls(max(1, int(max_mb * 2**20)), block_size)
 
     def bind(self, target: object) -> None:

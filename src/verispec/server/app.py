@@ -31,6 +31,8 @@ from ..api import LoadedModel, encode_prompt, load_model
 from ..drafters.base import Drafter
 from ..engine import Engine
 from ..engine.batch import BatchEngine, SpecSchedule
+from ..engine.prefix_cache import DEFAULT_MAX_MB as DEFAULT_PREFIX_CACHE_MB
+from ..engine.prefix_cache import PrefixCache
 from ..models.catalog import DEFAULT_MODEL
 from ..registry import make_drafter
 from ..types import SamplingParams
@@ -63,6 +65,7 @@ class ServerConfig:
     token_budget: int = 32
     disable_spec_at: int = 0
     served_model_name: str | None = None
+    prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB  # 0 = off (engine/prefix_cache.py)
 
     def __post_init__(self) -> None:
         if not self.drafters:
@@ -95,12 +98,14 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
     ``extra_drafters`` adds ready-made drafters by name (tests use it)."""
     model = model or load_model(config.model, dtype=config.dtype, backend=config.backend, quant=config.quant)
     target = model.backend
+    prefix = PrefixCache.from_mb(config.prefix_cache_mb)  # one for all drafters: they share the target
     engines: dict[str, Engine] = {}
     for i, name in enumerate(config.drafters):
         opts = dict(config.drafter_options) if i == 0 else {}
-        engines[name] = Engine(target, make_drafter(name, model, opts), config.num_draft_tokens, config.policy)
+        engines[name] = Engine(target, make_drafter(name, model, opts), config.num_draft_tokens, config.policy,
+                               prefix)
     for name, drafter in (extra_drafters or {}).items():
-        engines[name] = Engine(target, drafter, config.num_draft_tokens, config.policy)
+        engines[name] = Engine(target, drafter, config.num_draft_tokens, config.policy, prefix)
     max_len = min(config.max_model_len, target.info.max_length)
     batch = BatchEngine(target, engines, config.max_batch, max_len,
                         SpecSchedule(config.spec_schedule, config.token_budget, config.disable_spec_at,

@@ -12,6 +12,7 @@ import bisect
 import threading
 from dataclasses import dataclass, field
 
+from ..engine.prefix_cache import PrefixCacheStats
 from ..types import RequestStats
 
 OUTCOMES = ("completed", "cancelled", "failed", "rejected")
@@ -63,6 +64,8 @@ class ServerMetrics:
         self.nospec_steps = 0  # steps where the schedule turned speculation off
         self.last_batch_size = 0
         self.last_draft_cap = -1  # -1 = uncapped
+        self.cache_rows_in_use = 0
+        self.prefix: PrefixCacheStats | None = None  # None: no prefix cache
         self.drafted_at: list[int] = []
         self.accepted_at: list[int] = []
         self.batch_size = Histogram((1, 2, 4, 8, 16, 32, 64))
@@ -73,6 +76,11 @@ class ServerMetrics:
     def set_queue(self, running: int, waiting: int) -> None:
         with self._lock:
             self.running, self.waiting = running, waiting
+
+    def set_caches(self, rows_in_use: int, prefix: PrefixCacheStats | None) -> None:
+        """KV cache rows held by requests, and the prefix cache's counters (engine thread)."""
+        with self._lock:
+            self.cache_rows_in_use, self.prefix = rows_in_use, prefix
 
     def request_done(self, outcome: str) -> None:
         if outcome not in self.requests:
@@ -109,6 +117,28 @@ class ServerMetrics:
             self.latency.observe(latency_s)
 
     # ---- rendering (HTTP thread) --------------------------------------------------------
+    def _prefix_families(self) -> list[tuple[str, str, str, list]]:
+        """Prefix cache families (vLLM's prefix_cache_queries / _hits count tokens); zeros when off."""
+        p = self.prefix
+        val = (lambda f: 0 if p is None else f(p))  # noqa: E731
+        return [
+            ("verispec_prefix_cache_enabled", "gauge", "1 if requests reuse cached prompt prefixes",
+             [("", int(p is not None))]),
+            ("verispec_prefix_cache_queries_total", "counter", "prompt tokens looked up in the prefix cache",
+             [("", val(lambda s: s.query_tokens))]),
+            ("verispec_prefix_cache_hits_total", "counter", "prompt tokens whose K/V was reused (not prefilled)",
+             [("", val(lambda s: s.reused_tokens))]),
+            ("verispec_prefix_cache_hit_rate", "gauge", "reused / looked-up prompt tokens",
+             [("", val(lambda s: s.hit_rate))]),
+            ("verispec_prefix_cache_request_hits_total", "counter", "requests that reused a cached prefix",
+             [("", val(lambda s: s.hits))]),
+            ("verispec_prefix_cache_evicted_blocks_total", "counter", "blocks evicted (LRU) from the prefix cache",
+             [("", val(lambda s: s.evicted_blocks))]),
+            ("verispec_prefix_cache_blocks", "gauge", "blocks in the prefix cache", [("", val(lambda s: s.blocks))]),
+            ("verispec_prefix_cache_bytes", "gauge", "bytes of K/V in the prefix cache", [("", val(lambda s: s.bytes))]),
+            ("verispec_prefix_cache_max_bytes", "gauge", "the prefix cache's budget", [("", val(lambda s: s.max_bytes))]),
+        ]
+
     def render(self) -> str:
         with self._lock:
             tau = (self.accepted + self.request_steps) / self.request_steps if self.request_steps else 0.0
@@ -136,6 +166,9 @@ class ServerMetrics:
                  [(f'{{position="{i}"}}', v) for i, v in ppa]),
                 ("verispec_batch_size", "gauge", "batch size of the last step", [("", self.last_batch_size)]),
                 ("verispec_draft_cap", "gauge", "draft cap of the last step (-1 = uncapped)", [("", self.last_draft_cap)]),
+                ("verispec_cache_rows_in_use", "gauge", "KV cache rows held by requests (0 when idle)",
+                 [("", self.cache_rows_in_use)]),
+                *self._prefix_families(),
             ]
             lines = []
             for name, kind, help_, samples in fams:

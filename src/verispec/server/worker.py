@@ -156,6 +156,7 @@ class EngineWorker:
                     self._fail(run, f"internal error: {type(e).__name__}: {e}", 500)
             with self._cond:
                 self.metrics.set_queue(len(self._running), len(self._waiting))
+            self._report_caches()
         self._shutdown()
 
     def _iteration(self, cancels: set[str], admit: list[Job]) -> None:
@@ -258,4 +259,9 @@ class EngineWorker:
         for run in list(self._running):
             self._fail(run, "the server is shutting down", 503)
         self.metrics.set_queue(0, 0)
+        self._report_caches()
+
+    def _report_caches(self) -> None:
+        pc = self.engine.prefix_cache
+        self.metrics.set_caches(self.engine.cache_rows_in_use, None if pc is None else pc.stats)
 
