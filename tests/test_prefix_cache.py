@@ -448,3 +448,34 @@ def test_bench_runner_reuses_its_own_turns_and_forgets_the_warm_up(tiny_cpu_mode
     assert (g1.cached_tokens, g2.cached_tokens) == (0, 32) and g2.target_forwards == 8
     runner.reset_learned()
     assert runner.generate(prompt, params).cached_tokens == 0
+
+
+@pytest.mark.real
+def test_real_smollm2_chat_turns_bitwise_with_the_cache():
+    """SmolLM2 (GGUF Q4_1, compiled runtime) through its chat template: a second turn that
+    reuses the first turn's K/V gives the tokens and bitwise the logits of a full prefill."""
+    from verispec.api import encode_prompt, load_model
+    from verispec.models.base import ModelError
+
+    try:
+        lm = load_model("smollm2-135m-instruct", backend="cpu")
+    except ModelError as err:
+        pytest.skip(f"SmolLM2 not available: {err}")
+    params = SamplingParams(max_new_tokens=24)
+    runs = {}
+    for pc in (None, PrefixCache(1 << 30, B)):
+        rec = Recorder(lm.backend)
+        engine = Engine(rec, SuffixDecodingDrafter(), 16, prefix_cache=pc)
+        messages, cached = [{"role": "user", "content": "Name three colours of the rainbow."}], []
+        for follow_up in ("Now name two more.", "Which one is your favourite?"):
+            req = engine.add_request(encode_prompt(lm, messages), params)
+            while not req.finished:
+                engine.step(req)
+            engine.finish(req, req.finished)
+            cached.append(req.stats.cached_tokens)
+            messages += [{"role": "assistant", "content": lm.tokenizer.decode(req.generated, skip_special_tokens=True)},
+                         {"role": "user", "content": follow_up}]
+        runs[pc is not None] = (messages, rec.logits, cached)
+    assert runs[True][0] == runs[False][0] and len(runs[True][1]) == len(runs[False][1])
+    assert all(torch.equal(a, b) for a, b in zip(runs[True][1], runs[False][1]))
+    assert runs[False][2] == [0, 0] and runs[True][2][1] >= 32  # the system prompt + turn 1

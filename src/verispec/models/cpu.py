@@ -201,7 +201,7 @@ class CpuCachePool(CachePool):
         k, v = self.k.numpy(), self.v.numpy()
         tiles = [k[:, row, :, t, :, lo:hi] for t, lo, hi, _ in _tile_spans(start, n)]
         return (torch.from_numpy(np.concatenate(tiles, axis=-1)),
-                torch.from_numpy(np.ascontiguousarray(v[:, row, :, start:start + n])))
+                torch.from_numpy(v[:, row, :, start:start + n].copy()))  # a copy even where the slice is contiguous
 
     def _write_slots(self, row: int, start: int, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
         k_in, v_in = (t.numpy() for t in kv)
