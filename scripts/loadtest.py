@@ -194,6 +194,20 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
+def idle_report(url: str, timeout: float = 30.0) -> dict[str, float]:
+    """Once every request has ended, nothing may stay held: running requests and KV cache rows
+    back to 0 (no leak); with the prefix cache's hit rate and size."""
+    deadline = time.perf_counter() + timeout
+    while True:
+        m = scrape(url)
+        if m.get("verispec_requests_running", 0) == 0 or time.perf_counter() > deadline:
+            break
+        time.sleep(0.2)
+    keys = ("verispec_requests_running", "verispec_requests_waiting", "verispec_cache_rows_in_use",
+            "verispec_prefix_cache_hit_rate", "verispec_prefix_cache_blocks", "verispec_prefix_cache_bytes")
+    return {k.removeprefix("verispec_"): m.get(k, float("nan")) for k in keys}
+
+
 def summarize(records: list[Record], wall: float, before: dict, after: dict) -> dict:
     ok = [r for r in records if r.ok]
     gaps = [g for r in ok for g in r.gaps]
@@ -314,6 +328,7 @@ def main() -> None:
                     if r.ok:
                         outputs.setdefault(r.prompt_index % len(prompts), {})[(c, mode)] = r.token_ids
                 print(json.dumps(row), file=sys.stderr, flush=True)
+        idle = idle_report(url)
     finally:
         if proc is not None:
             stop_server(proc)
@@ -322,6 +337,7 @@ def main() -> None:
     print(f"\nprompts compared across cells: {len(outputs)}; token mismatches: {len(mismatched)} {mismatched[:10]}")
     print(f"model {args.model}, max_tokens {args.max_tokens}, greedy, server threads {args.threads}, "
           f"extra server args {args.server_arg or '-'}, load average at end {os.getloadavg()[0]:.1f}")
+    print(f"after the run: {idle}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "mismatched": mismatched, "args": vars(args)}, f, indent=1)

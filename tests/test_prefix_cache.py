@@ -196,6 +196,11 @@ def test_native_runtime_keeps_the_cache_off(tiny_dirs):
     assert torch.allclose(one, two, atol=1e-4)  # close, but not claimed equal (see docstring)
 
 
+def test_transformers_backend_keeps_the_cache_off(toy_target):
+    assert "does not prefill bitwise" in prefix_cache_support(toy_target)
+    assert Engine(toy_target, NoDrafter(), 4, prefix_cache=PrefixCache(1 << 20)).prefix_cache is None
+
+
 # ----------------------------------------------------------------------------- engine
 
 
