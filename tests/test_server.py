@@ -37,7 +37,7 @@ from verispec.engine import Engine
 from verispec.engine.batch import (BatchEngine, SpecSchedule, acceptance_estimate, draft_cap, expected_tokens,
                                    goodput_cap, pack_trees)
 from verispec.models.native import NativeLlama
-from verispec.server.app import ServerConfig, build_state, create_app
+from verispec.server.app import ServerConfig, build_state, make_server
 from verispec.tree import DraftTree
 from verispec.types import SamplingParams
 
@@ -235,13 +235,14 @@ def stories():
 
 
 @contextlib.contextmanager
-def running_server(model, name: str = MODEL, **config) -> Iterator[tuple[str, object, uvicorn.Server]]:
+def running_server(model, name: str = MODEL, graceful_timeout: float = 20.0,
+                   **config) -> Iterator[tuple[str, object, uvicorn.Server]]:
     """A real uvicorn server on 127.0.0.1:<free port> in a thread; yields (base_url, state, server)."""
     cfg = ServerConfig(model=name, **({"max_batch": 8, "max_model_len": 512} | config))
     state = build_state(cfg, model=model, extra_drafters={"explode": ExplodingDrafter()})
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning", timeout_graceful_shutdown=20))
+    server = make_server(state, graceful_timeout, log_level="warning")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 30

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator,
+                      model_validator)
+
+MAX_SEED = 2**63 - 1  # as SamplingParams: larger seeds would wrap onto smaller ones
 
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False
@@ -28,7 +31,7 @@ class _Sampling(BaseModel):
     temperature: StrictFloat | None = Field(default=None, ge=0.0, le=2.0)
     top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(default=None, ge=0)  # extension (vLLM); 0 or -1 = off
-    seed: StrictInt | None = None
+    seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -41,6 +44,14 @@ class _Sampling(BaseModel):
     drafter: StrictStr | None = None
     ignore_eos: StrictBool = False
     return_token_ids: StrictBool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = lone_surrogate(data)
+        if where is not None:
+            raise ValueError(f"{where or 'the body'} is not valid Unicode (a lone UTF-16 surrogate such as \\ud800)")
+        return data
 
     @field_validator("top_k", mode="before")
     @classmethod
@@ -138,6 +149,28 @@ class ChatCompletionRequest(_Sampling):
     def chat_messages(self) -> list[dict[str, str]]:
         # "developer" is OpenAI's newer name for "system"; chat templates know "system"
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+def lone_surrogate(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first string holding a lone surrogate (valid JSON, e.g.
+    ``"\\ud800"``, but not encodable text), or None. ``lone_surrogate({"a": ["x", "\\ud800"]})
+    == "a.1"``."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        name = str(key).encode("utf-8", "backslashreplace").decode()  # printable in the error message
+        key_path = f"{path}.{name}" if path else name
+        if isinstance(key, str) and lone_surrogate(key) is not None:
+            return key_path
+        found = lone_surrogate(item, key_path)
+        if found is not None:
+            return found
+    return None
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
