@@ -235,11 +235,11 @@ def stories():
 
 
 @contextlib.contextmanager
-def running_server(model, name: str = MODEL, graceful_timeout: float = 20.0,
+def running_server(model, name: str = MODEL, graceful_timeout: float = 20.0, drafters: dict | None = None,
                    **config) -> Iterator[tuple[str, object, uvicorn.Server]]:
     """A real uvicorn server on 127.0.0.1:<free port> in a thread; yields (base_url, state, server)."""
     cfg = ServerConfig(model=name, **({"max_batch": 8, "max_model_len": 512} | config))
-    state = build_state(cfg, model=model, extra_drafters={"explode": ExplodingDrafter()})
+    state = build_state(cfg, model=model, extra_drafters={"explode": ExplodingDrafter()} | (drafters or {}))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = make_server(state, graceful_timeout, log_level="warning")
@@ -470,6 +470,7 @@ def test_full_queue_gets_429_and_shutdown_is_graceful(stories) -> None:
             wait_until(lambda: metrics(url)["verispec_requests_waiting"] == 1)
             r = httpx.post(f"{url}/v1/completions", json=body | {"stream": False})
             assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
+            assert r.headers["retry-after"] == "1"
             server.should_exit = True  # graceful: the running stream still completes
             rest = [x for x in lines if x]
             assert rest[-1] == "data: [DONE]"
