@@ -19,12 +19,10 @@ from typing import ClassVar
 import httpx
 import openai
 import pytest
-import torch
 from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
-from test_server import MODEL, running_server, wait_until
-from verispec.api import load_model
+from test_server import MODEL, running_server, stories_native_model
 from verispec.chat import content_spans, encode_chat
 from verispec.cli import app as cli_app
 from verispec.drafters.base import DraftContext, StatelessDrafter
@@ -53,8 +51,7 @@ class SlowDrafter(StatelessDrafter):
 
 @pytest.fixture(scope="module")
 def chatml():
-    torch.set_num_threads(2)
-    model = load_model(MODEL, backend="native")
+    model = stories_native_model()
     tok = copy.deepcopy(model.tokenizer)
     tok.chat_template = TEMPLATE
     return dataclasses.replace(model, tokenizer=tok, has_chat_template=True)
@@ -152,7 +149,10 @@ def test_half_sent_body_gets_408(url) -> None:
     with _raw(url) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 100\r\n\r\n{\"model\":")
-        reply = s.recv(4096).decode()
+        reply = b""
+        while chunk := s.recv(4096):  # the server answers, then closes
+            reply += chunk
+        reply = reply.decode()
     assert reply.startswith("HTTP/1.1 408") and "request_timeout" in reply
 
 

@@ -11,7 +11,9 @@ work, a failing request not hurting others, graceful shutdown, metrics, and the 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import functools
 import json
 import signal
 import socket
@@ -224,14 +226,22 @@ def test_batch_engine_isolates_a_failing_request(tiny_native) -> None:
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
 
+@functools.lru_cache(1)
+def stories_native_model():
+    """stories260k on the native backend (batched), loaded once per session (its load-time
+    kernel calibration takes a while); tests/test_hostile.py shares it."""
+    torch.set_num_threads(2)
+    return load_model(MODEL, backend="native")
+
+
 @pytest.fixture(scope="module")
 def stories():
-    """stories260k on the native backend (batched), given a toy chat template so the chat
-    route can be exercised on a 260K-parameter model."""
-    torch.set_num_threads(2)
-    model = load_model(MODEL, backend="native")
-    model.tokenizer.chat_template = CHAT_TEMPLATE
-    return dataclasses.replace(model, has_chat_template=True)
+    """The native stories260k given a toy chat template (on its own tokenizer copy) so the
+    chat route can be exercised on a 260K-parameter model."""
+    model = stories_native_model()
+    tok = copy.deepcopy(model.tokenizer)
+    tok.chat_template = CHAT_TEMPLATE
+    return dataclasses.replace(model, tokenizer=tok, has_chat_template=True)
 
 
 @contextlib.contextmanager
