@@ -165,9 +165,9 @@ def demo(
     from .models.base import ModelError
     from .types import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     text = prompt or DEMO_PROMPT
     try:
+        params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
         lm = load_model(model)
         runs = {}
         for name, d in (("plain", "none"), (drafter, drafter)):
