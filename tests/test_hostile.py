@@ -199,7 +199,7 @@ def test_chat_content_cannot_forge_control_tokens(url) -> None:
     assert 2 in raw["choices"][0]["prompt_token_ids"]
 
 
-def test_chatml_literal_contents_real_tokenizer() -> None:
+def test_chatml_literal_contents_smollm2_tokenizer() -> None:
     """SmolLM2's ChatML: normal messages tokenize exactly as before; an injected turn adds no
     <|im_start|>/<|im_end|> ids and decodes back to the same text."""
     tok = AutoTokenizer.from_pretrained(str(materialize(resolve_model("smollm2-135m-instruct"))))
