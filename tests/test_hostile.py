@@ -456,3 +456,23 @@ def test_datastore_prints_the_path_it_writes(tmp_path) -> None:
                     needle="not a directory")
     one_line_exit_2("datastore", "build", "-i", str(tmp_path / "none.txt"), "-o", str(tmp_path / "d.npz"),
                     "--model", "stories260k", needle="does not exist")
+
+
+# ----------------------------------------------------------------------------- 14. README
+
+
+@pytest.mark.slow  # about a minute on 2 cores: loads SmolLM2 and its distilled draft
+@pytest.mark.real
+def test_readme_draft_example_accepts_tokens() -> None:
+    """The README's draft-model example, run as written (fewer tokens): the drafter's
+    tokens are really accepted (the old truncated:6 example accepted 0 of 242)."""
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if x.startswith("verispec generate --drafter draft "))
+    args = shlex.split(line.split("#")[0])[1:]
+    r = runner.invoke(cli_app, [*args, "-n", "32", "--json"])
+    assert r.exit_code == 0, r.output
+    stats = json.loads(r.stdout)["stats"]
+    assert stats["drafted"] > 0 and stats["accepted"] / stats["drafted"] >= 0.05, stats
