@@ -275,6 +275,14 @@ def test_lone_surrogate_in_chat_is_400(url) -> None:
     assert "messages.0.content" in assert_error(post(url, "chat/completions", body), 400)["message"]
 
 
+def test_deeply_nested_json_is_400(url) -> None:
+    deep = b'{"model": "stories260k", "prompt": "a", "x": ' + b"[" * 15_000 + b"]" * 15_000 + b"}"
+    assert_error(post(url, "completions", deep), 400)
+    ok = b'{"model": "stories260k", "prompt": "a", "max_tokens": 1, "x": ' + b"[" * 500 + b"]" * 500 + b"}"
+    assert post(url, "completions", ok).status_code == 200  # ignored fields stay ignored
+    assert httpx.get(f"{url}/health").status_code == 200
+
+
 # ----------------------------------------------------------------------------- 10. queue
 
 

@@ -151,26 +151,35 @@ class ChatCompletionRequest(_Sampling):
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
 
 
-def lone_surrogate(value: Any, path: str = "") -> str | None:
+def lone_surrogate(value: Any) -> str | None:
     """The dotted path of the first string holding a lone surrogate (valid JSON, e.g.
     ``"\\ud800"``, but not encodable text), or None. ``lone_surrogate({"a": ["x", "\\ud800"]})
-    == "a.1"``."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return path
-        return None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        name = str(key).encode("utf-8", "backslashreplace").decode()  # printable in the error message
-        key_path = f"{path}.{name}" if path else name
-        if isinstance(key, str) and lone_surrogate(key) is not None:
-            return key_path
-        found = lone_surrogate(item, key_path)
-        if found is not None:
-            return found
+    == "a.1"``. Iterative: a deeply nested body cannot exhaust the recursion limit."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if not _encodable(item):
+                return path
+            continue
+        pairs = item.items() if isinstance(item, dict) else enumerate(item) if isinstance(item, list) else ()
+        children = []
+        for key, child in pairs:
+            name = str(key).encode("utf-8", "backslashreplace").decode()  # printable in the error message
+            key_path = f"{path}.{name}" if path else name
+            if isinstance(key, str) and not _encodable(key):
+                return key_path
+            children.append((key_path, child))
+        stack.extend(reversed(children))  # depth-first, in document order
     return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
