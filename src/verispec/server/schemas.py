@@ -15,7 +15,8 @@ from typing import Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator,
                       model_validator)
 
-MAX_SEED = 2**63 - 1  # as SamplingParams: larger seeds would wrap onto smaller ones
+from ..types import MAX_SEED, MAX_TEMPERATURE  # one range for the server, the CLI and bench
+
 
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False
@@ -28,7 +29,7 @@ class _Sampling(BaseModel):
 
     model: StrictStr
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: StrictFloat | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: StrictFloat | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(default=None, ge=0)  # extension (vLLM); 0 or -1 = off
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
