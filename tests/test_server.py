@@ -11,7 +11,9 @@ work, a failing request not hurting others, graceful shutdown, metrics, and the 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import functools
 import json
 import signal
 import socket
@@ -37,7 +39,7 @@ from verispec.engine import Engine
 from verispec.engine.batch import (BatchEngine, SpecSchedule, acceptance_estimate, draft_cap, expected_tokens,
                                    goodput_cap, pack_trees)
 from verispec.models.native import NativeLlama
-from verispec.server.app import ServerConfig, build_state, create_app
+from verispec.server.app import ServerConfig, build_state, make_server
 from verispec.tree import DraftTree
 from verispec.types import SamplingParams
 
@@ -224,24 +226,33 @@ def test_batch_engine_isolates_a_failing_request(tiny_native) -> None:
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
 
+@functools.lru_cache(1)
+def stories_native_model():
+    """stories260k on the native backend (batched), loaded once per session (its load-time
+    kernel calibration takes a while); tests/test_hostile.py shares it."""
+    torch.set_num_threads(2)
+    return load_model(MODEL, backend="native")
+
+
 @pytest.fixture(scope="module")
 def stories():
-    """stories260k on the native backend (batched), given a toy chat template so the chat
-    route can be exercised on a 260K-parameter model."""
-    torch.set_num_threads(2)
-    model = load_model(MODEL, backend="native")
-    model.tokenizer.chat_template = CHAT_TEMPLATE
-    return dataclasses.replace(model, has_chat_template=True)
+    """The native stories260k given a toy chat template (on its own tokenizer copy) so the
+    chat route can be exercised on a 260K-parameter model."""
+    model = stories_native_model()
+    tok = copy.deepcopy(model.tokenizer)
+    tok.chat_template = CHAT_TEMPLATE
+    return dataclasses.replace(model, tokenizer=tok, has_chat_template=True)
 
 
 @contextlib.contextmanager
-def running_server(model, name: str = MODEL, **config) -> Iterator[tuple[str, object, uvicorn.Server]]:
+def running_server(model, name: str = MODEL, graceful_timeout: float = 20.0, drafters: dict | None = None,
+                   **config) -> Iterator[tuple[str, object, uvicorn.Server]]:
     """A real uvicorn server on 127.0.0.1:<free port> in a thread; yields (base_url, state, server)."""
     cfg = ServerConfig(model=name, **({"max_batch": 8, "max_model_len": 512} | config))
-    state = build_state(cfg, model=model, extra_drafters={"explode": ExplodingDrafter()})
+    state = build_state(cfg, model=model, extra_drafters={"explode": ExplodingDrafter()} | (drafters or {}))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning", timeout_graceful_shutdown=20))
+    server = make_server(state, graceful_timeout, log_level="warning")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 30
@@ -469,6 +480,7 @@ def test_full_queue_gets_429_and_shutdown_is_graceful(stories) -> None:
             wait_until(lambda: metrics(url)["verispec_requests_waiting"] == 1)
             r = httpx.post(f"{url}/v1/completions", json=body | {"stream": False})
             assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
+            assert r.headers["retry-after"] == "1"
             server.should_exit = True  # graceful: the running stream still completes
             rest = [x for x in lines if x]
             assert rest[-1] == "data: [DONE]"

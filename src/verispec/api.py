@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import torch
 
+from .chat import encode_chat
 from .drafters.base import Drafter
 from .engine import Engine
 from .engine.prefix_cache import DEFAULT_MAX_MB, PrefixCache
@@ -215,8 +216,7 @@ def encode_prompt(model: LoadedModel, prompt: Prompt, chat: bool | None = None) 
             raise ValueError("chat messages must be non-empty")
         if not model.has_chat_template:
             raise ValueError(f"model {model.name} has no chat template; pass a plain prompt")
-        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return encode_chat(tok, messages)  # message contents stay literal text (no forged turns)
     ids = tok(prompt, add_special_tokens=True)["input_ids"]
     bos = model.backend.info.bos_token_id
     if bos is not None and (not ids or ids[0] != bos) and not prompt:

@@ -37,15 +37,26 @@ def parse_options(pairs: list[str]) -> dict[str, str]:
 
 
 def read_prompt(prompt: Optional[str], file: Optional[Path]) -> str:
-    if file is not None:
-        if not file.is_file():
-            fail(f"prompt file {file} does not exist")
-        return file.read_text()
-    if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
-        return sys.stdin.read()
+    """The prompt from --file, stdin or the argument; unreadable or non-UTF-8 input fails."""
+    from .paths import decode_utf8, read_text_file
+
+    try:
+        if file is not None:
+            return read_text_file(file, "prompt file")
+        if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
+            stdin = getattr(sys.stdin, "buffer", None)
+            return decode_utf8(stdin.read(), "stdin") if stdin is not None else sys.stdin.read()
+    except ValueError as e:
+        fail(str(e))
     if prompt is None:
         fail("give a prompt argument, --file, or text on stdin")
     return prompt
+
+
+def check(condition: bool, message: str) -> None:
+    """Fail with ``message`` (one line, exit 2) unless ``condition``."""
+    if not condition:
+        fail(message)
 
 
 def peak_rss_mb() -> float:
@@ -162,9 +173,9 @@ def demo(
     from .models.base import ModelError
     from .types import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     text = prompt or DEMO_PROMPT
     try:
+        params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
         lm = load_model(model)
         runs = {}
         for name, d in (("plain", "none"), (drafter, drafter)):
@@ -229,9 +240,15 @@ def train(
 ) -> None:
     """Train a drafter on the target's own generations (see verispec.train)."""
     from .models.base import ModelError
+    from .paths import check_output_dir
     from .train import run_train
 
+    check(steps >= 1, f"--steps must be >= 1, got {steps}")
+    check(lr > 0 and lr == lr and lr != float("inf"), f"--lr must be a positive number, got {lr}")
     try:
+        check_output_dir(out, "--out")
+        for path in data or []:
+            check(path.exists(), f"--data {path} does not exist")
         init_layers = None
         if layers:
             try:
@@ -265,8 +282,13 @@ def datastore_build(
     from .drafters.retrieval import build_datastore, read_documents, tokenizer_fingerprint
     from .models.base import ModelError
     from .models.loading import materialize, resolve_model
+    from .paths import check_output_file
 
+    check(max_tokens >= 1 and depth >= 1, "--max-tokens and --depth must be >= 1")
+    output = output if output.suffix == ".npz" else output.with_name(output.name + ".npz")  # numpy adds it
     try:
+        check_output_file(output, "--output")
+        check(input.is_file(), f"--input {input} does not exist or is not a file")
         tok = AutoTokenizer.from_pretrained(str(materialize(resolve_model(model))))
         docs = (tok(text, add_special_tokens=False)["input_ids"] for text in read_documents(input, field))
         ds = build_datastore(docs, max_tokens=max_tokens, depth=depth, fingerprint=tokenizer_fingerprint(tok))
@@ -274,7 +296,10 @@ def datastore_build(
         fail(str(e))
     if ds.suffix_array.size == 0:
         fail(f"corpus {input} has no text")
-    ds.save(output)
+    try:
+        ds.save(output)
+    except OSError as e:
+        fail(f"cannot write {output}: {e.strerror or e}")
     print(json.dumps({"output": str(output), "tokens": int(ds.suffix_array.size), "bytes": ds.nbytes}))
 
 
@@ -307,17 +332,30 @@ def serve(
     backend: str = typer.Option("auto", help="auto, cpu, native or hf (cpu and native batch verification)"),
     quant: str = typer.Option("auto", help="native weights: auto (the checkpoint's precision), none, int8 or int4"),
     threads: int = typer.Option(0, help="torch threads (0 = torch default)"),
-    graceful_timeout: float = typer.Option(30.0, help="seconds in-flight requests get on shutdown"),
+    graceful_timeout: float = typer.Option(30.0, help="seconds in-flight requests get on shutdown; then they end with 503"),
+    api_key: Optional[str] = typer.Option(None, envvar="VERISPEC_API_KEY", show_envvar=True,
+                                          help="require 'Authorization: Bearer <key>' on /v1/* (401 otherwise)"),
+    max_body_bytes: Optional[int] = typer.Option(None, help="largest request body in bytes (default 2 MiB); larger get HTTP 413"),
+    header_timeout: float = typer.Option(10.0, help="seconds a connection may take to send its request headers"),
+    body_timeout: float = typer.Option(30.0, help="seconds a request body may take to arrive (HTTP 408 after)"),
 ) -> None:
     """Run an OpenAI-compatible server with batched speculative decoding (see verispec.server)."""
     from .models.base import ModelError
     from .server.app import ServerConfig, serve as run_server
+    from .server.guard import Limits
 
+    check(0 <= port <= 65535, f"--port must be in [0, 65535], got {port}")
+    check(threads >= 0, f"--threads must be >= 0 (0 = torch default), got {threads}")
+    check(graceful_timeout >= 0, f"--graceful-timeout must be >= 0 seconds, got {graceful_timeout}")
+    check(max_batch >= 1 and max_queue >= 1 and max_model_len >= 2 and num_draft_tokens >= 1,
+          "--max-batch, --max-queue and --num-draft-tokens must be >= 1, --max-model-len >= 2")
     if threads:
         import torch
 
         torch.set_num_threads(threads)
     try:
+        limits = Limits(header_timeout_s=header_timeout, body_timeout_s=body_timeout, api_key=api_key,
+                        **({} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}))
         config = ServerConfig(model=model, backend=backend, dtype=dtype, quant=quant, drafters=tuple(drafter),
                               drafter_options=tuple(parse_options(drafter_option).items()),
                               num_draft_tokens=num_draft_tokens, policy=policy, max_batch=max_batch,
@@ -325,7 +363,7 @@ def serve(
                               default_max_tokens=default_max_tokens, spec_schedule=spec_schedule,
                               fixed_cost_rows=fixed_cost_rows, token_budget=token_budget,
                               disable_spec_at=disable_spec_at, served_model_name=served_model_name,
-                              prefix_cache_mb=prefix_cache_mb)
+                              prefix_cache_mb=prefix_cache_mb, limits=limits)
         run_server(config, host=host, port=port, graceful_timeout=graceful_timeout)
     except (ValueError, ModelError) as e:
         fail(str(e))

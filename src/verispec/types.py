@@ -8,9 +8,14 @@ from typing import Literal
 FinishReason = Literal["eos", "length", "stop", "context"]
 
 
+MAX_TEMPERATURE = 2.0  # the OpenAI API's range; one bound for the CLI, bench and server
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature is greedy decoding
+MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; larger ones would wrap onto others
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens. ``temperature == 0`` is greedy decoding.
+    """How to pick tokens. ``temperature == 0`` (or below ``GREEDY_BELOW``) is greedy decoding.
 
     top_k = 0 and top_p = 1.0 disable those filters. ``stop`` strings end generation
     and are cut from the text (as in the OpenAI API).
@@ -25,8 +30,13 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:  # also rejects NaN
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:  # also rejects NaN and inf
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
+        if self.temperature < GREEDY_BELOW:
+            # logits / 1e-300 overflow to inf and softmax gives NaN; such a temperature means greedy (as in vLLM)
+            object.__setattr__(self, "temperature", 0.0)
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be in [0, 2^63 - 1], got {self.seed}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:

@@ -305,8 +305,26 @@ def _resolve(quick: bool, categories: list[str], limit: Optional[int], methods: 
     """Explicit options win over the preset (--quick or the defaults)."""
     p = QUICK if quick else DEFAULT
     return Preset(tuple(categories) or p.categories, limit if limit is not None else p.limit,
-                  tuple(methods) or p.methods, max_new_tokens or p.max_new_tokens,
+                  tuple(methods) or p.methods, max_new_tokens if max_new_tokens is not None else p.max_new_tokens,
                   warmup if warmup is not None else p.warmup)
+
+
+def check_options(o: BenchOptions) -> None:
+    """Every option, before any model is loaded or prompt run (raises BenchError)."""
+    from ..paths import check_output_dir
+    from ..types import MAX_SEED
+
+    if o.threads < 1 or o.repeats < 1 or o.warmup < 0 or (o.limit or 0) < 0 or o.num_draft_tokens < 1:
+        raise BenchError("threads, repeats and --num-draft-tokens must be >= 1; warmup and limit >= 0")
+    if o.max_new_tokens < 1:
+        raise BenchError(f"--max-new-tokens must be >= 1, got {o.max_new_tokens}")
+    if o.max_prompt_tokens is not None and o.max_prompt_tokens < 1:
+        raise BenchError(f"--max-prompt-tokens must be >= 1, got {o.max_prompt_tokens}")
+    if not 0 <= o.seed <= MAX_SEED - (o.repeats - 1):
+        raise BenchError(f"--seed must be in [0, 2^63 - repeats] (repeat r uses seed + r), got {o.seed}")
+    if o.data is not None and not o.data.is_file():
+        raise BenchError(f"benchmark file {o.data} not found")
+    check_output_dir(o.output_dir, "--output-dir")
 
 
 def bench(
@@ -348,10 +366,7 @@ def bench(
                         top_p, top_k, seed, p.max_new_tokens, num_draft_tokens, policy, repeats, p.warmup,
                         threads, ignore_eos, max_prompt_tokens, near_tie, out, strict, quick, quant, prefix_cache_mb)
     try:
-        if threads < 1 or repeats < 1 or p.warmup < 0 or (p.limit or 0) < 0 or num_draft_tokens < 1:
-            raise BenchError("threads, repeats and --num-draft-tokens must be >= 1; warmup and limit >= 0")
-        if data is not None and not data.is_file():
-            raise BenchError(f"benchmark file {data} not found")
+        check_options(opts)
         result, bad = run_bench(opts)
     except (ValueError, ModelError) as e:
         err.print(f"[red]error:[/red] {str(e).splitlines()[0] if str(e) else type(e).__name__}",

@@ -48,12 +48,29 @@ def agentic_path() -> Path:
     return Path(str(resources.files("verispec.bench") / "data" / "agentic.jsonl"))
 
 
+def _row(path: Path, number: int, line: str) -> dict:
+    """One question.jsonl row, checked: an object with ``question_id``, a ``category``
+    string and ``turns``, a non-empty list of strings (ValueError naming file and line)."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} line {number}: not JSON ({e.msg})") from None
+    if not isinstance(row, dict) or "question_id" not in row or not isinstance(row.get("category"), str):
+        raise ValueError(f"{path} line {number}: expected an object with question_id, category and turns")
+    turns = row.get("turns")
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+        raise ValueError(f"{path} line {number}: turns must be a non-empty list of non-empty strings")
+    return row
+
+
 def _read(path: Path, counts: dict[str, int], limit: int | None) -> list[BenchPrompt]:
+    from ..paths import read_text_file
+
     out = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(read_text_file(path, "benchmark file").splitlines(), 1):
         if not line.strip():
             continue
-        row = json.loads(line)
+        row = _row(path, number, line)
         group = group_of(row["category"])
         if group not in counts or (limit is not None and counts[group] >= limit):
             continue

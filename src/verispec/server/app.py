@@ -3,12 +3,17 @@
 Thin by design: parse and validate (pydantic + ``SamplingParams``) -> tokenize -> submit
 jobs to the engine thread (``worker.py``) -> serialize its events as OpenAI JSON or SSE
 chunks. Routes: POST /v1/completions, POST /v1/chat/completions (both streaming and not),
-GET /v1/models, GET /health, GET /metrics (Prometheus text).
+GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text).
 
 Every error is OpenAI-shaped ``{"error": {"message", "type", "param", "code"}}``: 400 for
-malformed JSON, wrong types, impossible parameters and prompts over the context; 404 for an
-unknown model; 429 when the admission queue is full; 503 while shutting down; 500 when
-one request fails inside the engine (the others carry on).
+malformed JSON, wrong types, invalid Unicode, impossible parameters and prompts over the
+context; 401 without the API key (``guard.py``); 404 for an unknown model; 408 / 413 for a
+body that is too slow / too large; 429 (with ``Retry-After``) when the admission queue is
+full; 503 while shutting down, also for requests still running when the grace period ends;
+500 when one request fails inside the engine (the others carry on).
+
+Tokenization runs on one tokenizer thread, never on the event loop: a long prompt does not
+stall other clients or /health.
 """
 
 from __future__ import annotations
@@ -16,12 +21,15 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -36,6 +44,7 @@ from ..engine.prefix_cache import PrefixCache
 from ..models.catalog import DEFAULT_MODEL
 from ..registry import make_drafter
 from ..types import SamplingParams
+from .guard import Limits, RequestGuard, header_timeout_protocol
 from .metrics import ServerMetrics
 from .schemas import ChatCompletionRequest, CompletionRequest, error_body
 from .worker import EngineWorker, Event, Job, QueueFull, ShuttingDown
@@ -66,6 +75,7 @@ class ServerConfig:
     disable_spec_at: int = 0
     served_model_name: str | None = None
     prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB  # 0 = off (engine/prefix_cache.py)
+    limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
         if not self.drafters:
@@ -76,9 +86,10 @@ class ServerConfig:
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type_: str = "invalid_request_error"):
+                 type_: str = "invalid_request_error", headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
+        self.headers = headers
 
 
 @dataclass
@@ -90,6 +101,8 @@ class ServerState:
     name: str
     max_len: int
     created: int
+    max_prompt_chars: int  # longer text cannot fit the context: refused before tokenizing
+    tokenizer_pool: ThreadPoolExecutor  # one thread: a HF fast tokenizer must not be shared across threads
 
 
 def build_state(config: ServerConfig, model: LoadedModel | None = None,
@@ -113,7 +126,15 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
     name = config.served_model_name or config.model
     metrics = ServerMetrics(name)
     worker = EngineWorker(batch, model.tokenizer, metrics, config.max_queue)
-    return ServerState(config, model, worker, metrics, name, max_len, int(time.time()))
+    pool = ThreadPoolExecutor(1, thread_name_prefix="verispec-tokenize")
+    return ServerState(config, model, worker, metrics, name, max_len, int(time.time()),
+                       max_len * 2 * longest_token_chars(model.tokenizer), pool)
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """Characters of the longest vocabulary entry: a text of C characters has at least
+    C / this many tokens (x2 in ``max_prompt_chars`` for normalizers that shrink text)."""
+    return max(map(len, tokenizer.get_vocab()), default=1)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -131,7 +152,8 @@ def sampling_params(body: CompletionRequest | ChatCompletionRequest, max_tokens:
             ignore_eos=body.ignore_eos,
         )
     except ValueError as e:
-        raise ApiError(400, str(e)) from None
+        param = str(e).split(" ", 1)[0]  # SamplingParams' messages start with the field's name
+        raise ApiError(400, str(e), param if param in ("temperature", "top_p", "top_k", "seed") else None) from None
 
 
 def max_new_tokens(requested: int | None, default: int, prompt_len: int, max_len: int, param: str) -> int:
@@ -167,6 +189,18 @@ def check_common(state: ServerState, body: CompletionRequest | ChatCompletionReq
     return drafter
 
 
+def check_prompt_sizes(state: ServerState, texts: list[str], token_lists: list[list[int]], param: str) -> None:
+    """Refuse what cannot fit before any tokenization: token-id prompts over the context and
+    texts longer than ``max_prompt_chars``."""
+    for ids in token_lists:
+        if len(ids) >= state.max_len:
+            raise ApiError(400, f"the prompt has {len(ids)} tokens; this server's context is {state.max_len}",
+                           param, "context_length_exceeded")
+    if any(len(t) > state.max_prompt_chars for t in texts):
+        raise ApiError(400, f"the prompt is longer than {state.max_prompt_chars} characters, more than this "
+                       f"server's context of {state.max_len} tokens can hold", param, "context_length_exceeded")
+
+
 def encode_completion_prompt(state: ServerState, prompt: str | list[int]) -> list[int]:
     vocab = state.model.backend.info.vocab_size
     if isinstance(prompt, list):
@@ -177,6 +211,11 @@ def encode_completion_prompt(state: ServerState, prompt: str | list[int]) -> lis
         return encode_prompt(state.model, prompt, chat=False)
     except ValueError as e:
         raise ApiError(400, str(e), "prompt") from None
+
+
+async def off_loop(state: ServerState, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn(*args)`` on the tokenizer thread (the event loop keeps serving others)."""
+    return await asyncio.get_running_loop().run_in_executor(state.tokenizer_pool, fn, *args)
 
 
 # ----------------------------------------------------------------------------- jobs
@@ -203,10 +242,10 @@ class Generation:
             self.state.worker.submit(self.jobs)
         except QueueFull as e:
             self.state.metrics.request_done("rejected")
-            raise ApiError(429, str(e), None, "queue_full", "rate_limit_error") from None
+            raise ApiError(429, str(e), None, "queue_full", "rate_limit_error", {"Retry-After": "1"}) from None
         except ShuttingDown as e:
             self.state.metrics.request_done("rejected")
-            raise ApiError(503, str(e), None, "shutting_down", "server_error") from None
+            raise ApiError(503, str(e), None, "shutting_down", "server_error", {"Retry-After": "5"}) from None
 
     async def next(self) -> tuple[int, Event]:
         index, ev = await self.queue.get()
@@ -313,9 +352,11 @@ def create_app(state: ServerState) -> FastAPI:
             yield
         finally:
             state.worker.stop()
+            state.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="verispec", lifespan=lifespan)
     app.state.verispec = state
+    app.add_middleware(RequestGuard, limits=state.config.limits)
     _install_error_handlers(app)
 
     @app.get("/health")
@@ -328,11 +369,20 @@ def create_app(state: ServerState) -> FastAPI:
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    def card() -> dict:
+        return {"id": state.name, "object": "model", "created": state.created, "owned_by": "verispec",
+                "max_model_len": state.max_len, "drafters": list(state.worker.engine.engines)}
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": state.name, "object": "model", "created": state.created,
-                                            "owned_by": "verispec", "max_model_len": state.max_len,
-                                            "drafters": list(state.worker.engine.engines)}]}
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict:
+        if model_id not in (state.name, state.model.name):
+            raise ApiError(404, f"the model {model_id!r} does not exist; this server serves {state.name!r}",
+                           "model", "model_not_found")
+        return card()
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -351,7 +401,12 @@ def create_app(state: ServerState) -> FastAPI:
 async def handle_completion(state: ServerState, body: CompletionRequest, request: Request):
     """POST /v1/completions: one choice per prompt; SSE when ``stream``."""
     drafter = check_common(state, body)
-    prompts = [encode_completion_prompt(state, p) for p in body.prompts()]
+    raw = body.prompts()
+    if len(raw) > state.worker.max_queue:
+        raise ApiError(400, f"{len(raw)} prompts in one request; this server queues at most {state.worker.max_queue}",
+                       "prompt", "too_many_prompts")
+    check_prompt_sizes(state, [p for p in raw if isinstance(p, str)], [p for p in raw if isinstance(p, list)], "prompt")
+    prompts = await off_loop(state, lambda: [encode_completion_prompt(state, p) for p in raw])
     lens = [max_new_tokens(body.max_tokens, 16, len(p), state.max_len, "prompt") for p in prompts]
     gen = Generation(state, f"cmpl-{uuid.uuid4().hex}", prompts, sampling_params(body, min(lens)), drafter)
     gen.submit()
@@ -380,8 +435,10 @@ async def handle_completion(state: ServerState, body: CompletionRequest, request
 async def handle_chat(state: ServerState, body: ChatCompletionRequest, request: Request):
     """POST /v1/chat/completions: the model's chat template; SSE chunks when ``stream``."""
     drafter = check_common(state, body)
+    messages = body.chat_messages()
+    check_prompt_sizes(state, ["".join(m["content"] for m in messages)], [], "messages")
     try:
-        prompt = encode_prompt(state.model, body.chat_messages())
+        prompt = await off_loop(state, encode_prompt, state.model, messages)
     except ValueError as e:
         raise ApiError(400, str(e), "messages") from None
     budget = max_new_tokens(body.max_completion_tokens or body.max_tokens, state.config.default_max_tokens,
@@ -430,7 +487,7 @@ def _sse_response(events: AsyncIterator[str]) -> StreamingResponse:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status)
+        return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
@@ -453,19 +510,73 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), status_code=500)
 
 
+SHUTDOWN_FLUSH_S = 2.0  # after the grace period: time for the final 503s / error events to reach clients
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn, plus the end of the grace period: requests still running are failed by the
+    worker (JSON 503, or a final error event and ``[DONE]`` on a stream) instead of being cut
+    off; uvicorn cancels what is left ``SHUTDOWN_FLUSH_S`` later."""
+
+    def __init__(self, config: uvicorn.Config, worker: EngineWorker, grace_s: float):
+        super().__init__(config)
+        self.worker, self.grace_s = worker, grace_s
+
+    async def shutdown(self, sockets: list | None = None) -> None:
+        timer = asyncio.get_running_loop().call_later(self.grace_s, self.worker.stop, 0.0)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+
+def make_server(state: ServerState, graceful_timeout: float = 30.0, **uvicorn_options: Any) -> GracefulServer:
+    """The app behind uvicorn with this server's limits (header timeout) and shutdown."""
+    if not graceful_timeout >= 0:
+        raise ValueError(f"graceful timeout must be >= 0 seconds, got {graceful_timeout}")
+    limits = state.config.limits
+    config = uvicorn.Config(create_app(state), http=header_timeout_protocol(limits.header_timeout_s),
+                            timeout_graceful_shutdown=graceful_timeout + SHUTDOWN_FLUSH_S, **uvicorn_options)
+    return GracefulServer(config, state.worker, graceful_timeout)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the listening address first (before loading the model): a busy port or a bad
+    host fails at once with one line."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {port}")
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise ValueError(f"cannot resolve --host {host!r}: {e.strerror}") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
 def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
           graceful_timeout: float = 30.0) -> None:
-    """Load, build and run until SIGINT/SIGTERM; in-flight requests get ``graceful_timeout``
-    seconds to finish, then the worker cancels the rest and frees their caches."""
+    """Bind, load, build and run until SIGINT/SIGTERM; in-flight requests get
+    ``graceful_timeout`` seconds to finish, then they end with 503 and the worker frees
+    their caches."""
     import signal
     import threading
 
-    import uvicorn
-
-    app = create_app(build_state(config))
-    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal under the
-    # handler that was installed before it: a no-op one makes a clean shutdown exit with 0
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: None)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=graceful_timeout)
+    if not graceful_timeout >= 0:
+        raise ValueError(f"--graceful-timeout must be >= 0 seconds, got {graceful_timeout}")
+    sock = bind_socket(host, port)
+    try:
+        server = make_server(build_state(config), graceful_timeout, log_level=log_level)
+        # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal under the
+        # handler that was installed before it: a no-op one makes a clean shutdown exit with 0
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: None)
+        server.run(sockets=[sock])
+    finally:
+        sock.close()

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator,
+                      model_validator)
+
+from ..types import MAX_SEED, MAX_TEMPERATURE  # one range for the server, the CLI and bench
+
 
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False
@@ -25,10 +29,10 @@ class _Sampling(BaseModel):
 
     model: StrictStr
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: StrictFloat | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: StrictFloat | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(default=None, ge=0)  # extension (vLLM); 0 or -1 = off
-    seed: StrictInt | None = None
+    seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -41,6 +45,14 @@ class _Sampling(BaseModel):
     drafter: StrictStr | None = None
     ignore_eos: StrictBool = False
     return_token_ids: StrictBool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = lone_surrogate(data)
+        if where is not None:
+            raise ValueError(f"{where or 'the body'} is not valid Unicode (a lone UTF-16 surrogate such as \\ud800)")
+        return data
 
     @field_validator("top_k", mode="before")
     @classmethod
@@ -138,6 +150,37 @@ class ChatCompletionRequest(_Sampling):
     def chat_messages(self) -> list[dict[str, str]]:
         # "developer" is OpenAI's newer name for "system"; chat templates know "system"
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """The dotted path of the first string holding a lone surrogate (valid JSON, e.g.
+    ``"\\ud800"``, but not encodable text), or None. ``lone_surrogate({"a": ["x", "\\ud800"]})
+    == "a.1"``. Iterative: a deeply nested body cannot exhaust the recursion limit."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if not _encodable(item):
+                return path
+            continue
+        pairs = item.items() if isinstance(item, dict) else enumerate(item) if isinstance(item, list) else ()
+        children = []
+        for key, child in pairs:
+            name = str(key).encode("utf-8", "backslashreplace").decode()  # printable in the error message
+            key_path = f"{path}.{name}" if path else name
+            if isinstance(key, str) and not _encodable(key):
+                return key_path
+            children.append((key_path, child))
+        stack.extend(reversed(children))  # depth-first, in document order
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,

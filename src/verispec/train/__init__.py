@@ -24,16 +24,21 @@ def feature_dirs(model, data: list[str | Path], out_dir: Path, log=print) -> lis
     from . import features
 
     dirs, hf = [], None
+    vocab = model.backend.info.vocab_size
+    sequences = {}
+    for item in map(Path, data):  # read and check every file before the first (slow) extraction
+        if not item.exists():
+            raise ValueError(f"training data {item} does not exist")
+        if not item.is_dir():
+            sequences[item] = gen_data.sequences_from_jsonl(item, vocab_size=vocab)
     for item in map(Path, data):
         if item.is_dir():
             dirs.append(item)
             continue
-        if not item.exists():
-            raise ValueError(f"training data {item} does not exist")
         if hf is None:
             hf = AutoModelForCausalLM.from_pretrained(str(model.hf_dir), dtype="float32").eval()
         target = out_dir / f"features-{item.stem}"
-        features.extract(hf, gen_data.sequences_from_jsonl(item), target, log=log)
+        features.extract(hf, sequences[item], target, log=log)
         dirs.append(target)
     return dirs
 

@@ -80,20 +80,40 @@ def generate_responses(
     return added
 
 
-def sequences_from_jsonl(path: str | Path, max_len: int = 512) -> list[list[int]]:
-    """prompt + response token ids per line, truncated to ``max_len``."""
-    seqs = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            seqs.append((row["prompt_ids"] + row["response_ids"])[:max_len])
+def sequences_from_jsonl(path: str | Path, max_len: int = 512, vocab_size: int | None = None) -> list[list[int]]:
+    """prompt + response token ids per line, truncated to ``max_len``. A line that is not an
+    object with ``prompt_ids`` and ``response_ids`` (lists of token ids in [0, vocab_size)),
+    an empty sequence or a file without any raise ValueError naming the line (a torn last
+    line of an interrupted run is skipped)."""
+    from ..paths import read_text_file
+
+    seqs, lines = [], read_text_file(Path(path), "training data").splitlines()
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                continue  # generate_responses was interrupted mid-line
+            raise ValueError(f"{path} line {number}: not JSON") from None
+        seqs.append(_token_sequence(row, f"{path} line {number}", vocab_size)[:max_len])
+    if not seqs:
+        raise ValueError(f"training data {path} has no sequences")
     return seqs
+
+
+def _token_sequence(row: object, where: str, vocab_size: int | None) -> list[int]:
+    ids = [row.get(k) for k in ("prompt_ids", "response_ids")] if isinstance(row, dict) else [None]
+    if not all(isinstance(x, list) and all(type(t) is int for t in x) for x in ids):
+        raise ValueError(f"{where}: expected prompt_ids and response_ids, lists of token ids")
+    seq = ids[0] + ids[1]
+    if len(seq) < 2:
+        raise ValueError(f"{where}: the token sequence is empty or has one token")
+    if vocab_size is not None and not all(0 <= t < vocab_size for t in seq):
+        raise ValueError(f"{where}: token ids must be in [0, {vocab_size})")
+    return seq
 
 
 def main_generate(out: str, model_name: str = "smollm2-135m-instruct", gsm8k: str | None = None,
