@@ -129,14 +129,17 @@ def test_fallback_counts_without_a_cost_curve(toy_target, plain):
     assert never.steps["learned"] == sum(never.steps.values())
 
 
-@pytest.mark.parametrize("cost,learned_cost,expect", [
-    ({n: 1.0 + n for n in (1, 2, 4, 8)}, None, {"none"}),  # verification never pays: plain decoding
-    (FLAT, {n: 50.0 for n in (1, 8)}, {"retrieval", "none"}),  # the learned drafter costs 50 steps
-    (FLAT, {n: 0.01 for n in (1, 8)}, {"retrieval", "learned"}),  # nearly free learned drafter
+@pytest.mark.parametrize("cost,learned_cost,enabled,expect", [
+    ({n: 1.0 + n for n in (1, 2, 4, 8)}, None, False, {"none"}),  # verification never pays: plain decoding
+    (FLAT, {n: 50.0 for n in (1, 8)}, False, {"retrieval", "none"}),  # 50 steps: could never pay, left out
+    (FLAT, {n: 4.0 for n in (1, 8)}, True, {"retrieval", "none"}),  # could pay; its tracked acceptance says no
+    (FLAT, {n: 0.01 for n in (1, 8)}, True, {"retrieval", "learned"}),  # nearly free learned drafter
 ])
-def test_cost_curves_decide_who_proposes(toy_target, plain, cost, learned_cost, expect):
-    h = HybridDrafter(suffix(), DraftModelDrafter(toy_target), min_score=0.5, cost=cost,
-                      learned_cost=learned_cost)
+def test_cost_curves_decide_who_proposes(toy_target, plain, cost, learned_cost, enabled, expect):
+    learned = toy_eagle(toy_target) if learned_cost and learned_cost[1] == 4.0 else DraftModelDrafter(toy_target)
+    h = HybridDrafter(suffix(), learned, min_score=0.5, cost=cost, learned_cost=learned_cost)
+    assert h.learned_enabled == enabled
+    assert h.needs_hidden_states == (enabled and isinstance(learned, EagleDrafter))
     for prompt, want in zip(PROMPTS, plain):
         assert run(toy_target, h, prompt, GREEDY, k=8)[0] == want
     assert {s for s, n in h.steps.items() if n} == expect

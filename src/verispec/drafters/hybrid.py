@@ -13,7 +13,9 @@ text but costs model calls. Per step (``mode="fallback"``):
      ``(E_l(n) + 1) / (t(n) + c(n))`` with ``E_l`` from the learned drafter's tracked
      per-depth acceptance and ``c(n)`` its measured drafting time; plain decoding 1;
   3. the option with the highest rate proposes (retrieval wins ties); the learned drafter
-     is called only when it proposes, so misses of a costly drafter cost nothing.
+     is called only when it proposes. A learned drafter that would lose to plain decoding
+     even if every node were accepted (``(n + 1) / (t(n) + c(n)) <= 1`` for every n) is
+     left out at construction (``learned_enabled``): no calls, no hidden states.
 
 ``mode="fuse"`` merges the retrieval draft into the learned tree by longest shared prefix
 (RASD: Quan et al. 2025, "Retrieval-Augmented Speculative Decoding", arXiv 2503.03434,
@@ -108,7 +110,12 @@ class HybridDrafter:
             raise ValueError(f"the retrieval drafter {retrieval.name} must be model-free")
         self.retrieval, self.learned, self.mode, self.min_score = retrieval, learned, mode, min_score
         self.cost, self.learned_cost = cost, learned_cost
-        self.needs_hidden_states = learned.needs_hidden_states
+        # a learned drafter that loses to plain decoding even if every node were accepted
+        # is left out entirely (no hidden states, no calls): it could never propose
+        sizes = max(cost or {0: 1.0})
+        self.learned_enabled = cost is None or best_size([1.0] * sizes, cost, learned_cost)[0] > 0
+        self._subs = (retrieval, learned) if self.learned_enabled else (retrieval,)
+        self.needs_hidden_states = learned.needs_hidden_states and self.learned_enabled
         self._scored = isinstance(retrieval, SuffixDecodingDrafter)  # gives its own node values
         self.provides_probs = learned.provides_probs
         self._learned_acc = DepthAcceptance()
@@ -121,13 +128,13 @@ class HybridDrafter:
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
         self._requests.add(request_id, _Proposal())
-        self.retrieval.start(request_id, prompt_ids)
-        self.learned.start(request_id, prompt_ids)
+        for sub in self._subs:
+            sub.start(request_id, prompt_ids)
 
     def finish(self, request_id: str) -> None:
         self._requests.pop(request_id)
-        self.retrieval.finish(request_id)
-        self.learned.finish(request_id)
+        for sub in self._subs:
+            sub.finish(request_id)
 
     def reset(self) -> None:
         """Forget what was learned across requests (the bench calls this after warm-up)."""
@@ -138,7 +145,7 @@ class HybridDrafter:
             counts.clear()
 
     def memory_bytes(self) -> int:
-        return self.retrieval.memory_bytes() + self.learned.memory_bytes()
+        return sum(sub.memory_bytes() for sub in self._subs)
 
     def observe(self, obs: Observation) -> None:
         state = self._requests.get(obs.request_id)
@@ -147,8 +154,8 @@ class HybridDrafter:
             self.learned.observe(obs)
             return
         self._track(state, obs)
-        self.retrieval.observe(obs)
-        self.learned.observe(obs)
+        for sub in self._subs:
+            sub.observe(obs)
 
     def _track(self, state: _Proposal, obs: Observation) -> None:
         """Count the step and update the proposer's per-depth acceptance."""
@@ -180,6 +187,8 @@ class HybridDrafter:
         if self.cost is None:  # plain fallback: retrieval on a hit, else the learned drafter
             return (len(values), 1.0, ctx.budget, 0.0) if hit else (0, 0.0, ctx.budget, 1.0)
         r_n, r_rate = best_size(values, self.cost) if hit else (0, 1.0)
+        if not self.learned_enabled:
+            return r_n, r_rate, 0, 0.0
         l_n, l_rate = best_size(self._learned_acc.node_values(ctx.budget), self.cost, self.learned_cost)
         return r_n, r_rate, l_n, l_rate
 
