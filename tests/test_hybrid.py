@@ -169,14 +169,14 @@ def test_sampling_distribution_matches_target(toy_target, mode, min_score, sourc
     h = HybridDrafter(PromptLookupDrafter(max_ngram=2), TemperedSelfDraft(toy_target), mode=mode,
                       min_score=min_score)
     engine = Engine(toy_target, h, 3)
-    params = [SamplingParams(temperature=1.5, max_new_tokens=4, seed=s, ignore_eos=True) for s in range(1000)]
+    params = [SamplingParams(temperature=1.5, max_new_tokens=4, seed=s, ignore_eos=True) for s in range(700)]
     pairs = []
     for p in params:
         req = engine.add_request(prompt, p)
         engine.step(req)  # the prefill gave token 1; this step commits token 2 (and maybe more)
         pairs.append(tuple(req.generated[:2]))
         engine.finish(req, "stop")
-    assert h.steps[source] >= 100  # the source under test really proposed
+    assert h.steps[source] >= 50  # the source under test really proposed
     assert Counter(p[0] for p in pairs).most_common(1)[0][0] == t1
     assert_target_law(toy_target, prompt + [t1], [p[1] for p in pairs if p[0] == t1], params[0])
 

@@ -70,9 +70,9 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     retrieval, learned = str(opts.pop("retrieval", "suffix")), str(opts.pop("learned", "eagle"))
     if retrieval not in ("suffix", "prompt-lookup") or learned not in ("eagle", "draft"):
         raise ValueError("needs retrieval=suffix|prompt-lookup and learned=eagle|draft")
-    budget = str(opts.pop("budget", "measured"))
-    if budget not in ("measured", "fixed"):
-        raise ValueError(f"budget must be measured or fixed, not {budget!r}")
+    budget, mode = str(opts.pop("budget", "measured")), str(opts.pop("mode", "fallback"))
+    if budget not in ("measured", "fixed") or mode not in ("fallback", "fuse"):
+        raise ValueError(f"needs budget=measured|fixed and mode=fallback|fuse (got {budget}, {mode})")
     # the hybrid applies its own min_score: the suffix drafter hands over every draft
     r_opts = {"min_score": 0.0} if retrieval == "suffix" else {}
     l_opts = {k.removeprefix("learned_"): opts.pop(k) for k in list(opts) if k.startswith("learned_")}
@@ -86,7 +86,7 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         draft_cost = cached_cost_curve(  # a retrained or resized learned drafter gets a new tag
             target.backend, f"{key}-draft-{learned}-{tag}", repeats=3,
             measure=lambda model, sizes, repeats: measure_draft_cost(model, sub[1], sizes, repeats))
-    return HybridDrafter(*sub, mode=str(opts.pop("mode", "fallback")),
+    return HybridDrafter(*sub, mode=mode,
                          min_score=float(opts.pop("min_score", 1.0)), cost=cost, learned_cost=draft_cost)
 
 

@@ -112,8 +112,8 @@ class HybridDrafter:
         self.cost, self.learned_cost = cost, learned_cost
         # a learned drafter that loses to plain decoding even if every node were accepted
         # is left out entirely (no hidden states, no calls): it could never propose
-        sizes = max(cost or {0: 1.0})
-        self.learned_enabled = cost is None or best_size([1.0] * sizes, cost, learned_cost)[0] > 0
+        largest = max(cost or {0: 1.0})  # the largest measured size
+        self.learned_enabled = cost is None or best_size([1.0] * largest, cost, learned_cost)[0] > 0
         self._subs = (retrieval, learned) if self.learned_enabled else (retrieval,)
         self.needs_hidden_states = learned.needs_hidden_states and self.learned_enabled
         self._scored = isinstance(retrieval, SuffixDecodingDrafter)  # gives its own node values
