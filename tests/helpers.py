@@ -8,6 +8,7 @@ import torch
 
 from verispec.drafters.base import DraftContext, StatelessDrafter
 from verispec.engine import Engine
+from verispec.sampling import target_probs
 from verispec.tree import DraftTree
 from verispec.types import SamplingParams
 
@@ -75,3 +76,19 @@ def same_first_tokens_law(target, drafter, prompt: list[int], seeds: int = 250, 
     keys = [key for key in set(plain) | set(spec) if plain[key] + spec[key] >= 8]
     table = [[h[key] for key in keys] + [sum(h.values()) - sum(h[key] for key in keys)] for h in (plain, spec)]
     return chi2_contingency(table).pvalue
+
+
+def assert_target_law(target, context: list[int], samples: list[int], params: SamplingParams) -> None:
+    """Chi-square goodness of fit of ``samples`` (tokens drawn after ``context``) to the
+    target's p(. | context) at ``params``; cells with < 5 expected counts are pooled."""
+    from scipy.stats import chisquare
+
+    ids = torch.tensor([context])
+    logits = target.forward(ids, torch.arange(ids.shape[1])[None], target.new_cache()).logits[0, -1:]
+    p = target_probs(logits, params)[0].double()
+    counts = torch.bincount(torch.tensor(samples), minlength=p.numel()).double()
+    assert counts[p == 0].sum() == 0
+    big = p * len(samples) >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([p[big], p[~big].sum()[None]]) * len(samples)
+    assert chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue > 1e-3

@@ -46,15 +46,48 @@ def _medusa(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     tree = str(opts.pop("tree", "sparse"))
     cost = None
     if tree == "sequoia":  # hardware-aware size: t(n) measured once per configuration, then cached
-        import torch
-
         from .policies.tree_shape import cached_cost_curve
 
-        info = target.backend.info
-        isa = getattr(target.backend, "isa", "")  # the compiled runtime's kernels differ per ISA
-        key = f"{target.name}-{target.backend_kind}{isa}-{target.quant}-{info.dtype}-{info.device}-t{torch.get_num_threads()}"
-        cost = cached_cost_curve(target.backend, key)
+        cost = cached_cost_curve(target.backend, _cost_key(target))
     return MedusaDrafter(MedusaHeads.load(path), load_target_embedding(target.hf_dir), tree=tree, cost=cost)
+
+
+def _cost_key(target: "LoadedModel") -> str:
+    """What a measured cost curve depends on: model, runtime (and its ISA), weights, threads."""
+    import torch
+
+    info = target.backend.info
+    isa = getattr(target.backend, "isa", "")  # the compiled runtime's kernels differ per ISA
+    return f"{target.name}-{target.backend_kind}{isa}-{target.quant}-{info.dtype}-{info.device}-t{torch.get_num_threads()}"
+
+
+def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
+    import hashlib
+
+    from .drafters.hybrid import HybridDrafter
+    from .policies.tree_shape import cached_cost_curve, measure_draft_cost
+
+    retrieval, learned = str(opts.pop("retrieval", "suffix")), str(opts.pop("learned", "eagle"))
+    if retrieval not in ("suffix", "prompt-lookup") or learned not in ("eagle", "draft"):
+        raise ValueError("needs retrieval=suffix|prompt-lookup and learned=eagle|draft")
+    budget, mode = str(opts.pop("budget", "measured")), str(opts.pop("mode", "fallback"))
+    if budget not in ("measured", "fixed") or mode not in ("fallback", "fuse"):
+        raise ValueError(f"needs budget=measured|fixed and mode=fallback|fuse (got {budget}, {mode})")
+    # the hybrid applies its own min_score: the suffix drafter hands over every draft
+    r_opts = {"min_score": 0.0} if retrieval == "suffix" else {}
+    l_opts = {k.removeprefix("learned_"): opts.pop(k) for k in list(opts) if k.startswith("learned_")}
+    sub = [make_drafter(retrieval, target, r_opts), make_drafter(learned, target, dict(l_opts))]
+    cost = draft_cost = None
+    if budget == "measured":  # t(n) of the target and c(n) of the learned drafter, measured once
+        key = _cost_key(target)
+        cost = cached_cost_curve(target.backend, key)
+        shape = getattr(getattr(sub[1], "head", None), "cfg", None) or getattr(getattr(sub[1], "model", None), "info", None)
+        tag = hashlib.sha1(repr((learned, sorted(l_opts.items()), shape)).encode()).hexdigest()[:8]
+        draft_cost = cached_cost_curve(  # a retrained or resized learned drafter gets a new tag
+            target.backend, f"{key}-draft-{learned}-{tag}", repeats=3,
+            measure=lambda model, sizes, repeats: measure_draft_cost(model, sub[1], sizes, repeats))
+    return HybridDrafter(*sub, mode=mode,
+                         min_score=float(opts.pop("min_score", 1.0)), cost=cost, learned_cost=draft_cost)
 
 
 def _prompt_lookup(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
@@ -112,6 +145,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "lookahead": (_lookahead, "Lookahead decoding: Jacobi window + n-gram pool in one forward; give -k >= (window+guesses)*(ngram-1) (options: window, ngram, guesses, max_keys)"),
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
+    "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|draft, mode=fallback|fuse, min_score, budget=measured|fixed, learned_<option> passed to the learned drafter)"),
     "draft": (_draft_model, "a small LM with the target's tokenizer: the shipped distilled draft, else the target's first 4 layers (options: model=shipped|truncated:N|<name|path>, min_confidence)"),
 }
 

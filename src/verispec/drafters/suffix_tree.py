@@ -429,7 +429,9 @@ class SuffixDecodingDrafter:
         trie.add_document(0, prompt_ids)
         self._requests.add(request_id, _RequestState(trie, len(prompt_ids)))
 
-    def propose(self, ctx: DraftContext) -> DraftTree:
+    def speculate(self, ctx: DraftContext) -> SuffixDraft:
+        """The better-scoring continuation of the request and global tries (nodes in
+        best-first order, so any prefix of them is a tree), before the ``min_score`` gate."""
         state = self._requests.get(ctx.request_id)
         seen = state.trie.num_tokens + (0 if state.has_root else 1)
         if seen != len(ctx.tokens):
@@ -440,6 +442,10 @@ class SuffixDecodingDrafter:
         if self.max_global_tokens:
             other = self._global.speculate(*args)
             best = other if other.score > best.score else best
+        return best
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        best = self.speculate(ctx)
         if best.score < self.min_score:
             return EMPTY_DRAFT.to_tree(ctx.tokens[-1])  # not worth a wider target forward
         return best.to_tree(ctx.tokens[-1])

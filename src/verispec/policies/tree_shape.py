@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -197,42 +196,104 @@ def _bushy_parents(n: int) -> list[int]:
     return [-1] + [(i - 1) // 3 for i in range(1, n + 1)]
 
 
+ESTIMATOR = "min"  # stored with cached curves: curves timed another way are measured again
+
+
+def _seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """Fastest wall time of ``fn()`` over ``repeats`` runs after one warm-up run: other work
+    on a shared machine only ever adds delay, so the minimum is the least noisy estimate
+    (a median still moved t(1) by 2x under load)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times = []
+    for _ in range(repeats + 1):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return min(times[1:])
+
+
+def _probe_context(model, context: int, extra: int):
+    """A cache holding a ``context``-token prefill (synthetic ids), its ids and output."""
+    dev = model.info.device
+    cache = model.new_cache(context + extra + 1)
+    ids = torch.arange(context, device=dev).remainder(model.info.vocab_size - 1).add(1)[None]
+    out = model.forward(ids, torch.arange(context, device=dev)[None], cache, want_hidden=True,
+                        last_logits_only=True)
+    return cache, ids, out
+
+
 @torch.inference_mode()
 def measure_cost_curve(model, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5,
                        context: int = 128) -> dict[int, float]:
-    """``t(n)``: median time of one target forward over root + n tree nodes (tree mask, after
-    a ``context``-token prefill) divided by the median time of a 1-token decode step."""
+    """``t(n)``: time of one target forward over root + n tree nodes (tree mask, after a
+    ``context``-token prefill) divided by the time of a 1-token decode step (``_seconds``)."""
     from ..tree import DraftTree
 
     dev = model.info.device
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    cache = model.new_cache(context + max(sizes, default=0) + 1)
-    ids = torch.arange(context, device=dev).remainder(model.info.vocab_size - 1).add(1)[None]
-    model.forward(ids, torch.arange(context, device=dev)[None], cache, last_logits_only=True)
+    cache, _, _ = _probe_context(model, context, max(sizes, default=0))
 
     def timed(n: int) -> float:
         tree = DraftTree(tuple(range(1, n + 2)), tuple(_bushy_parents(n)))
         x = torch.tensor([tree.tokens], device=dev)
         pos = torch.tensor([tree.depths], device=dev) + context
         mask = tree.ancestor_mask(dev)
-        times = []
-        for _ in range(repeats + 1):  # first run = warm-up
-            sync()
-            t0 = time.perf_counter()
+
+        def step():
             model.forward(x, pos, cache, tree_mask=mask)
-            sync()
-            times.append(time.perf_counter() - t0)
             cache.truncate(context)
-        return statistics.median(times[1:])
+        return _seconds(step, repeats, dev)
 
     base = timed(0)
     return {n: timed(n) / base for n in sizes}
 
 
+@torch.inference_mode()
+def measure_draft_cost(model, drafter, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 3,
+                       context: int = 128) -> dict[int, float]:
+    """``c(n)``: time of ``drafter.propose`` with budget n (``_seconds``; greedy, after a
+    ``context``-token prompt was prefilled and, for drafters that read hidden states,
+    observed) divided by the target's 1-token decode time: what drafting n nodes adds to
+    a step, in the unit of ``t(n)``. The probe request is finished afterwards."""
+    from ..drafters.base import DraftContext, Observation
+    from ..sampling import make_generator
+    from ..tree import DraftTree
+    from ..types import SamplingParams
+
+    dev = model.info.device
+    cache, ids, out = _probe_context(model, context, 1)
+    prompt = ids[0].tolist()
+    first = int(out.logits[0, -1].argmax())
+    root = torch.tensor([[first]], device=dev)
+
+    def decode():
+        model.forward(root, torch.tensor([[context]], device=dev), cache)
+        cache.truncate(context)
+    base = _seconds(decode, 5, dev)
+    rid = "cost-probe"
+    drafter.start(rid, prompt)
+    try:
+        if drafter.needs_hidden_states:
+            tree = DraftTree.chain(prompt[0], prompt[1:])
+            drafter.observe(Observation(rid, tree, list(range(1, context)), [*prompt[1:], first],
+                                        out.logits[0], out.hidden[0]))
+        gen = make_generator(0, 1)
+
+        def cost(n: int) -> float:
+            ctx = DraftContext(rid, [*prompt, first], n, SamplingParams(), gen)
+            return _seconds(lambda: drafter.propose(ctx), repeats, dev) / base
+        return {n: cost(n) for n in sizes}
+    finally:
+        drafter.finish(rid)
+
+
 def cached_cost_curve(model, key: str, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5,
-                      cache_dir: str | Path | None = None) -> dict[int, float]:
-    """``measure_cost_curve`` once per ``key`` (e.g. model/backend/quant/threads), stored as
-    JSON under ``<verispec cache>/cost-curves/``; later calls read it back."""
+                      cache_dir: str | Path | None = None,
+                      measure: Callable[..., dict[int, float]] = measure_cost_curve) -> dict[int, float]:
+    """``measure(model, sizes, repeats)`` (the target's ``t(n)`` by default; a drafter's
+    ``c(n)`` with ``measure_draft_cost``) once per ``key`` (e.g. model/backend/quant/threads),
+    stored as JSON under ``<verispec cache>/cost-curves/``; later calls read it back."""
     from ..models.loading import default_cache_dir
 
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
@@ -240,12 +301,12 @@ def cached_cost_curve(model, key: str, sizes: Sequence[int] = DEFAULT_SIZES, rep
     if path.exists():
         stored = json.loads(path.read_text())
         curve = {int(n): float(t) for n, t in stored["t"].items()}
-        if set(sizes) <= set(curve):
+        if set(sizes) <= set(curve) and stored.get("estimator") == ESTIMATOR:
             return {n: curve[n] for n in sizes}
-    curve = measure_cost_curve(model, sizes, repeats)
+    curve = measure(model, sizes, repeats)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": key, "repeats": repeats, "t": {str(n): t for n, t in curve.items()}},
+    tmp.write_text(json.dumps({"key": key, "repeats": repeats, "estimator": ESTIMATOR, "t": {str(n): t for n, t in curve.items()}},
                               indent=1) + "\n")
     tmp.replace(path)
     return curve

@@ -1,0 +1,217 @@
+"""Hybrid drafting: a model-free (retrieval) drafter and a learned drafter, chosen or fused
+per step, each step's size from the measured cost curve.
+
+Retrieval (SuffixDecoding, prompt lookup) is nearly free and wins where the answer copies
+the context; a learned drafter (EAGLE, a distilled draft LM) is the only help on novel
+text but costs model calls. Per step (``mode="fallback"``):
+
+  1. the retrieval draft, its nodes in best-first order with values (SuffixDecoding: the
+     tries' path probabilities; prompt lookup: its tracked per-depth acceptance); it is a
+     candidate only when its score (sum of values) reaches ``min_score``;
+  2. each option's best size and rate (``policies/draft_budget.py``, Sequoia's
+     hardware-aware rule per step): retrieval ``(E_r(n) + 1) / t(n)``; learned
+     ``(E_l(n) + 1) / (t(n) + c(n))`` with ``E_l`` from the learned drafter's tracked
+     per-depth acceptance and ``c(n)`` its measured drafting time; plain decoding 1;
+  3. the option with the highest rate proposes (retrieval wins ties); the learned drafter
+     is called only when it proposes. A learned drafter that would lose to plain decoding
+     even if every node were accepted (``(n + 1) / (t(n) + c(n)) <= 1`` for every n) is
+     left out at construction (``learned_enabled``): no calls, no hidden states.
+
+``mode="fuse"`` merges the retrieval draft into the learned tree by longest shared prefix
+(RASD: Quan et al. 2025, "Retrieval-Augmented Speculative Decoding", arXiv 2503.03434,
+tree fusion), at the learned drafter's chosen size plus the retrieval's, within the budget.
+
+Without a cost curve (``cost=None``) the rule is the plain fallback: retrieval when its
+score reaches ``min_score``, else the learned drafter at the full budget.
+
+Both sub-drafters observe every step, whoever proposed (the learned one reads the target's
+hidden states of whatever tree was verified), so each stays in sync with the committed
+context. The prefill observation goes only to sub-drafters that need hidden states.
+
+Lossless: every proposed tree is a sub-drafter's own tree (with its draft probabilities,
+if any) or a fused point-mass tree. A point-mass node is verified by recursive rejection
+(accept x with probability p(x), else sample the residual), whose output law is p for
+*any* x chosen independently of the verification's randomness, so dropping the learned
+tree's q in a fusion only lowers acceptance. Greedy: any tree verifies to plain decoding.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import ClassVar, Literal
+
+from ..policies.draft_budget import DepthAcceptance, best_size
+from ..tree import DraftTree
+from .base import DraftContext, Drafter, Observation, RequestTable
+from .suffix_tree import SuffixDecodingDrafter
+
+Source = Literal["retrieval", "learned", "fused", "none"]
+SOURCES: tuple[Source, ...] = ("retrieval", "learned", "fused", "none")
+
+
+def fuse(base: DraftTree, other: DraftTree, budget: int) -> DraftTree:
+    """Longest-prefix fusion (RASD): add ``other``'s nodes to ``base`` in ``other``'s order,
+    sharing every path prefix ``base`` already has, while the tree has fewer than ``budget``
+    drafted nodes. ``base`` keeps its nodes and order; the result is point-mass.
+
+    >>> t = fuse(DraftTree((7, 3, 5, 9), (-1, 0, 0, 1)), DraftTree((7, 3, 4, 8), (-1, 0, 1, 2)), 5)
+    >>> t.tokens, t.parents
+    ((7, 3, 5, 9, 4, 8), (-1, 0, 0, 1, 1, 4))
+    """
+    if base.tokens[0] != other.tokens[0]:
+        raise ValueError(f"cannot fuse trees with roots {base.tokens[0]} and {other.tokens[0]}")
+    tokens, parents = list(base.tokens), list(base.parents)
+    child = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents)) if i}  # (parent, token) -> node
+    where = [0]  # node of other -> node of the fused tree
+    for t, p in zip(other.tokens[1:], other.parents[1:]):
+        key = (where[p], t)
+        if key not in child:
+            if len(tokens) - 1 >= budget:
+                break  # other is topological: later nodes would need this one or come later
+            child[key] = len(tokens)
+            tokens.append(t)
+            parents.append(where[p])
+        where.append(child[key])
+    return DraftTree(tuple(tokens), tuple(parents))
+
+
+def truncate(tree: DraftTree, n: int) -> DraftTree:
+    """The first n drafted nodes of a tree (a tree whenever nodes are topological)."""
+    probs = None if tree.draft_probs is None else tree.draft_probs[: n + 1]
+    return DraftTree(tree.tokens[: n + 1], tree.parents[: n + 1], probs)
+
+
+@dataclass
+class _Proposal:
+    """What one request's last proposal was, for the acceptance trackers."""
+
+    source: Source = "none"
+    learned_nodes: int = 0  # fused: the learned tree's nodes come first (indices 1..this)
+    learned_depth: int = 0
+    prefilled: bool = False  # the prefill observation has been seen
+
+
+class HybridDrafter:
+    """A retrieval drafter first, a learned drafter when that pays more (or both fused),
+    sized per step from the target's cost curve ``cost`` (t(n)) and the learned drafter's
+    measured drafting cost ``learned_cost`` (c(n)). See the module docstring."""
+
+    name: ClassVar[str] = "hybrid"
+
+    def __init__(self, retrieval: Drafter, learned: Drafter, mode: Literal["fallback", "fuse"] = "fallback",
+                 min_score: float = 1.0, cost: dict[int, float] | None = None,
+                 learned_cost: dict[int, float] | None = None):
+        if mode not in ("fallback", "fuse"):
+            raise ValueError(f"mode must be fallback or fuse, not {mode!r}")
+        if min_score < 0:
+            raise ValueError(f"min_score must be >= 0, got {min_score}")
+        if retrieval.needs_hidden_states:
+            raise ValueError(f"the retrieval drafter {retrieval.name} must be model-free")
+        self.retrieval, self.learned, self.mode, self.min_score = retrieval, learned, mode, min_score
+        self.cost, self.learned_cost = cost, learned_cost
+        # a learned drafter that loses to plain decoding even if every node were accepted
+        # is left out entirely (no hidden states, no calls): it could never propose
+        largest = max(cost or {0: 1.0})  # the largest measured size
+        self.learned_enabled = cost is None or best_size([1.0] * largest, cost, learned_cost)[0] > 0
+        self._subs = (retrieval, learned) if self.learned_enabled else (retrieval,)
+        self.needs_hidden_states = learned.needs_hidden_states and self.learned_enabled
+        self._scored = isinstance(retrieval, SuffixDecodingDrafter)  # gives its own node values
+        self.provides_probs = learned.provides_probs
+        self._learned_acc = DepthAcceptance()
+        self._retrieval_acc = DepthAcceptance()  # node values of drafters without their own
+        self._requests: RequestTable[_Proposal] = RequestTable()
+        self.steps: Counter[str] = Counter()  # verified proposals by source
+        self.drafted: Counter[str] = Counter()  # drafted nodes by source
+        self.accepted: Counter[str] = Counter()  # accepted drafted tokens by source
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def start(self, request_id: str, prompt_ids: list[int]) -> None:
+        self._requests.add(request_id, _Proposal())
+        for sub in self._subs:
+            sub.start(request_id, prompt_ids)
+
+    def finish(self, request_id: str) -> None:
+        self._requests.pop(request_id)
+        for sub in self._subs:
+            sub.finish(request_id)
+
+    def reset(self) -> None:
+        """Forget what was learned across requests (the bench calls this after warm-up)."""
+        getattr(self.retrieval, "reset", lambda: None)()
+        self._learned_acc.reset()
+        self._retrieval_acc.reset()
+        for counts in (self.steps, self.drafted, self.accepted):
+            counts.clear()
+
+    def memory_bytes(self) -> int:
+        return sum(sub.memory_bytes() for sub in self._subs)
+
+    def observe(self, obs: Observation) -> None:
+        state = self._requests.get(obs.request_id)
+        if self.needs_hidden_states and not state.prefilled:  # the prefill: a prompt chain
+            state.prefilled = True
+            self.learned.observe(obs)
+            return
+        self._track(state, obs)
+        for sub in self._subs:
+            sub.observe(obs)
+
+    def _track(self, state: _Proposal, obs: Observation) -> None:
+        """Count the step and update the proposer's per-depth acceptance."""
+        src, depths, path = state.source, obs.tree.depths, obs.path
+        self.steps[src] += 1
+        self.drafted[src] += obs.tree.num_drafted
+        self.accepted[src] += len(path)
+        if src == "retrieval":
+            self._retrieval_acc.update(max(depths), len(path))
+        elif src == "learned":
+            self._learned_acc.update(max(depths), len(path))
+        elif src == "fused":  # the accepted prefix that runs through the learned tree's nodes
+            inside = next((i for i, node in enumerate(path) if node > state.learned_nodes), len(path))
+            self._learned_acc.update(state.learned_depth, inside)
+
+    # ---- proposing ---------------------------------------------------------------------
+    def _retrieval_draft(self, ctx: DraftContext) -> tuple[DraftTree, list[float]]:
+        """The retrieval tree (best-first nodes) and its node values."""
+        if self._scored:
+            draft = self.retrieval.speculate(ctx)
+            return draft.to_tree(ctx.tokens[-1]), list(draft.probs)
+        tree = self.retrieval.propose(ctx)
+        values = self._retrieval_acc.node_values(max(tree.depths))
+        return tree, [values[d - 1] for d in tree.depths[1:]]
+
+    def _sizes(self, ctx: DraftContext, values: list[float]) -> tuple[int, float, int, float]:
+        """(retrieval size, its rate, learned size, its rate); size 0 = not a candidate."""
+        hit = bool(values) and sum(values) >= self.min_score
+        if self.cost is None:  # plain fallback: retrieval on a hit, else the learned drafter
+            return (len(values), 1.0, ctx.budget, 0.0) if hit else (0, 0.0, ctx.budget, 1.0)
+        r_n, r_rate = best_size(values, self.cost) if hit else (0, 1.0)
+        if not self.learned_enabled:
+            return r_n, r_rate, 0, 0.0
+        l_n, l_rate = best_size(self._learned_acc.node_values(ctx.budget), self.cost, self.learned_cost)
+        return r_n, r_rate, l_n, l_rate
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        state = self._requests.get(ctx.request_id)
+        state.source, state.learned_nodes, state.learned_depth = "none", 0, 0
+        tree, values = self._retrieval_draft(ctx)
+        r_n, r_rate, l_n, l_rate = self._sizes(ctx, values)
+        fusing = self.mode == "fuse" and r_n > 0
+        if l_n > 0 and (fusing or r_n == 0 or l_rate > r_rate):
+            budget = max(1, min(l_n, ctx.budget - r_n)) if fusing else l_n
+            learned = self.learned.propose(replace(ctx, budget=budget))
+            if learned.num_drafted > 0:
+                state.source, state.learned_nodes = "learned", learned.num_drafted
+                state.learned_depth = max(learned.depths)
+                if not fusing:
+                    return learned
+                fused = fuse(learned, truncate(tree, r_n), ctx.budget)
+                if fused.num_drafted == learned.num_drafted:
+                    return learned  # nothing new: keep the learned tree (and its q)
+                state.source = "fused"
+                return fused
+        if r_n == 0:
+            return DraftTree.chain(ctx.tokens[-1], [])
+        state.source = "retrieval"
+        return truncate(tree, r_n)

@@ -1,0 +1,105 @@
+"""The draft size of one step from the measured cost curve: Sequoia's hardware-aware rule
+(Chen et al. 2024, arXiv 2402.12374, Sec. 3.3) applied per step to one concrete draft.
+
+Glossary:
+  node values  ``values[i]``: the estimated probability that drafted node i is accepted
+               (its whole root-to-node path), nodes in best-first order so that every
+               prefix of them is a tree; ``E(n) = sum(values[:n])`` is the expected
+               number of accepted drafted tokens of the first n nodes.
+  t(n)         the target's time to verify root + n nodes over its 1-token decode time
+               (``tree_shape.measure_cost_curve``).
+  c(n)         the drafter's own time to draft n nodes, in the same unit
+               (``tree_shape.measure_draft_cost``); 0 for model-free drafters (microseconds).
+  rate         ``(E(n) + 1) / (t(n) + c(n))``: committed tokens per unit of target time;
+               plain decoding (n = 0, no drafter call) has rate 1.
+
+``DepthAcceptance`` supplies node values for drafters that give none (a learned chain or
+tree, prompt lookup): the tracked probability that depth d is accepted given depth d - 1
+was, from that drafter's verified proposals, multiplied down the depths (a chain model).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+
+def interpolate(curve: dict[int, float], n: int, at_zero: float = 1.0) -> float:
+    """A cost curve at any size: ``at_zero`` at 0 unless given (1 for ``t``: plain decoding;
+    0 for ``c``: no drafter call), linear between measured sizes, extended past the largest
+    one with the slope of its last segment.
+
+    >>> interpolate({2: 1.2, 4: 1.6}, 3), interpolate({2: 1.2, 4: 1.6}, 6), interpolate({2: 1.2}, 1)
+    (1.4, 2.0, 1.1)
+    """
+    pts = sorted({0: at_zero, **curve}.items())
+    sizes = [s for s, _ in pts]
+    i = bisect.bisect_left(sizes, n)
+    if i < len(sizes) and sizes[i] == n:
+        return pts[i][1]
+    lo, hi = (pts[-2], pts[-1]) if i == len(sizes) else (pts[i - 1], pts[i])
+    return round(lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0]), 12)
+
+
+def best_size(values: Sequence[float], cost: dict[int, float],
+              draft_cost: dict[int, float] | None = None) -> tuple[int, float]:
+    """The size n in 0..len(values) with the highest rate ``(E(n) + 1) / (t(n) + c(n))``,
+    and that rate; n = 0 (plain decoding, rate 1, no drafter call) wins ties.
+
+    >>> n, rate = best_size([0.9, 0.8, 0.1], {1: 1.1, 2: 1.2, 4: 1.5}); n, round(rate, 3)
+    (2, 2.25)
+    >>> best_size([0.9, 0.8], {1: 1.1, 2: 1.2}, {1: 2.0, 2: 2.0})
+    (0, 1.0)
+    """
+    best, rate, expected = 0, 1.0, 0.0
+    for n, v in enumerate(values, start=1):
+        expected += v
+        c = interpolate(cost, n) + (interpolate(draft_cost, n, at_zero=0.0) if draft_cost else 0.0)
+        if (expected + 1.0) / c > rate + 1e-12:
+            best, rate = n, (expected + 1.0) / c
+    return best, rate
+
+
+class DepthAcceptance:
+    """Per-depth acceptance of one drafter's verified proposals, with a Beta prior.
+
+    ``rate(d)`` estimates P(depth d accepted | depth d - 1 accepted, the draft reached d):
+    ``(accepted[d] + prior * mean) / (trials[d] + prior)``. Depths never tried use the prior
+    mean (0.5: neither optimistic nor locked out after a few misses).
+
+    >>> a = DepthAcceptance(); a.update(drafted_depth=3, accepted=1)
+    >>> [round(x, 3) for x in a.node_values(3)]
+    [0.75, 0.188, 0.094]
+    """
+
+    def __init__(self, max_depth: int = 32, prior: float = 1.0, mean: float = 0.5):
+        if max_depth < 1 or prior <= 0 or not 0.0 < mean < 1.0:
+            raise ValueError("need max_depth >= 1, prior > 0 and 0 < mean < 1")
+        self.max_depth, self.prior, self.mean = max_depth, prior, mean
+        self._accepted = [0] * (max_depth + 1)  # index d = depth d (0 unused)
+        self._trials = [0] * (max_depth + 1)
+
+    def update(self, drafted_depth: int, accepted: int) -> None:
+        """One verified proposal that reached ``drafted_depth`` and had ``accepted`` nodes
+        on the accepted path (0 <= accepted <= drafted_depth)."""
+        if not 0 <= accepted <= drafted_depth:
+            raise ValueError(f"accepted {accepted} must lie in [0, drafted depth {drafted_depth}]")
+        for d in range(1, min(drafted_depth, accepted + 1, self.max_depth) + 1):
+            self._trials[d] += 1
+            self._accepted[d] += d <= accepted
+
+    def rate(self, depth: int) -> float:
+        d = min(depth, self.max_depth)
+        return (self._accepted[d] + self.prior * self.mean) / (self._trials[d] + self.prior)
+
+    def node_values(self, n: int) -> list[float]:
+        """Values of a chain of n nodes: the product of the rates down to each depth."""
+        out, reach = [], 1.0
+        for d in range(1, n + 1):
+            reach *= self.rate(d)
+            out.append(reach)
+        return out
+
+    def reset(self) -> None:
+        self._accepted = [0] * (self.max_depth + 1)
+        self._trials = [0] * (self.max_depth + 1)

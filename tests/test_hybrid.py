@@ -1,0 +1,201 @@
+"""Hybrid drafter (retrieval first, learned fallback, or both fused): the pure pieces
+(fusion, per-step sizing, acceptance tracking), strict greedy equality with plain decoding
+on the toy target, which sub-drafter proposed under each cost curve, the exact sampling law,
+and lifecycle errors. The real SmolLM2 target runs in test_real_native.py."""
+
+from __future__ import annotations
+
+import doctest
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import torch
+
+from helpers import assert_target_law, run
+from verispec.drafters import hybrid as hybrid_module
+from verispec.drafters.base import DraftContext, NoDrafter
+from verispec.drafters.draft_model import DraftModelDrafter
+from verispec.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
+from verispec.drafters.hybrid import HybridDrafter, fuse, truncate
+from verispec.drafters.prompt_lookup import PromptLookupDrafter
+from verispec.drafters.suffix_tree import SuffixDecodingDrafter
+from verispec.engine import Engine
+from verispec.policies import draft_budget
+from verispec.policies.draft_budget import DepthAcceptance, best_size, interpolate
+from verispec.sampling import make_generator
+from verispec.tree import DraftTree
+from verispec.types import SamplingParams
+
+GREEDY = SamplingParams(max_new_tokens=40, ignore_eos=True)
+# a repeated phrase (retrieval hits) around novel stretches (misses)
+PROMPTS = [[1, 40, 41, 3, 17, 88, 40, 41, 3, 60], [1, 70, 71, 72, 70, 71, 33]]
+FLAT = {n: 1.0 for n in (1, 2, 4, 8, 16)}  # verifying is free: any draft pays
+
+
+@pytest.fixture(scope="module")
+def plain(toy_target):
+    return [run(toy_target, NoDrafter(), p, GREEDY)[0] for p in PROMPTS]
+
+
+def toy_eagle(target) -> EagleDrafter:
+    """An untrained EAGLE head on the toy target: reads hidden states, drafts noise."""
+    torch.manual_seed(0)
+    cfg = EagleConfig(hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16,
+                      rms_norm_eps=1e-5, rope_theta=10000.0, vocab_size=96, draft_vocab_size=96)
+    embed = target.model.get_input_embeddings().weight.detach()
+    return EagleDrafter(EagleHead(cfg), embed, mode="tree", depth=3, top_k=2)
+
+
+def suffix() -> SuffixDecodingDrafter:
+    return SuffixDecodingDrafter(min_score=0.0, max_global_tokens=0)
+
+
+# ---- pure pieces --------------------------------------------------------------------------------
+def test_doctests():
+    for module in (hybrid_module, draft_budget):
+        assert doctest.testmod(module).failed == 0
+
+
+def test_fuse_shares_prefixes_and_respects_budget():
+    base = DraftTree((7, 3, 5, 9), (-1, 0, 0, 1))
+    other = DraftTree((7, 3, 9, 2, 6), (-1, 0, 1, 2, 0))  # 3-9-2 shares 3-9; 6 is new
+    fused = fuse(base, other, 8)
+    assert fused.tokens == (7, 3, 5, 9, 2, 6) and fused.parents == (-1, 0, 0, 1, 3, 0)
+    assert fuse(base, other, 4).tokens == (7, 3, 5, 9, 2)  # one new node fits
+    assert fuse(base, other, 3) == DraftTree(base.tokens, base.parents)  # full: nothing added
+    paths = {tuple(fused.tokens[i] for i in fused.path_to(n)) for n in range(1, fused.size)}
+    assert {(3,), (5,), (3, 9), (3, 9, 2), (6,)} <= paths
+    with pytest.raises(ValueError, match="roots"):
+        fuse(base, DraftTree((8, 3), (-1, 0)), 4)
+    chain = DraftTree.chain(7, [1, 2, 3], torch.rand(3, 5))
+    assert truncate(chain, 2).tokens == (7, 1, 2) and truncate(chain, 2).draft_probs.shape == (3, 5)
+
+
+def test_sizes_follow_the_cost_curve():
+    assert interpolate({4: 2.0}, 2) == 1.5 and interpolate({2: 1.0}, 2, at_zero=0.0) == 1.0
+    values = [0.9, 0.8, 0.4, 0.1]
+    assert best_size(values, FLAT)[0] == 4  # free verification: take every node
+    assert best_size(values, {n: 1.0 + n for n in (1, 2, 4)})[0] == 0  # linear cost: nothing pays
+    assert best_size(values, {1: 1.1, 2: 1.2, 4: 1.5})[0] == 3  # 3.1 / 1.35 beats 2.7 / 1.2 and 3.2 / 1.5
+    assert best_size(values, FLAT, {n: 5.0 for n in (1, 4)})[0] == 0  # a costly drafter never pays
+    assert best_size([], FLAT) == (0, 1.0)
+
+
+def test_depth_acceptance_tracks_a_perfect_and_a_useless_drafter():
+    good, bad = DepthAcceptance(), DepthAcceptance()
+    for _ in range(50):
+        good.update(drafted_depth=4, accepted=4)
+        bad.update(drafted_depth=4, accepted=0)
+    assert min(good.node_values(4)) > 0.9 and bad.node_values(1)[0] < 0.05
+    assert bad.rate(3) == 0.5  # never reached: the prior
+    with pytest.raises(ValueError, match="accepted"):
+        good.update(drafted_depth=2, accepted=3)
+
+
+# ---- greedy equality and who proposed -----------------------------------------------------------
+LEARNED = {
+    "self-draft": lambda t: DraftModelDrafter(t),  # the target itself: every learned draft accepted
+    "eagle": toy_eagle,  # needs hidden states: the prefill goes to it alone
+}
+
+
+@pytest.mark.parametrize("mode", ["fallback", "fuse"])
+@pytest.mark.parametrize("learned", list(LEARNED))
+@pytest.mark.parametrize("retrieval", ["suffix", "prompt-lookup"])
+def test_greedy_equals_plain_and_both_sources_propose(toy_target, plain, mode, learned, retrieval):
+    r = suffix() if retrieval == "suffix" else PromptLookupDrafter(max_ngram=3)
+    h = HybridDrafter(r, LEARNED[learned](toy_target), mode=mode, min_score=0.5)
+    steps = 0
+    for prompt, want in zip(PROMPTS, plain):
+        ids, stats = run(toy_target, h, prompt, GREEDY, k=6)
+        assert ids == want
+        assert stats.steps + 1 == stats.target_forwards
+        steps += stats.steps
+    assert h.steps["retrieval"] + h.steps["fused"] > 0 and h.steps["learned"] + h.steps["fused"] > 0
+    assert sum(h.steps.values()) == steps  # every verified step is attributed to one source
+    if learned == "self-draft":  # the target drafting for itself is always right
+        assert h.accepted["learned"] == h.drafted["learned"] > 0
+
+
+def test_fallback_counts_without_a_cost_curve(toy_target, plain):
+    """min_score 0: every retrieval match proposes; an impossible score: only the learned one."""
+    always = HybridDrafter(suffix(), DraftModelDrafter(toy_target), min_score=0.0)
+    never = HybridDrafter(suffix(), DraftModelDrafter(toy_target), min_score=1e9)
+    for h in (always, never):
+        for prompt, want in zip(PROMPTS, plain):
+            assert run(toy_target, h, prompt, GREEDY, k=6)[0] == want
+    assert always.steps["retrieval"] > 0 and never.steps["retrieval"] == 0
+    assert never.steps["learned"] == sum(never.steps.values())
+
+
+@pytest.mark.parametrize("cost,learned_cost,enabled,expect", [
+    ({n: 1.0 + n for n in (1, 2, 4, 8)}, None, False, {"none"}),  # verification never pays: plain decoding
+    (FLAT, {n: 50.0 for n in (1, 8)}, False, {"retrieval", "none"}),  # 50 steps: could never pay, left out
+    (FLAT, {n: 4.0 for n in (1, 8)}, True, {"retrieval", "none"}),  # could pay; its tracked acceptance says no
+    (FLAT, {n: 0.01 for n in (1, 8)}, True, {"retrieval", "learned"}),  # nearly free learned drafter
+])
+def test_cost_curves_decide_who_proposes(toy_target, plain, cost, learned_cost, enabled, expect):
+    learned = toy_eagle(toy_target) if learned_cost and learned_cost[1] == 4.0 else DraftModelDrafter(toy_target)
+    h = HybridDrafter(suffix(), learned, min_score=0.5, cost=cost, learned_cost=learned_cost)
+    assert h.learned_enabled == enabled
+    assert h.needs_hidden_states == (enabled and isinstance(learned, EagleDrafter))
+    for prompt, want in zip(PROMPTS, plain):
+        assert run(toy_target, h, prompt, GREEDY, k=8)[0] == want
+    assert {s for s, n in h.steps.items() if n} == expect
+    if "learned" in expect:  # the tracker learned the self-draft is always right: full budget
+        assert h.drafted["learned"] > 4 * h.steps["learned"]
+
+
+# ---- the exact sampling law ---------------------------------------------------------------------
+class TemperedSelfDraft(DraftModelDrafter):
+    """The target at a lower temperature: q close to but unlike p (acceptance is frequent
+    and any bias in the acceptance rule shows in the histogram)."""
+
+    def propose(self, ctx):
+        return super().propose(replace(ctx, params=replace(ctx.params, temperature=0.6)))
+
+
+# the fused point-mass tree runs by default; the sources passed through unchanged are the
+# prompt-lookup and draft-model law tests of test_engine.py, re-run here under -m slow
+@pytest.mark.parametrize("mode,min_score,source", [
+    pytest.param("fallback", 0.0, "retrieval", marks=pytest.mark.slow),
+    pytest.param("fallback", 1e9, "learned", marks=pytest.mark.slow), ("fuse", 0.0, "fused")])
+def test_sampling_distribution_matches_target(toy_target, mode, min_score, source):
+    """Token 2 is committed by the first speculative step, proposed by ``source``; given
+    token 1 = 94 (the likeliest, and in the prompt: prompt lookup matches it) its law must
+    be exactly the target's p(. | prompt, 94)."""
+    prompt, t1 = [1, 40, 41, 3, 17, 94, 88, 40, 41, 3, 60, 40, 41], 94
+    h = HybridDrafter(PromptLookupDrafter(max_ngram=2), TemperedSelfDraft(toy_target), mode=mode,
+                      min_score=min_score)
+    engine = Engine(toy_target, h, 3)
+    params = [SamplingParams(temperature=1.5, max_new_tokens=4, seed=s, ignore_eos=True) for s in range(700)]
+    pairs = []
+    for p in params:
+        req = engine.add_request(prompt, p)
+        engine.step(req)  # the prefill gave token 1; this step commits token 2 (and maybe more)
+        pairs.append(tuple(req.generated[:2]))
+        engine.finish(req, "stop")
+    assert h.steps[source] >= 50  # the source under test really proposed
+    assert Counter(p[0] for p in pairs).most_common(1)[0][0] == t1
+    assert_target_law(toy_target, prompt + [t1], [p[1] for p in pairs if p[0] == t1], params[0])
+
+
+# ---- lifecycle ------------------------------------------------------------------------------------
+def test_lifecycle_errors(toy_target):
+    h = HybridDrafter(suffix(), toy_eagle(toy_target))
+    assert h.needs_hidden_states and h.name == "hybrid"
+    h.start("r1", [1, 2, 3])
+    errors = [(lambda: h.start("r1", [1, 2, 3]), "already started"),
+              (lambda: h.propose(DraftContext("ghost-3", [1, 2], 4, SamplingParams(), make_generator(0, 1))), "ghost-3")]
+    for call, message in errors:
+        with pytest.raises(ValueError, match=message):
+            call()
+    h.finish("r1")
+    h.finish("r1")  # idempotent (the engine may finish twice)
+    with pytest.raises(ValueError, match="mode"):
+        HybridDrafter(suffix(), NoDrafter(), mode="merge")
+    with pytest.raises(ValueError, match="model-free"):
+        HybridDrafter(toy_eagle(toy_target), NoDrafter())
+    with pytest.raises(ValueError, match="min_score"):
+        HybridDrafter(suffix(), NoDrafter(), min_score=-1)
