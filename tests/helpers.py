@@ -75,3 +75,17 @@ def same_first_tokens_law(target, drafter, prompt: list[int], seeds: int = 250, 
     keys = [key for key in set(plain) | set(spec) if plain[key] + spec[key] >= 8]
     table = [[h[key] for key in keys] + [sum(h.values()) - sum(h[key] for key in keys)] for h in (plain, spec)]
     return chi2_contingency(table).pvalue
+
+
+def law_pvalue(samples: torch.Tensor, p: torch.Tensor) -> float:
+    """Chi-square p-value of token ``samples`` ([S] long) against the exact law ``p`` ([V]);
+    cells expecting fewer than 5 draws are pooled. Asserts no draw has probability 0."""
+    from scipy.stats import chisquare
+
+    p = p.double()
+    counts = torch.bincount(samples, minlength=p.numel()).double()
+    assert counts[p == 0].sum() == 0, "a token with probability 0 was drawn"
+    big = p * len(samples) >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([p[big], p[~big].sum()[None]]) * len(samples)
+    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)

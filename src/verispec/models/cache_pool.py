@@ -45,6 +45,11 @@ class CachePool:
         """Copy K/V of slots ``src`` (ascending, all >= their targets) to ``dst_start, ...``."""
         raise NotImplementedError
 
+    def _copy_prefix(self, src: CachePool, src_row: int, dst_row: int, length: int) -> None:
+        """Copy K/V of slots ``0 .. length-1`` from row ``src_row`` of ``src`` (a pool of the
+        same owner, possibly this one) to row ``dst_row`` of this pool."""
+        raise NotImplementedError
+
 
 class PooledCache:
     """A request's view on one pool row (implements ``KVCache``). Slots ``0 .. length-1``
@@ -77,6 +82,17 @@ class PooledCache:
         if src and src != list(range(dst_start, dst_start + len(src))):
             self.pool._move_slots(self.row, src, dst_start)
         self._length = dst_start + len(src)
+
+    def copy_prefix(self, src: PooledCache, length: int) -> None:
+        """Make this (empty) cache hold ``src``'s first ``length`` slots: n samples of one
+        prompt share its prefill (``Engine.fork``)."""
+        if not isinstance(src, type(self)) or src.pool.owner is not self.pool.owner or src is self:
+            raise ValueError("copy_prefix: the source must be another cache of the same model")
+        if self._length != 0 or not 0 <= length <= src.length:
+            raise ValueError(f"copy_prefix: need an empty cache and 0 <= length <= {src.length}, "
+                             f"got length {self._length}, {length}")
+        self.pool._copy_prefix(src.pool, src.row, self.row, length)
+        self._length = length
 
     def _advance(self, n: int) -> None:
         self._length += n

@@ -194,6 +194,11 @@ class CpuCachePool(CachePool):
         library().vs_cache_move(ctypes.byref(self.owner._cfg), self.k.data_ptr(), self.v.data_ptr(),
                                 self.rows, self.slots, row, _ptr(idx), len(src), dst_start)
 
+    def _copy_prefix(self, src: CpuCachePool, src_row: int, dst_row: int, length: int) -> None:
+        tiles = -(-length // SLOT_TILE)  # whole 64-slot tiles: slots past the length are never read
+        self.k[:, dst_row, :, :tiles] = src.k[:, src_row, :, :tiles]
+        self.v[:, dst_row, :, :length] = src.v[:, src_row, :, :length]
+
 
 class CpuCache(PooledCache):
     """A request's view on one row of a ``CpuCachePool``."""
