@@ -89,8 +89,8 @@ class Engine:
         t0 = time.perf_counter()
         copy(parent.cache, len(req.prompt_ids))
         req.prefill_logits = parent.prefill_logits
-        req.stats.prefill_s = time.perf_counter() - t0
         first, logprobs = self._first_token(req, parent.prefill_logits)
+        req.stats.prefill_s = time.perf_counter() - t0
         self._commit(req, [first], logprobs)
         return req
 
@@ -135,12 +135,12 @@ class Engine:
         out = self.target.forward(ids, pos, req.cache, want_hidden=want, last_logits_only=True)
         req.prefill_logits = out.logits[0, -1:]  # [1, V]
         req.stats.target_forwards += 1
-        req.stats.prefill_s = time.perf_counter() - t0
         first, logprobs = self._first_token(req, req.prefill_logits)
         if want:
             tree = DraftTree.chain(prompt[0], prompt[1:])
             self.drafter.observe(Observation(req.request_id, tree, list(range(1, len(prompt))),
                                              [*prompt[1:], first], out.logits[0], out.hidden[0]))
+        req.stats.prefill_s = time.perf_counter() - t0
         self._commit(req, [first], logprobs)
 
     @staticmethod
@@ -152,7 +152,7 @@ class Engine:
         first = int(scores.argmax()) if req.params.greedy else sample(
             target_probs(scores, req.params)[0].cpu(), req.verify_generator
         )
-        return first, _logprobs(req, last, [first])
+        return first, _logprobs(req, last, [first], [0])
 
     def finish(self, req: Request, reason: FinishReason) -> None:
         if req.finished is None:
@@ -186,7 +186,7 @@ class Engine:
             scores = adjust_tree_logits(logits, tree, req.params, req.prompt_ids, req.generated)
         acc = verify_tree(tree, scores, req.params, req.verify_generator)
         new = acc.tokens(tree)
-        logprobs = _logprobs(req, logits[step_rows(acc.path)], new)
+        logprobs = _logprobs(req, logits, new, step_rows(acc.path))
         self._rollback(req, tree, acc.path)
         req.stats.record_step(max(tree.depths), tree.num_drafted, len(acc.path))
         req.policy.update(tree.num_drafted, len(acc.path))
@@ -277,8 +277,8 @@ class Engine:
             self.finish(req, req.finished or "stop")
 
 
-def _logprobs(req: Request, logits: torch.Tensor, tokens: list[int]) -> list[TokenLogprob] | None:
-    """Logprobs of ``tokens`` from the raw target logits [len(tokens), V] that emitted them."""
+def _logprobs(req: Request, logits: torch.Tensor, tokens: list[int], rows: list[int]) -> list[TokenLogprob] | None:
+    """Logprobs of ``tokens`` from the raw target logits ([N, V]) at ``rows``, which emitted them."""
     if req.params.logprobs is None:
         return None
-    return token_logprobs(logits, tokens, req.params.logprobs)
+    return token_logprobs(logits[rows], tokens, req.params.logprobs)
