@@ -256,3 +256,21 @@ def test_forked_samples_follow_target_law(toy_target):
     firsts = [parent.generated[0]] + [engine.fork(parent, replace(params, seed=s)).generated[0] for s in range(1, 500)]
     assert law_pvalue(torch.tensor(firsts), target_probs(parent.prefill_logits, params)[0]) > 1e-3
     assert len(set(firsts)) > 1
+
+
+def test_batch_engine_forks_only_a_running_parent(exact_models):
+    """``fork_of`` shares a running parent's prefill (a row copy in the pool); once the parent
+    is released the sample prefills on its own; output is the same either way."""
+    from verispec.engine.batch import BatchEngine
+
+    target = exact_models["native"]
+    be = BatchEngine(target, {"pld": Engine(target, PromptLookupDrafter(), 4)}, max_batch=3, max_length=128)
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=5, ignore_eos=True)
+    parent = be.add_request("p", PROMPT, params, "pld")
+    shared = be.add_request("s", PROMPT, replace(params, seed=6), "pld", fork_of="p")
+    be.release(parent)
+    alone = be.add_request("a", PROMPT, replace(params, seed=6), "pld", fork_of="p")
+    assert (shared.stats.target_forwards, alone.stats.target_forwards) == (0, 1)
+    while not (shared.finished and alone.finished):
+        be.step([r for r in (shared, alone) if not r.finished])
+    assert shared.generated == alone.generated and be.free_slots == 1

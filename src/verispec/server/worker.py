@@ -220,8 +220,7 @@ class EngineWorker:
         stats = self._stats(run)
         self.metrics.request_stats(run.req.stats, time.perf_counter() - run.job.submitted)
         self.metrics.request_done("cancelled" if reason == "cancelled" else "completed")
-        self._send(run.job, Event(run.req.request_id, delta, ids or [], finished=reason, stats=stats,
-                                  logprobs=logprobs if logprobs is not None or run.job.params.logprobs is None else []))
+        self._send(run.job, Event(run.req.request_id, delta, ids or [], finished=reason, stats=stats, logprobs=logprobs))
 
     def _fail(self, run: _Running, message: str, status: int) -> None:
         try:
