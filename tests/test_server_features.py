@@ -107,6 +107,19 @@ def test_n_samples_are_seeded_streams_sharing_the_prefill(client) -> None:
     assert [texts[0], texts[1]] == [c.message.content for c in two.choices]
 
 
+def test_best_of_returns_the_most_likely_samples(client) -> None:
+    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=10, temperature=1.0, seed=21)
+    three = client.completions.create(**kw, n=3, logprobs=0)
+    scores = [sum(c.logprobs.token_logprobs) for c in three.choices]
+    best = client.completions.create(**kw, best_of=3)
+    assert [c.text for c in best.choices] == [three.choices[scores.index(max(scores))].text]
+    assert best.choices[0].logprobs is None and best.usage.completion_tokens == three.usage.completion_tokens
+    two = client.completions.create(**kw, n=2, best_of=3, logprobs=1)
+    order = sorted(range(3), key=lambda j: -scores[j])[:2]
+    assert [c.text for c in two.choices] == [three.choices[j].text for j in order]
+    assert [c.index for c in two.choices] == [0, 1] and two.choices[0].logprobs is not None
+
+
 def test_penalties_under_speculation_equal_plain_decoding(client) -> None:
     base = dict(model=MODEL, prompt=PROMPT, max_tokens=32, temperature=0)
     unpenalized = client.completions.create(**base, extra_body={"return_token_ids": True})
@@ -166,7 +179,8 @@ def test_async_client_concurrent_mix(served, client) -> None:
 
 BAD = [
     ({"n": 17}, "n"),
-    ({"best_of": 3}, "best_of"),
+    ({"n": 2, "best_of": 1}, "best_of"),
+    ({"best_of": 2, "stream": True}, "best_of"),
     ({"logprobs": -1}, "logprobs"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"frequency_penalty": -3}, "frequency_penalty"),

@@ -301,6 +301,19 @@ async def collect(gen: Generation, request: Request) -> tuple[list[dict[str, Any
     return choices, [d["stats"] for d in done]  # type: ignore[index]
 
 
+def best_choices(choices: list[dict[str, Any]], best_of: int, n: int) -> list[tuple[int, dict[str, Any]]]:
+    """(prompt index, choice) of the ``n`` choices per prompt with the highest cumulative
+    logprob among its ``best_of`` samples (OpenAI's best_of; ties keep sample order).
+    ``best_of == n`` returns every choice in order."""
+    out = []
+    for p in range(len(choices) // best_of):
+        group = choices[p * best_of:(p + 1) * best_of]
+        if best_of > n:
+            group = sorted(group, key=lambda c: -sum(lp.logprob for lp in c["logprobs"]))[:n]
+        out += [(p, c) for c in group]
+    return out
+
+
 def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
@@ -387,14 +400,16 @@ async def handle_completion(state: ServerState, body: CompletionRequest, request
     raw_prompts = body.prompts()
     prompts = [encode_completion_prompt(state, p) for p in raw_prompts]
     lens = [max_new_tokens(body.max_tokens, 16, len(p), state.max_len, "prompt") for p in prompts]
-    params = sampling_params(body, min(lens), state.model.backend.info.vocab_size, body.logprobs)
-    gen = Generation(state, f"cmpl-{uuid.uuid4().hex}", prompts, params, drafter, body.n, draft_limit)
+    best_of = body.best_of or body.n  # > n: generate best_of, return the n most likely (needs logprobs)
+    logprobs = body.logprobs if best_of == body.n or body.logprobs is not None else 0
+    params = sampling_params(body, min(lens), state.model.backend.info.vocab_size, logprobs)
+    gen = Generation(state, f"cmpl-{uuid.uuid4().hex}", prompts, params, drafter, best_of, draft_limit)
     gen.submit()
     tok = state.model.tokenizer
     echoes = [(p if isinstance(p, str) else tok.decode(p)) if body.echo else "" for p in raw_prompts]
     head = {"id": gen.base_id, "object": "text_completion", "created": int(time.time()), "model": state.name}
     if body.stream:
-        offsets = [len(echoes[k // body.n]) for k in range(len(gen.ids))]  # text_offset per choice
+        offsets = [len(echoes[k // best_of]) for k in range(len(gen.ids))]  # text_offset per choice
 
         def chunk(i: int, ev: Event) -> dict | None:
             if not (ev.text or ev.finished or (ev.token_ids and (body.return_token_ids or body.logprobs is not None))):
@@ -406,22 +421,22 @@ async def handle_completion(state: ServerState, body: CompletionRequest, request
             if body.return_token_ids:
                 choice["token_ids"] = ev.token_ids
             return head | {"choices": [choice]} | ({"verispec": ev.stats} if ev.stats else {})
-        first = tuple(head | {"choices": [{"index": k, "text": echoes[k // body.n], "logprobs": None,
+        first = tuple(head | {"choices": [{"index": k, "text": echoes[k // best_of], "logprobs": None,
                                            "finish_reason": None}]}
                       for k in range(len(gen.ids)) if body.echo)
         return _sse_response(stream_events(gen, chunk, _include_usage(body),
                                            lambda u: head | {"choices": [], "usage": u}, first))
     choices, stats = await collect(gen, request)
+    tokens = sum(len(c["token_ids"]) for c in choices)  # best_of: every generated token counts
     out = []
-    for i, c in enumerate(choices):
-        echo = echoes[i // body.n]
+    for i, (p, c) in enumerate(best_choices(choices, best_of, body.n)):
+        echo = echoes[p]
         choice = {"index": i, "text": echo + c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
         if body.logprobs is not None:
             choice["logprobs"] = completion_logprobs(tok, c["logprobs"], len(echo))
         if body.return_token_ids:
-            choice |= {"prompt_token_ids": prompts[i // body.n], "token_ids": c["token_ids"]}
+            choice |= {"prompt_token_ids": prompts[p], "token_ids": c["token_ids"]}
         out.append(choice)
-    tokens = sum(len(c["token_ids"]) for c in choices)
     return head | {"choices": out, "usage": usage(prompts, tokens), "verispec": merge_stats(stats)}
 
 

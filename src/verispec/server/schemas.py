@@ -1,7 +1,7 @@
 """OpenAI-compatible request bodies (pydantic) and the error body.
 
 Only what verispec can honour is accepted: fields of the OpenAI API that would change the
-output in ways the engine does not implement (``best_of != n``, ``echo`` with logprobs,
+output in ways the engine does not implement (``echo`` with logprobs, streaming ``best_of``,
 ``suffix``, tools, ...) are declared so that a non-default value is refused with HTTP 400
 naming the field, instead of being silently ignored. Unknown fields are ignored (as OpenAI
 clients send extras). Extensions (the openai client sends them through ``extra_body``):
@@ -79,7 +79,7 @@ class CompletionRequest(_Sampling):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     echo: StrictBool = False
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    best_of: StrictInt | None = None
+    best_of: StrictInt | None = Field(default=None, ge=1, le=MAX_N)
     suffix: StrictStr | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
@@ -88,7 +88,8 @@ class CompletionRequest(_Sampling):
             return base
         checks = [
             ("echo", self.echo and self.logprobs is not None, "echo with logprobs (prompt logprobs) is not supported"),
-            ("best_of", self.best_of not in (None, self.n), "only best_of = n is supported"),
+            ("best_of", self.best_of is not None and self.best_of < self.n, "best_of must be >= n"),
+            ("best_of", self.stream and self.best_of not in (None, self.n), "best_of > n cannot stream"),
             ("suffix", bool(self.suffix), "suffix is not supported"),
             ("prompt", isinstance(self.prompt, list) and not self.prompt, "the prompt list is empty"),
         ]
