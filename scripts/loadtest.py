@@ -10,7 +10,9 @@ several client concurrencies, with speculation (prompt lookup) and without (draf
 ``--mix`` cycles request kinds (default greedy only): ``greedy``; ``logprobs`` (greedy, chat
 logprobs with 2 alternatives: every token must come with its logprob); ``n2`` (two seeded
 samples at temperature 0.8: both choices must finish); ``penalties`` (greedy with presence,
-frequency and repetition penalties). Greedy kinds are compared across cells.
+frequency and repetition penalties); ``disconnect`` (the client closes the stream after 3
+token chunks: the server must cancel it and free its row). Greedy kinds are compared across
+cells; after the run the script checks that ``/health`` is back to idle.
 
 Every cell (concurrency x mode) sends a fixed number of streaming requests
 (``max(min_requests, concurrency * requests_per_client)``) from ``concurrency`` clients and
@@ -51,7 +53,9 @@ KINDS = {  # request kind -> extra body fields (issue 15)
     "logprobs": {"logprobs": True, "top_logprobs": 2},
     "n2": {"n": 2, "temperature": 0.8},
     "penalties": {"presence_penalty": 0.3, "frequency_penalty": 0.2, "repetition_penalty": 1.1},
+    "disconnect": {},  # greedy, but the client hangs up after DISCONNECT_AFTER token chunks
 }
+DISCONNECT_AFTER = 3
 
 
 @dataclass
@@ -69,8 +73,8 @@ class Record:
 
     @property
     def comparable(self) -> bool:
-        """Greedy kinds must give the same tokens in every cell."""
-        return self.kind != "n2"
+        """Greedy kinds that run to the end must give the same tokens in every cell."""
+        return self.kind not in ("n2", "disconnect")
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -181,6 +185,8 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
                     last = now
                     rec.token_ids += [t for c in choices if c["index"] == 0 for t in c.get("token_ids", [])]
                     rec.tokens += len(ids)
+                    if kind == "disconnect" and len(rec.gaps) + 1 >= DISCONNECT_AFTER:
+                        break  # leaving the block closes the connection mid-stream
                 if chunk.get("verispec"):
                     rec.stats = chunk["verispec"]
     except httpx.HTTPError as e:
@@ -190,7 +196,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
     rec.ok = rec.tokens > 0
     if kind == "logprobs" and n_logprobs != rec.tokens:
         rec.ok, rec.error = False, f"{n_logprobs} logprobs for {rec.tokens} tokens"
-    if len(finished) != body.get("n", 1):
+    if len(finished) != body.get("n", 1) and kind != "disconnect":
         rec.ok, rec.error = False, f"choices finished: {sorted(finished)}"
     return rec
 
@@ -211,6 +217,17 @@ async def run_cell(url: str, model: str, prompts: list[str], concurrency: int, n
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
     return records, time.perf_counter() - t_start
+
+
+def wait_idle(url: str, timeout: float = 30.0) -> dict:
+    """/health once nothing runs or waits (cancelled streams free their rows before the next
+    step); after ``timeout`` the last reading, which then shows the leak."""
+    deadline = time.time() + timeout
+    while True:
+        health = httpx.get(f"{url}/health", timeout=10).json()
+        if (health.get("running"), health.get("waiting")) == (0, 0) or time.time() > deadline:
+            return health
+        time.sleep(0.5)
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -346,17 +363,19 @@ def main() -> None:
                     if r.ok and r.comparable:
                         outputs.setdefault((r.prompt_index % len(prompts), r.kind), {})[(c, mode)] = r.token_ids
                 print(json.dumps(row), file=sys.stderr, flush=True)
+        idle = wait_idle(url)
     finally:
         if proc is not None:
             stop_server(proc)
     mismatched = sorted(i for i, by in outputs.items() if len({tuple(v) for v in by.values()}) > 1)
     print(table(rows))
     print(f"\nprompts compared across cells: {len(outputs)}; token mismatches: {len(mismatched)} {mismatched[:10]}")
+    print(f"server after the run: {idle}")
     print(f"model {args.model}, max_tokens {args.max_tokens}, mix {','.join(mix)}, server threads {args.threads}, "
           f"extra server args {args.server_arg or '-'}, load average at end {os.getloadavg()[0]:.1f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "mismatched": mismatched, "args": vars(args)}, f, indent=1)
+            json.dump({"rows": rows, "mismatched": mismatched, "idle": idle, "args": vars(args)}, f, indent=1)
 
 
 if __name__ == "__main__":
