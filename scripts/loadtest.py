@@ -143,7 +143,7 @@ def load_prompts(model: str, n: int, max_tokens: int) -> list[str]:
         if n_tok <= max_tokens:
             by_cat.setdefault(p.category, []).append(text)
     out, i = [], 0
-    while len(out) < n and any(by_cat.values()):
+    while len(out) < n and i < max(map(len, by_cat.values()), default=0):
         for cat in list(by_cat):
             if i < len(by_cat[cat]) and len(out) < n:
                 out.append(by_cat[cat][i])
