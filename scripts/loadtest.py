@@ -6,8 +6,16 @@ several client concurrencies, with speculation (prompt lookup) and without (draf
     python scripts/loadtest.py --server-arg=--token-budget=0   # speculation never capped by batch size
     python scripts/loadtest.py --url http://127.0.0.1:8000 --model smollm2-135m-instruct  # a running server
     python scripts/loadtest.py --hostile --api-key sk-x    # bad requests alongside the load (issue 16)
+    python scripts/loadtest.py --mix greedy,logprobs,n2,penalties   # issue-15 request kinds, round-robin
 
-Every cell (concurrency x mode) sends a fixed number of streaming, greedy requests
+``--mix`` cycles request kinds (default greedy only): ``greedy``; ``logprobs`` (greedy, chat
+logprobs with 2 alternatives: every token must come with its logprob); ``n2`` (two seeded
+samples at temperature 0.8: both choices must finish); ``penalties`` (greedy with presence,
+frequency and repetition penalties); ``disconnect`` (the client closes the stream after 3
+token chunks: the server must cancel it and free its row). Greedy kinds are compared across
+cells; after the run the script checks that ``/health`` is back to idle.
+
+Every cell (concurrency x mode) sends a fixed number of streaming requests
 (``max(min_requests, concurrency * requests_per_client)``) from ``concurrency`` clients and
 stops issuing new ones after ``--cell-seconds``; the whole run aborts after ``--deadline``
 seconds. Prompts are Spec-Bench questions (round-robin over categories, chat template, at
@@ -42,6 +50,14 @@ from urllib.parse import urlparse
 import httpx
 
 MODES = {"spec": "prompt-lookup", "nospec": "none"}
+KINDS = {  # request kind -> extra body fields (issue 15)
+    "greedy": {},
+    "logprobs": {"logprobs": True, "top_logprobs": 2},
+    "n2": {"n": 2, "temperature": 0.8},
+    "penalties": {"presence_penalty": 0.3, "frequency_penalty": 0.2, "repetition_penalty": 1.1},
+    "disconnect": {},  # greedy, but the client hangs up after DISCONNECT_AFTER token chunks
+}
+DISCONNECT_AFTER = 3
 
 
 @dataclass
@@ -55,6 +71,12 @@ class Record:
     token_ids: list[int] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
     error: str = ""
+    kind: str = "greedy"
+
+    @property
+    def comparable(self) -> bool:
+        """Greedy kinds that run to the end must give the same tokens in every cell."""
+        return self.kind not in ("n2", "disconnect")
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -124,7 +146,7 @@ def load_prompts(model: str, n: int, max_tokens: int) -> list[str]:
         if n_tok <= max_tokens:
             by_cat.setdefault(p.category, []).append(text)
     out, i = [], 0
-    while len(out) < n and any(by_cat.values()):
+    while len(out) < n and i < max(map(len, by_cat.values()), default=0):
         for cat in list(by_cat):
             if i < len(by_cat[cat]) and len(out) < n:
                 out.append(by_cat[cat][i])
@@ -133,12 +155,14 @@ def load_prompts(model: str, n: int, max_tokens: int) -> list[str]:
 
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, index: int,
-                      drafter: str, max_tokens: int) -> Record:
+                      drafter: str, max_tokens: int, kind: str = "greedy") -> Record:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0.0, "stream": True, "drafter": drafter, "return_token_ids": True}
-    rec = Record(ok=False, prompt_index=index)
+            "temperature": 0.0, "stream": True, "drafter": drafter, "return_token_ids": True, "seed": index}
+    body |= KINDS[kind]
+    rec = Record(ok=False, prompt_index=index, kind=kind)
     t0 = time.perf_counter()
     last = None
+    n_logprobs, finished = 0, set()
     try:
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
@@ -151,7 +175,10 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
                 if "error" in chunk:
                     rec.error = chunk["error"]["message"]
                     return rec
-                ids = [t for c in chunk.get("choices", []) for t in c.get("token_ids", [])]
+                choices = chunk.get("choices", [])
+                ids = [t for c in choices for t in c.get("token_ids", [])]
+                n_logprobs += sum(len((c.get("logprobs") or {}).get("content", [])) for c in choices)
+                finished |= {c["index"] for c in choices if c.get("finish_reason")}
                 now = time.perf_counter()
                 if ids:
                     if last is None:
@@ -159,15 +186,21 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
                     else:
                         rec.gaps.append(now - last)
                     last = now
-                    rec.token_ids += ids
+                    rec.token_ids += [t for c in choices if c["index"] == 0 for t in c.get("token_ids", [])]
+                    rec.tokens += len(ids)
+                    if kind == "disconnect" and len(rec.gaps) + 1 >= DISCONNECT_AFTER:
+                        break  # leaving the block closes the connection mid-stream
                 if chunk.get("verispec"):
                     rec.stats = chunk["verispec"]
     except httpx.HTTPError as e:
         rec.error = f"{type(e).__name__}: {e}"
         return rec
     rec.latency = time.perf_counter() - t0
-    rec.tokens = len(rec.token_ids)
     rec.ok = rec.tokens > 0
+    if kind == "logprobs" and n_logprobs != rec.tokens:
+        rec.ok, rec.error = False, f"{n_logprobs} logprobs for {rec.tokens} tokens"
+    if len(finished) != body.get("n", 1) and kind != "disconnect":
+        rec.ok, rec.error = False, f"choices finished: {sorted(finished)}"
     return rec
 
 
@@ -219,7 +252,7 @@ async def hostile_loop(url: str, model: str, api_key: str | None, stop: asyncio.
 
 async def run_cell(url: str, model: str, prompts: list[str], concurrency: int, n_requests: int, drafter: str,
                    max_tokens: int, cell_seconds: float, api_key: str | None = None,
-                   hostile: dict | None = None) -> tuple[list[Record], float]:
+                   hostile: dict | None = None, mix: tuple[str, ...] = ("greedy",)) -> tuple[list[Record], float]:
     queue = list(range(n_requests))
     records: list[Record] = []
     t_start = time.perf_counter()
@@ -228,7 +261,8 @@ async def run_cell(url: str, model: str, prompts: list[str], concurrency: int, n
     async def client_loop(client: httpx.AsyncClient) -> None:
         while queue and time.perf_counter() - t_start < cell_seconds:
             i = queue.pop(0)
-            records.append(await one_request(client, url, model, prompts[i % len(prompts)], i, drafter, max_tokens))
+            records.append(await one_request(client, url, model, prompts[i % len(prompts)], i, drafter, max_tokens,
+                                             mix[i % len(mix)]))
 
     limits = httpx.Limits(max_connections=concurrency + 2)
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
@@ -256,7 +290,8 @@ def idle_report(url: str, timeout: float = 30.0) -> dict[str, float]:
     deadline = time.perf_counter() + timeout
     while True:
         m = scrape(url)
-        if m.get("verispec_requests_running", 0) == 0 or time.perf_counter() > deadline:
+        if (m.get("verispec_requests_running", 0) == 0 and m.get("verispec_requests_waiting", 0) == 0) \
+                or time.perf_counter() > deadline:
             break
         time.sleep(0.2)
     keys = ("verispec_requests_running", "verispec_requests_waiting", "verispec_cache_rows_in_use",
@@ -347,6 +382,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--api-key", help="the server's API key (a started server gets it too)")
     ap.add_argument("--hostile", action="store_true", help="also send malformed requests during every cell")
+    ap.add_argument("--mix", default="greedy", help=f"comma-separated request kinds, cycled: {list(KINDS)}")
     ap.add_argument("--forward-costs", action="store_true",
                     help="instead: time batched forwards (B x N grid, in-process, no server)")
     args = ap.parse_args()
@@ -357,6 +393,9 @@ def main() -> None:
     modes = args.modes.split(",")
     if any(m not in MODES for m in modes):
         raise SystemExit(f"modes must be among {list(MODES)}")
+    mix = tuple(args.mix.split(","))
+    if any(k not in KINDS for k in mix):
+        raise SystemExit(f"--mix kinds must be among {list(KINDS)}")
 
     n_prompts = max(max(args.min_requests, c * args.requests_per_client) for c in args.concurrency)
     prompts = load_prompts(args.model, n_prompts, args.max_prompt_tokens)
@@ -380,12 +419,12 @@ def main() -> None:
                     break
                 before = scrape(url)
                 recs, wall = asyncio.run(run_cell(url, args.model, prompts, c, n, MODES[mode], args.max_tokens,
-                                                  args.cell_seconds, args.api_key, hostile))
+                                                  args.cell_seconds, args.api_key, hostile, mix))
                 row = {"clients": c, "mode": mode} | summarize(recs, wall, before, scrape(url))
                 rows.append(row)
                 for r in recs:
-                    if r.ok:
-                        outputs.setdefault(r.prompt_index % len(prompts), {})[(c, mode)] = r.token_ids
+                    if r.ok and r.comparable:
+                        outputs.setdefault((r.prompt_index % len(prompts), r.kind), {})[(c, mode)] = r.token_ids
                 print(json.dumps(row), file=sys.stderr, flush=True)
         idle = idle_report(url)
     finally:
@@ -397,12 +436,12 @@ def main() -> None:
     if hostile is not None:
         print(f"hostile requests: {hostile.get('expected', 0)} answered as expected, "
               f"{hostile.get('unexpected', 0)} not")
-    print(f"model {args.model}, max_tokens {args.max_tokens}, greedy, server threads {args.threads}, "
+    print(f"model {args.model}, max_tokens {args.max_tokens}, mix {','.join(mix)}, server threads {args.threads}, "
           f"extra server args {args.server_arg or '-'}, load average at end {os.getloadavg()[0]:.1f}")
     print(f"after the run: {idle}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "mismatched": mismatched, "args": vars(args)}, f, indent=1)
+            json.dump({"rows": rows, "mismatched": mismatched, "idle": idle, "args": vars(args)}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -78,17 +78,23 @@ def same_first_tokens_law(target, drafter, prompt: list[int], seeds: int = 250, 
     return chi2_contingency(table).pvalue
 
 
-def assert_target_law(target, context: list[int], samples: list[int], params: SamplingParams) -> None:
-    """Chi-square goodness of fit of ``samples`` (tokens drawn after ``context``) to the
-    target's p(. | context) at ``params``; cells with < 5 expected counts are pooled."""
+def law_pvalue(samples: torch.Tensor, p: torch.Tensor) -> float:
+    """Chi-square p-value of token ``samples`` ([S] long) against the exact law ``p`` ([V]);
+    cells expecting fewer than 5 draws are pooled. Asserts no draw has probability 0."""
     from scipy.stats import chisquare
 
-    ids = torch.tensor([context])
-    logits = target.forward(ids, torch.arange(ids.shape[1])[None], target.new_cache()).logits[0, -1:]
-    p = target_probs(logits, params)[0].double()
-    counts = torch.bincount(torch.tensor(samples), minlength=p.numel()).double()
-    assert counts[p == 0].sum() == 0
+    p = p.double()
+    counts = torch.bincount(samples, minlength=p.numel()).double()
+    assert counts[p == 0].sum() == 0, "a token with probability 0 was drawn"
     big = p * len(samples) >= 5
     obs = torch.cat([counts[big], counts[~big].sum()[None]])
     exp = torch.cat([p[big], p[~big].sum()[None]]) * len(samples)
-    assert chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue > 1e-3
+    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+
+
+def assert_target_law(target, context: list[int], samples: list[int], params: SamplingParams) -> None:
+    """``samples`` (tokens drawn after ``context``) follow the target's p(. | context) at
+    ``params`` (chi-square, ``law_pvalue``)."""
+    ids = torch.tensor([context])
+    logits = target.forward(ids, torch.arange(ids.shape[1])[None], target.new_cache()).logits[0, -1:]
+    assert law_pvalue(torch.tensor(samples), target_probs(logits, params)[0]) > 1e-3

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,7 +24,7 @@ from .models.base import CausalLM, ModelError
 from .models.catalog import DEFAULT_MODEL
 from .models.loading import default_quant, materialize, resolve_model
 from .registry import make_drafter
-from .types import FinishReason, GenerationOutput, RequestStats, SamplingParams
+from .types import FinishReason, GenerationOutput, RequestStats, SamplingParams, TokenLogprob
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 Prompt = str | list[dict[str, str]]
@@ -228,12 +228,14 @@ def encode_prompt(model: LoadedModel, prompt: Prompt, chat: bool | None = None) 
 
 @dataclass(frozen=True)
 class Chunk:
-    """One streamed increment: new text and token ids; ``finished`` on the last chunk."""
+    """One streamed increment: new text and token ids; ``finished`` on the last chunk.
+    ``logprobs``: one per token id when ``SamplingParams.logprobs`` is set."""
 
     delta: str
     token_ids: list[int]
     finished: FinishReason | None
     stats: RequestStats
+    logprobs: list[TokenLogprob] | None = None
 
 
 class SpecDecoder:
@@ -253,32 +255,54 @@ class SpecDecoder:
                chat: bool | None = None) -> Iterator[Chunk]:
         """Yield text deltas as tokens are committed; the last chunk has ``finished`` set."""
         params = params or SamplingParams()
-        req = self.engine.add_request(encode_prompt(self.model, prompt, chat), params)
-        detok = _Detokenizer(self.model.tokenizer, params.stop)
+        yield from self._stream(self.engine.add_request(encode_prompt(self.model, prompt, chat), params))
+
+    def _stream(self, req) -> Iterator[Chunk]:
+        detok = _Detokenizer(self.model.tokenizer, req.params.stop)
+        want_lp = req.params.logprobs is not None
         try:
-            new_ids = req.generated
+            new_ids, new_lp = req.generated, list(req.logprobs)
             while True:
                 delta, new_ids, stopped = detok.push(new_ids, final=req.finished is not None)
                 if stopped:
                     self.engine.finish(req, "stop")
                     req.finished = "stop"
                     req.stats.new_tokens = len(detok.ids)
-                yield Chunk(delta, new_ids, req.finished, req.stats)
+                yield Chunk(delta, new_ids, req.finished, req.stats, new_lp[:len(new_ids)] if want_lp else None)
                 if req.finished:
                     return
-                new_ids = self.engine.step(req).new_token_ids
+                res = self.engine.step(req)
+                new_ids, new_lp = res.new_token_ids, res.logprobs or []
         finally:
             self.engine.finish(req, req.finished or "stop")
 
     def generate(self, prompt: Prompt, params: SamplingParams | None = None,
                  chat: bool | None = None) -> GenerationOutput:
+        return self._collect(self.stream(prompt, params, chat), params or SamplingParams())
+
+    def generate_n(self, prompt: Prompt, n: int, params: SamplingParams | None = None,
+                   chat: bool | None = None) -> list[GenerationOutput]:
+        """``n`` samples of one prompt sharing its prefill (``Engine.fork``). Sample i is
+        seeded ``params.seed + i`` (as vLLM seeds the children of an n > 1 request), so it
+        equals ``generate`` with that seed, and the whole set is reproducible."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        params = params or SamplingParams()
+        first = self.engine.add_request(encode_prompt(self.model, prompt, chat), params)
+        reqs = [first] + [self.engine.fork(first, replace(params, seed=params.seed + i)) for i in range(1, n)]
+        return [self._collect(self._stream(r), r.params) for r in reqs]
+
+    def _collect(self, chunks: Iterator[Chunk], params: SamplingParams) -> GenerationOutput:
         text, ids, reason, stats = [], [], None, RequestStats()
-        for chunk in self.stream(prompt, params, chat):
+        logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        for chunk in chunks:
             text.append(chunk.delta)
             ids.extend(chunk.token_ids)
+            if logprobs is not None:
+                logprobs.extend(chunk.logprobs or [])
             reason, stats = chunk.finished, chunk.stats
         stats.drafter_memory_bytes = self.drafter.memory_bytes()
-        return GenerationOutput("".join(text), ids, reason or "length", stats)
+        return GenerationOutput("".join(text), ids, reason or "length", stats, logprobs)
 
 
 class _Detokenizer:

@@ -1,9 +1,12 @@
 """Logits -> the target distribution. The single source of truth for what "sampling from the
 target" means: plain decoding, every verifier and every drafter call these functions, so
-logit processing is identical on all paths (temperature, then top-k, then top-p, as in
-transformers and vLLM)."""
+logit processing is identical on all paths (temperature, then min-p, then top-k, then
+top-p, the order of vLLM's sampler). History-dependent adjustments (logit bias, penalties)
+come before these, in ``logits_processing.py``."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -11,9 +14,16 @@ from .types import SamplingParams
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """[N, V] raw logits -> [N, V] float32 logits after temperature, top-k and top-p
-    (filtered entries are -inf). Not for greedy decoding (temperature 0)."""
+    """[N, V] raw logits -> [N, V] float32 logits after temperature, min-p, top-k and top-p
+    (filtered entries are -inf). Not for greedy decoding (temperature 0).
+
+    min-p (Nguyen et al. 2024, "Turning Up the Heat: Min-p Sampling"): drop tokens whose
+    probability is below ``min_p`` times the most likely token's."""
     logits = logits.float() / params.temperature
+    if params.min_p > 0.0:
+        top = logits.max(-1, keepdim=True).values  # [N, 1]
+        # p(x) < min_p * p_max  <=>  logit(x) < logit_max + log(min_p)
+        logits = logits.masked_fill(logits < top + math.log(params.min_p), float("-inf"))
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [N, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -17,8 +17,17 @@ MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; larger ones would wr
 class SamplingParams:
     """How to pick tokens. ``temperature == 0`` (or below ``GREEDY_BELOW``) is greedy decoding.
 
-    top_k = 0 and top_p = 1.0 disable those filters. ``stop`` strings end generation
-    and are cut from the text (as in the OpenAI API).
+    top_k = 0, top_p = 1.0 and min_p = 0.0 disable those filters. ``stop`` strings end
+    generation and are cut from the text (as in the OpenAI API); ``stop_token_ids`` end it
+    like EOS (the token is not emitted), even with ``ignore_eos``.
+
+    History-dependent adjustments (``logits_processing.py``; they change greedy output too):
+    ``logit_bias`` ((token id, bias) pairs added to the logits), ``repetition_penalty``
+    (CTRL's, over prompt + generated tokens; 1.0 = off), ``presence_penalty`` and
+    ``frequency_penalty`` (OpenAI's, over generated tokens; 0.0 = off).
+
+    ``logprobs``: None = none; N >= 0 = report each emitted token's log-probability under
+    the target model plus the N most likely alternatives (``logprobs.py``).
     """
 
     temperature: float = 0.0
@@ -28,6 +37,13 @@ class SamplingParams:
     seed: int = 0
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.temperature <= MAX_TEMPERATURE:  # also rejects NaN and inf
@@ -45,10 +61,44 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= 10.0:  # also rejects NaN
+            raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        if any(not -100.0 <= b <= 100.0 or t < 0 for t, b in self.logit_bias):
+            raise ValueError("logit_bias maps token ids >= 0 to biases in [-100, 100]")
+        if len({t for t, _ in self.logit_bias}) != len(self.logit_bias):
+            raise ValueError("logit_bias names a token id twice")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids must be >= 0")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Do logits depend on the history (bias, penalties)? False keeps the fast path."""
+        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 \
+            or self.repetition_penalty != 1.0
+
+
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability under the target and the ``top`` most likely
+    (token id, log-probability) alternatives at its position, most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -142,3 +192,4 @@ class GenerationOutput:
     token_ids: list[int]
     finish_reason: FinishReason
     stats: RequestStats
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for

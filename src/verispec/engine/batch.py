@@ -218,8 +218,11 @@ class BatchEngine:
         return len(self._active)
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                    drafter: str) -> Request:
-        """Validate, take a cache row and prefill (the first token is committed)."""
+                    drafter: str, draft_limit: int | None = None, fork_of: str | None = None) -> Request:
+        """Validate, take a cache row and prefill (the first token is committed).
+        ``draft_limit`` caps this request's drafts (0 = plain decoding). ``fork_of``: a
+        running request with the same prompt whose prefill is shared (``Engine.fork``:
+        n > 1 samples); when it is no longer running this request prefills on its own."""
         if request_id in self._active:
             raise ValueError(f"request {request_id!r} is already running")
         if drafter not in self.engines:
@@ -229,9 +232,14 @@ class BatchEngine:
         if len(prompt_ids) + params.max_new_tokens > self.max_length:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
                              f"exceeds the context of {self.max_length}")
+        entry = self._active.get(fork_of) if fork_of is not None else None
+        parent = entry[0] if entry is not None else None
         cache = self._new_cache()
         try:
-            req = self.engines[drafter].add_request(prompt_ids, params, request_id, cache)
+            if parent is not None and parent.prompt_ids == list(prompt_ids):
+                req = self.engines[drafter].fork(parent, params, request_id, cache, draft_limit)
+            else:
+                req = self.engines[drafter].add_request(prompt_ids, params, request_id, cache, draft_limit)
         except BaseException:
             self._free_cache(cache)
             raise

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 import torch
 
 from ..drafters.base import DraftContext, Drafter, Observation
+from ..logits_processing import adjust_tree_logits
+from ..logprobs import step_rows, token_logprobs
 from ..models.base import CausalLM, KVCache
 from ..policies.draft_length import DraftLengthPolicy, PolicyName
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
-from ..types import FinishReason, SamplingParams
+from ..types import FinishReason, SamplingParams, TokenLogprob
 from ..verify import verify_tree
 from .prefix_cache import PrefixCache, prefix_cache_support
 from .request import Request
@@ -28,6 +30,7 @@ class StepResult:
     num_drafted: int
     num_accepted: int
     finished: FinishReason | None
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when params.logprobs is set
 
 
 class Engine:
@@ -60,10 +63,47 @@ class Engine:
         params: SamplingParams,
         request_id: str | None = None,
         cache: KVCache | None = None,
+        draft_limit: int | None = None,
     ) -> Request:
         """Validate, then prefill: one target forward over the prompt yields the first token.
         ``cache`` (empty) lets a batch scheduler hand out rows of one cache pool; by default
-        the request gets ``target.new_cache()``."""
+        the request gets ``target.new_cache()``. ``draft_limit`` caps this request's draft
+        budget (0 = plain decoding)."""
+        req = self._new_request(prompt_ids, params, request_id, cache, draft_limit)
+        self.drafter.start(req.request_id, req.prompt_ids)
+        self._prefill(req)
+        return req
+
+    def fork(
+        self,
+        parent: Request,
+        params: SamplingParams,
+        request_id: str | None = None,
+        cache: KVCache | None = None,
+        draft_limit: int | None = None,
+    ) -> Request:
+        """Another sample of ``parent``'s prompt that shares its prefill: the prompt's K/V are
+        copied from ``parent.cache`` (which may have moved on: only its first ``len(prompt)``
+        slots are read) and the first token is drawn from the parent's prefill logits with
+        this request's own generator. Output is that of ``add_request`` with the same
+        arguments. Falls back to a fresh prefill when the cache cannot copy or the drafter
+        needs the prefill's hidden states."""
+        req = self._new_request(parent.prompt_ids, params, request_id, cache, draft_limit)
+        copy = getattr(req.cache, "copy_prefix", None)
+        self.drafter.start(req.request_id, req.prompt_ids)
+        if parent.prefill_logits is None or copy is None or self.drafter.needs_hidden_states:
+            self._prefill(req)
+            return req
+        t0 = time.perf_counter()
+        copy(parent.cache, len(req.prompt_ids))
+        req.prefill_logits = parent.prefill_logits
+        first, logprobs = self._first_token(req, parent.prefill_logits)
+        req.stats.prefill_s = time.perf_counter() - t0
+        self._commit(req, [first], logprobs)
+        return req
+
+    def _new_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None,
+                     cache: KVCache | None, draft_limit: int | None) -> Request:
         info = self.target.info
         if not prompt_ids:
             raise ValueError("the prompt is empty (a base model needs at least BOS)")
@@ -75,17 +115,20 @@ class Engine:
             raise ValueError(f"prompt token ids must be in [0, {info.vocab_size})")
         if cache is not None and cache.length != 0:
             raise ValueError(f"the cache handed to a new request must be empty (length {cache.length})")
-        request_id = request_id or f"req-{next(self._ids)}"
-        req = Request(
-            request_id=request_id,
+        bad = [t for t in (*params.stop_token_ids, *(t for t, _ in params.logit_bias)) if t >= info.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} in stop_token_ids / logit_bias is outside the vocabulary "
+                             f"[0, {info.vocab_size})")
+        if draft_limit is not None and draft_limit < 0:
+            raise ValueError(f"draft_limit must be >= 0, got {draft_limit}")
+        return Request(
+            request_id=request_id or f"req-{next(self._ids)}",
             prompt_ids=list(prompt_ids),
             params=params,
             cache=self.target.new_cache() if cache is None else cache,
             policy=DraftLengthPolicy(self.num_draft_tokens, self.policy),
+            draft_limit=draft_limit,
         )
-        self.drafter.start(request_id, req.prompt_ids)  # the whole prompt, reused prefix or not
-        self._prefill(req)
-        return req
 
     def _prefill(self, req: Request) -> None:
         """One forward over the prompt (past a prefix reused from the prefix cache). A
@@ -101,11 +144,9 @@ class Engine:
         ids = torch.tensor([prompt[start:]], device=device)
         pos = torch.arange(start, len(prompt), device=device)[None]
         out = self.target.forward(ids, pos, req.cache, want_hidden=want, last_logits_only=True)
-        last = out.logits[0, -1:]  # [1, V]
-        first = int(last.argmax()) if req.params.greedy else sample(
-            target_probs(last, req.params)[0].cpu(), req.verify_generator
-        )
+        req.prefill_logits = out.logits[0, -1:]  # [1, V]
         req.stats.target_forwards += 1
+        first, logprobs = self._first_token(req, req.prefill_logits)
         if want:
             tree = DraftTree.chain(prompt[0], prompt[1:])
             self.drafter.observe(Observation(req.request_id, tree, list(range(1, len(prompt))),
@@ -113,7 +154,18 @@ class Engine:
         if pc is not None:  # now, so requests running beside this one can share its prompt
             pc.store(prompt, req.cache)
         req.stats.prefill_s = time.perf_counter() - t0
-        self._commit(req, [first])
+        self._commit(req, [first], logprobs)
+
+    @staticmethod
+    def _first_token(req: Request, last: torch.Tensor) -> tuple[int, list[TokenLogprob] | None]:
+        """The first generated token from the prefill's [1, V] logits (and its logprobs)."""
+        scores = last
+        if req.params.adjusts_logits:
+            scores = adjust_tree_logits(last, DraftTree.chain(req.prompt_ids[-1], []), req.params, req.prompt_ids, [])
+        first = int(scores.argmax()) if req.params.greedy else sample(
+            target_probs(scores, req.params)[0].cpu(), req.verify_generator
+        )
+        return first, _logprobs(req, last, [first], [0])
 
     def finish(self, req: Request, reason: FinishReason) -> None:
         """End ``req`` (idempotent); its committed tokens' K/V go to the prefix cache."""
@@ -146,16 +198,21 @@ class Engine:
         """Verify, roll the cache back to root + accepted path, observe, commit. Expects
         the tree's K/V to have just been appended to ``req.cache`` (by ``forward_tree`` or
         a batched forward)."""
-        acc = verify_tree(tree, logits, req.params, req.verify_generator)
+        scores = logits
+        if req.params.adjusts_logits:  # each node scored with its own root-to-node history
+            scores = adjust_tree_logits(logits, tree, req.params, req.prompt_ids, req.generated)
+        acc = verify_tree(tree, scores, req.params, req.verify_generator)
         new = acc.tokens(tree)
+        logprobs = _logprobs(req, logits, new, step_rows(acc.path))
         self._rollback(req, tree, acc.path)
         req.stats.record_step(max(tree.depths), tree.num_drafted, len(acc.path))
         req.policy.update(tree.num_drafted, len(acc.path))
         self.drafter.observe(Observation(req.request_id, tree, acc.path, new, logits, hidden))
-        committed = self._commit(req, new)
+        committed = self._commit(req, new, logprobs)
         req.stats.draft_s += t1 - t0
         req.stats.decode_s += time.perf_counter() - t0
-        return StepResult(committed, tree.num_drafted, len(acc.path), req.finished)
+        return StepResult(committed, tree.num_drafted, len(acc.path), req.finished,
+                          None if logprobs is None else req.logprobs[len(req.logprobs) - len(committed):])
 
     def propose(self, req: Request, max_drafted: int | None = None) -> DraftTree:
         """The drafter's tree for this step; ``max_drafted`` caps the draft budget (a batch
@@ -164,8 +221,9 @@ class Engine:
             raise ValueError(f"request {req.request_id} already finished ({req.finished})")
         room = self.target.info.max_length - len(req.tokens)  # cache slots left after root
         budget = min(req.policy.budget(), req.remaining - 1, room)
-        if max_drafted is not None:
-            budget = min(budget, max_drafted)
+        for cap in (max_drafted, req.draft_limit):
+            if cap is not None:
+                budget = min(budget, cap)
         root = req.tokens[-1]
         if budget <= 0:
             return DraftTree.chain(root, [])
@@ -197,18 +255,22 @@ class Engine:
         root_slot = req.cache.length - tree.size
         req.cache.compact([root_slot + i for i in path], root_slot + 1)
 
-    def _commit(self, req: Request, new: list[int]) -> list[int]:
-        """Append tokens, cut at EOS and max_new_tokens, and mark the request finished."""
+    def _commit(self, req: Request, new: list[int], logprobs: list[TokenLogprob] | None = None) -> list[int]:
+        """Append tokens (and their logprobs), cut at EOS, stop token ids and
+        max_new_tokens, and mark the request finished."""
         eos = () if req.params.ignore_eos else self.target.info.eos_token_ids
+        stops = req.params.stop_token_ids
         cut, reason = len(new), None
         for i, t in enumerate(new):
-            if t in eos:
-                cut, reason = i, "eos"
+            if t in eos or t in stops:
+                cut, reason = i, "eos" if t in eos else "stop"
                 break
         if cut > req.remaining:
             cut, reason = req.remaining, "length"
         new = new[:cut]
         req.tokens.extend(new)
+        if logprobs is not None:
+            req.logprobs.extend(logprobs[:cut])
         req.stats.new_tokens += len(new)
         if reason is None and req.remaining == 0:
             reason = "length"
@@ -225,8 +287,15 @@ class Engine:
         """Yield the prefill token, then one StepResult per step, until finished."""
         req = self.add_request(prompt_ids, params, request_id)
         try:
-            yield StepResult(req.generated, 0, 0, req.finished)
+            yield StepResult(req.generated, 0, 0, req.finished, list(req.logprobs) if params.logprobs is not None else None)
             while not req.finished:
                 yield self.step(req)
         finally:
             self.finish(req, req.finished or "stop")
+
+
+def _logprobs(req: Request, logits: torch.Tensor, tokens: list[int], rows: list[int]) -> list[TokenLogprob] | None:
+    """Logprobs of ``tokens`` from the raw target logits ([N, V]) at ``rows``, which emitted them."""
+    if req.params.logprobs is None:
+        return None
+    return token_logprobs(logits[rows], tokens, req.params.logprobs)

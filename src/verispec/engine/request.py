@@ -10,7 +10,7 @@ import torch
 from ..models.base import KVCache
 from ..policies.draft_length import DraftLengthPolicy
 from ..sampling import make_generator
-from ..types import FinishReason, RequestStats, SamplingParams
+from ..types import FinishReason, RequestStats, SamplingParams, TokenLogprob
 
 
 @dataclass
@@ -26,6 +26,9 @@ class Request:
     tokens: list[int] = field(default_factory=list)  # committed: prompt + generated
     finished: FinishReason | None = None
     stats: RequestStats = field(default_factory=RequestStats)
+    draft_limit: int | None = None  # per-request cap on drafted nodes (0 = no speculation)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if asked
+    prefill_logits: torch.Tensor | None = None  # [1, V] raw target logits after the prompt (for forks)
     verify_generator: torch.Generator = field(init=False)
     draft_generator: torch.Generator = field(init=False)
 

@@ -59,6 +59,10 @@ class CachePool:
     def _write_slots(self, row: int, start: int, kv: tuple[torch.Tensor, ...]) -> None:
         """Write ``_read_slots`` output back at slots ``start ..``."""
         raise NotImplementedError(f"{type(self).__name__} cannot copy K/V in (no prefix cache)")
+    def _copy_prefix(self, src: CachePool, src_row: int, dst_row: int, length: int) -> None:
+        """Copy K/V of slots ``0 .. length-1`` from row ``src_row`` of ``src`` (a pool of the
+        same owner, possibly this one) to row ``dst_row`` of this pool."""
+        raise NotImplementedError
 
 
 class PooledCache:
@@ -106,6 +110,16 @@ class PooledCache:
             raise ValueError(f"append_kv: {self._length} cached + {n} > max_length {self.pool.max_length}")
         self.pool._write_slots(self.row, self._length, kv)
         self._length += n
+    def copy_prefix(self, src: PooledCache, length: int) -> None:
+        """Make this (empty) cache hold ``src``'s first ``length`` slots: n samples of one
+        prompt share its prefill (``Engine.fork``)."""
+        if not isinstance(src, type(self)) or src.pool.owner is not self.pool.owner or src is self:
+            raise ValueError("copy_prefix: the source must be another cache of the same model")
+        if self._length != 0 or not 0 <= length <= src.length:
+            raise ValueError(f"copy_prefix: need an empty cache and 0 <= length <= {src.length}, "
+                             f"got length {self._length}, {length}")
+        self.pool._copy_prefix(src.pool, src.row, self.row, length)
+        self._length = length
 
     def _advance(self, n: int) -> None:
         self._length += n

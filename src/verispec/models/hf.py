@@ -42,6 +42,14 @@ class HFCache:
             self.dc.update(k, v, layer_idx)
 
 
+    def copy_prefix(self, src: "HFCache", length: int) -> None:
+        """Make this (empty) cache hold ``src``'s first ``length`` slots (``Engine.fork``)."""
+        if self.length != 0 or not 0 <= length <= src.length:
+            raise ValueError(f"copy_prefix: need an empty cache and 0 <= length <= {src.length}")
+        for layer_idx, layer in enumerate(src.dc.layers):
+            self.dc.update(layer.keys[..., :length, :].clone(), layer.values[..., :length, :].clone(), layer_idx)
+
+
 class HFCausalLM:
     """Any transformers causal LM with RoPE-style ``position_ids`` (Llama family and most
     others). Loaded from a local directory; float32 or bfloat16."""

@@ -450,6 +450,10 @@ class NativeCachePool(CachePool):
         for kv in (self.k, self.v):  # [layers, rows, Hkv, slots, D]
             kv[:, row, :, dst] = kv[:, row].index_select(2, idx)
 
+    def _copy_prefix(self, src: NativeCachePool, src_row: int, dst_row: int, length: int) -> None:
+        for kv, src_kv in ((self.k, src.k), (self.v, src.v)):  # [layers, rows, Hkv, slots, D]
+            kv[:, dst_row, :, :length] = src_kv[:, src_row, :, :length]
+
 
 class NativeCache(PooledCache):
     """A request's view on one row of a ``NativeCachePool``."""

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import uvicorn
@@ -43,9 +43,10 @@ from ..engine.prefix_cache import DEFAULT_MAX_MB as DEFAULT_PREFIX_CACHE_MB
 from ..engine.prefix_cache import PrefixCache
 from ..models.catalog import DEFAULT_MODEL
 from ..registry import make_drafter
-from ..types import SamplingParams
+from ..types import SamplingParams, TokenLogprob
 from .guard import Limits, RequestGuard, header_timeout_protocol
 from .metrics import ServerMetrics
+from .openai_logprobs import chat_logprobs, completion_logprobs
 from .schemas import ChatCompletionRequest, CompletionRequest, error_body
 from .worker import EngineWorker, Event, Job, QueueFull, ShuttingDown
 
@@ -140,7 +141,13 @@ def longest_token_chars(tokenizer: Any) -> int:
 # ----------------------------------------------------------------------------- validation
 
 
-def sampling_params(body: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> SamplingParams:
+def sampling_params(body: CompletionRequest | ChatCompletionRequest, max_tokens: int, vocab: int,
+                    logprobs: int | None = None) -> SamplingParams:
+    """The request's sampling parameters; penalties, bias, min-p and stop ids are checked
+    here (HTTP 400 naming the field) so the engine thread never sees an invalid value."""
+    bias = _logit_bias(body.logit_bias, vocab)
+    if any(not 0 <= t < vocab for t in body.stop_token_ids or ()):
+        raise ApiError(400, f"stop_token_ids must be token ids in [0, {vocab})", "stop_token_ids")
     try:
         return SamplingParams(
             temperature=1.0 if body.temperature is None else body.temperature,
@@ -150,10 +157,32 @@ def sampling_params(body: CompletionRequest | ChatCompletionRequest, max_tokens:
             seed=secrets.randbits(62) if body.seed is None else body.seed,
             stop=body.stop_strings(),
             ignore_eos=body.ignore_eos,
+            min_p=float(body.min_p),
+            presence_penalty=float(body.presence_penalty),
+            frequency_penalty=float(body.frequency_penalty),
+            repetition_penalty=float(body.repetition_penalty),
+            logit_bias=bias,
+            stop_token_ids=tuple(body.stop_token_ids or ()),
+            logprobs=logprobs,
         )
     except ValueError as e:
-        param = str(e).split(" ", 1)[0]  # SamplingParams' messages start with the field's name
-        raise ApiError(400, str(e), param if param in ("temperature", "top_p", "top_k", "seed") else None) from None
+        known = ("temperature", "top_p", "top_k", "seed", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty", "logit_bias")
+        first = str(e).split(" ", 1)[0]  # SamplingParams' messages mostly start with the field's name
+        param = first if first in known else next((f for f in known if f in str(e)), None)
+        raise ApiError(400, str(e), param) from None
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias} -> ((id, bias), ...); ids must be in the vocabulary."""
+    out = []
+    for key, value in (bias or {}).items():
+        if not key.strip().isdigit() or not 0 <= int(key) < vocab:
+            raise ApiError(400, f"logit_bias keys must be token ids in [0, {vocab}), got {key!r}", "logit_bias")
+        if not -100.0 <= value <= 100.0:
+            raise ApiError(400, f"logit_bias values must be in [-100, 100], got {value}", "logit_bias")
+        out.append((int(key), float(value)))
+    return tuple(out)
 
 
 def max_new_tokens(requested: int | None, default: int, prompt_len: int, max_len: int, param: str) -> int:
@@ -174,8 +203,9 @@ def max_new_tokens(requested: int | None, default: int, prompt_len: int, max_len
     return requested
 
 
-def check_common(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> str:
-    """Model name, unsupported fields and drafter; returns the drafter name."""
+def check_common(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> tuple[str, int | None]:
+    """Model name, unsupported fields and speculation control; returns the drafter name
+    and the request's draft cap (None = the server's; 0 = speculation off)."""
     if body.model not in (state.name, state.model.name):
         raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {state.name!r}",
                        "model", "model_not_found")
@@ -186,7 +216,9 @@ def check_common(state: ServerState, body: CompletionRequest | ChatCompletionReq
     if not state.worker.engine.engines.get(drafter):
         raise ApiError(400, f"unknown drafter {drafter!r}; this server has: {', '.join(state.worker.engine.engines)}",
                        "drafter")
-    return drafter
+    if not body.speculation and body.num_draft_tokens:
+        raise ApiError(400, "speculation = false contradicts num_draft_tokens > 0", "num_draft_tokens")
+    return drafter, 0 if not body.speculation else body.num_draft_tokens
 
 
 def check_prompt_sizes(state: ServerState, texts: list[str], token_lists: list[list[int]], param: str) -> None:
@@ -225,17 +257,22 @@ class Generation:
     """The jobs of one HTTP request and the event queue they report to (on the event loop)."""
 
     def __init__(self, state: ServerState, base_id: str, prompts: list[list[int]], params: SamplingParams,
-                 drafter: str):
+                 drafter: str, n: int = 1, draft_limit: int | None = None):
+        """``n`` samples per prompt: choice ``i * n + j`` is sample j of prompt i, seeded
+        ``seed + j`` (as vLLM seeds n > 1 children), sharing prompt i's prefill."""
         loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         self.state, self.prompts, self.base_id = state, prompts, base_id
-        self.ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
+        total = len(prompts) * n
+        self.ids = [base_id if total == 1 else f"{base_id}-{k}" for k in range(total)]
         self.open = set(self.ids)
 
         def sink(index: int) -> Callable[[Event], None]:
             return lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, (index, ev))
 
-        self.jobs = [Job(rid, ids, params, drafter, sink(i)) for i, (rid, ids) in enumerate(zip(self.ids, prompts))]
+        self.jobs = [Job(self.ids[k], prompts[k // n], replace(params, seed=params.seed + k % n), drafter, sink(k),
+                         draft_limit=draft_limit, fork_of=self.ids[k - k % n] if k % n else None)
+                     for k in range(total)]
 
     def submit(self) -> None:
         try:
@@ -281,6 +318,7 @@ async def collect(gen: Generation, request: Request) -> tuple[list[dict[str, Any
     n = len(gen.ids)
     texts: list[list[str]] = [[] for _ in range(n)]
     ids: list[list[int]] = [[] for _ in range(n)]
+    logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
     done: list[dict[str, Any] | None] = [None] * n
     next_check = time.monotonic() + 0.5
     while gen.open:
@@ -300,11 +338,25 @@ async def collect(gen: Generation, request: Request) -> tuple[list[dict[str, Any
             raise ApiError(ev.status, ev.error, None, None, "server_error" if ev.status >= 500 else "invalid_request_error")
         texts[index].append(ev.text)
         ids[index].extend(ev.token_ids)
+        logprobs[index].extend(ev.logprobs or [])
         if ev.finished:
             done[index] = {"finish_reason": FINISH[ev.finished], "stats": ev.stats}
-    choices = [{"text": "".join(t), "token_ids": i, "finish_reason": d["finish_reason"]}
-               for t, i, d in zip(texts, ids, done)]  # type: ignore[index]
+    choices = [{"text": "".join(t), "token_ids": i, "logprobs": lp, "finish_reason": d["finish_reason"]}
+               for t, i, lp, d in zip(texts, ids, logprobs, done)]  # type: ignore[index]
     return choices, [d["stats"] for d in done]  # type: ignore[index]
+
+
+def best_choices(choices: list[dict[str, Any]], best_of: int, n: int) -> list[tuple[int, dict[str, Any]]]:
+    """(prompt index, choice) of the ``n`` choices per prompt with the highest cumulative
+    logprob among its ``best_of`` samples (OpenAI's best_of; ties keep sample order).
+    ``best_of == n`` returns every choice in order."""
+    out = []
+    for p in range(len(choices) // best_of):
+        group = choices[p * best_of:(p + 1) * best_of]
+        if best_of > n:
+            group = sorted(group, key=lambda c: -sum(lp.logprob for lp in c["logprobs"]))[:n]
+        out += [(p, c) for c in group]
+    return out
 
 
 def sse(obj: Any) -> str:
@@ -399,42 +451,63 @@ def create_app(state: ServerState) -> FastAPI:
 
 
 async def handle_completion(state: ServerState, body: CompletionRequest, request: Request):
-    """POST /v1/completions: one choice per prompt; SSE when ``stream``."""
-    drafter = check_common(state, body)
-    raw = body.prompts()
-    if len(raw) > state.worker.max_queue:
-        raise ApiError(400, f"{len(raw)} prompts in one request; this server queues at most {state.worker.max_queue}",
-                       "prompt", "too_many_prompts")
-    check_prompt_sizes(state, [p for p in raw if isinstance(p, str)], [p for p in raw if isinstance(p, list)], "prompt")
-    prompts = await off_loop(state, lambda: [encode_completion_prompt(state, p) for p in raw])
+    """POST /v1/completions: ``n`` choices per prompt; SSE when ``stream``."""
+    drafter, draft_limit = check_common(state, body)
+    raw_prompts = body.prompts()
+    samples = len(raw_prompts) * (body.best_of or body.n)
+    if samples > state.worker.max_queue:
+        raise ApiError(400, f"{len(raw_prompts)} prompts x {body.best_of or body.n} samples in one request; this "
+                       f"server queues at most {state.worker.max_queue}", "prompt", "too_many_prompts")
+    check_prompt_sizes(state, [p for p in raw_prompts if isinstance(p, str)],
+                       [p for p in raw_prompts if isinstance(p, list)], "prompt")
+    prompts = await off_loop(state, lambda: [encode_completion_prompt(state, p) for p in raw_prompts])
     lens = [max_new_tokens(body.max_tokens, 16, len(p), state.max_len, "prompt") for p in prompts]
-    gen = Generation(state, f"cmpl-{uuid.uuid4().hex}", prompts, sampling_params(body, min(lens)), drafter)
+    best_of = body.best_of or body.n  # > n: generate best_of, return the n most likely (needs logprobs)
+    logprobs = body.logprobs if best_of == body.n or body.logprobs is not None else 0
+    params = sampling_params(body, min(lens), state.model.backend.info.vocab_size, logprobs)
+    gen = Generation(state, f"cmpl-{uuid.uuid4().hex}", prompts, params, drafter, best_of, draft_limit)
     gen.submit()
+    tok = state.model.tokenizer
+    echoes = [(p if isinstance(p, str) else tok.decode(p)) if body.echo else "" for p in raw_prompts]
     head = {"id": gen.base_id, "object": "text_completion", "created": int(time.time()), "model": state.name}
     if body.stream:
+        offsets = [len(echoes[k // best_of]) for k in range(len(gen.ids))]  # text_offset per choice
+
         def chunk(i: int, ev: Event) -> dict | None:
-            if not (ev.text or ev.finished or (body.return_token_ids and ev.token_ids)):
+            if not (ev.text or ev.finished or (ev.token_ids and (body.return_token_ids or body.logprobs is not None))):
                 return None
             choice = {"index": i, "text": ev.text, "logprobs": None, "finish_reason": FINISH.get(ev.finished or "")}
+            if body.logprobs is not None:
+                choice["logprobs"] = completion_logprobs(tok, ev.logprobs or [], offsets[i])
+                offsets[i] += sum(len(t) for t in choice["logprobs"]["tokens"])
             if body.return_token_ids:
                 choice["token_ids"] = ev.token_ids
             return head | {"choices": [choice]} | ({"verispec": ev.stats} if ev.stats else {})
+        first = tuple(head | {"choices": [{"index": k, "text": echoes[k // best_of], "logprobs": None,
+                                           "finish_reason": None}]}
+                      for k in range(len(gen.ids)) if body.echo)
         return _sse_response(stream_events(gen, chunk, _include_usage(body),
-                                           lambda u: head | {"choices": [], "usage": u}))
+                                           lambda u: head | {"choices": [], "usage": u}, first))
     choices, stats = await collect(gen, request)
+    tokens = sum(len(c["token_ids"]) for c in choices)  # best_of: every generated token counts
     out = []
-    for i, c in enumerate(choices):
-        choice = {"index": i, "text": c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
+    for i, (p, c) in enumerate(best_choices(choices, best_of, body.n)):
+        echo = echoes[p]
+        choice = {"index": i, "text": echo + c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
+        if body.logprobs is not None:
+            choice["logprobs"] = completion_logprobs(tok, c["logprobs"], len(echo))
         if body.return_token_ids:
-            choice |= {"prompt_token_ids": prompts[i], "token_ids": c["token_ids"]}
+            choice |= {"prompt_token_ids": prompts[p], "token_ids": c["token_ids"]}
         out.append(choice)
-    tokens = sum(len(c["token_ids"]) for c in choices)
     return head | {"choices": out, "usage": usage(prompts, tokens), "verispec": merge_stats(stats)}
 
 
 async def handle_chat(state: ServerState, body: ChatCompletionRequest, request: Request):
-    """POST /v1/chat/completions: the model's chat template; SSE chunks when ``stream``."""
-    drafter = check_common(state, body)
+    """POST /v1/chat/completions: the model's chat template, ``n`` choices; SSE chunks when ``stream``."""
+    drafter, draft_limit = check_common(state, body)
+    if body.n > state.worker.max_queue:
+        raise ApiError(400, f"n = {body.n} samples in one request; this server queues at most "
+                       f"{state.worker.max_queue}", "n", "too_many_prompts")
     messages = body.chat_messages()
     check_prompt_sizes(state, ["".join(m["content"] for m in messages)], [], "messages")
     try:
@@ -443,31 +516,40 @@ async def handle_chat(state: ServerState, body: ChatCompletionRequest, request: 
         raise ApiError(400, str(e), "messages") from None
     budget = max_new_tokens(body.max_completion_tokens or body.max_tokens, state.config.default_max_tokens,
                             len(prompt), state.max_len, "messages")
-    gen = Generation(state, f"chatcmpl-{uuid.uuid4().hex}", [prompt], sampling_params(body, budget), drafter)
+    want_lp = (body.top_logprobs or 0) if body.logprobs else None
+    params = sampling_params(body, budget, state.model.backend.info.vocab_size, want_lp)
+    gen = Generation(state, f"chatcmpl-{uuid.uuid4().hex}", [prompt], params, drafter, body.n, draft_limit)
     gen.submit()
+    tok = state.model.tokenizer
     head = {"id": gen.base_id, "object": "chat.completion", "created": int(time.time()), "model": state.name}
     if body.stream:
         chead = head | {"object": "chat.completion.chunk"}
-        first = (chead | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                       "logprobs": None, "finish_reason": None}]},)
+        first = tuple(chead | {"choices": [{"index": k, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}]} for k in range(body.n))
 
         def chunk(i: int, ev: Event) -> dict | None:
-            if not (ev.text or ev.finished or (body.return_token_ids and ev.token_ids)):
+            if not (ev.text or ev.finished or (ev.token_ids and (body.return_token_ids or want_lp is not None))):
                 return None
-            choice = {"index": 0, "delta": {"content": ev.text} if ev.text else {}, "logprobs": None,
+            choice = {"index": i, "delta": {"content": ev.text} if ev.text else {}, "logprobs": None,
                       "finish_reason": FINISH.get(ev.finished or "")}
+            if want_lp is not None:
+                choice["logprobs"] = chat_logprobs(tok, ev.logprobs or [])
             if body.return_token_ids:
                 choice["token_ids"] = ev.token_ids
             return chead | {"choices": [choice]} | ({"verispec": ev.stats} if ev.stats else {})
         return _sse_response(stream_events(gen, chunk, _include_usage(body),
                                            lambda u: chead | {"choices": [], "usage": u}, first))
     choices, stats = await collect(gen, request)
-    c = choices[0]
-    choice = {"index": 0, "message": {"role": "assistant", "content": c["text"]}, "logprobs": None,
-              "finish_reason": c["finish_reason"]}
-    if body.return_token_ids:
-        choice |= {"prompt_token_ids": prompt, "token_ids": c["token_ids"]}
-    return head | {"choices": [choice], "usage": usage([prompt], len(c["token_ids"])), "verispec": stats[0]}
+    out = []
+    for i, c in enumerate(choices):
+        choice = {"index": i, "message": {"role": "assistant", "content": c["text"]},
+                  "logprobs": chat_logprobs(tok, c["logprobs"]) if want_lp is not None else None,
+                  "finish_reason": c["finish_reason"]}
+        if body.return_token_ids:
+            choice |= {"prompt_token_ids": prompt, "token_ids": c["token_ids"]}
+        out.append(choice)
+    tokens = sum(len(c["token_ids"]) for c in choices)
+    return head | {"choices": out, "usage": usage([prompt], tokens), "verispec": merge_stats(stats)}
 
 
 def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:

@@ -1,11 +1,14 @@
 """OpenAI-compatible request bodies (pydantic) and the error body.
 
 Only what verispec can honour is accepted: fields of the OpenAI API that would change the
-output in ways the engine does not implement (``n > 1``, ``logprobs``, ``echo``, penalties,
-``logit_bias``, tools, ...) are declared so that a non-default value is refused with HTTP 400
+output in ways the engine does not implement (``echo`` with logprobs, streaming ``best_of``,
+``suffix``, tools, ...) are declared so that a non-default value is refused with HTTP 400
 naming the field, instead of being silently ignored. Unknown fields are ignored (as OpenAI
-clients send extras). Extensions: ``top_k``, ``drafter``, ``ignore_eos``,
-``return_token_ids`` (vLLM's name).
+clients send extras). Extensions (the openai client sends them through ``extra_body``):
+``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
+``return_token_ids`` (vLLM's names), and per-request speculation control: ``drafter`` (one
+the server loaded), ``num_draft_tokens`` (cap on this request's draft budget; 0 = off) and
+``speculation`` (false = plain decoding).
 """
 
 from __future__ import annotations
@@ -16,6 +19,12 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
                       model_validator)
 
 from ..types import MAX_SEED, MAX_TEMPERATURE  # one range for the server, the CLI and bench
+
+
+from ..types import MAX_LOGPROBS
+
+MAX_N = 16  # samples per request (each takes a batch slot)
+MAX_DRAFT_TOKENS = 64  # per-request draft budget cap a client may ask for
 
 
 class StreamOptions(BaseModel):
@@ -36,13 +45,18 @@ class _Sampling(BaseModel):
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: StrictInt = 1
-    presence_penalty: StrictFloat = 0.0
-    frequency_penalty: StrictFloat = 0.0
-    logit_bias: dict[str, float] | None = None
+    n: StrictInt = Field(default=1, ge=1, le=MAX_N)
+    presence_penalty: StrictFloat | StrictInt = 0.0
+    frequency_penalty: StrictFloat | StrictInt = 0.0
+    logit_bias: dict[str, StrictFloat | StrictInt] | None = None
     user: StrictStr | None = None
     # extensions
+    min_p: StrictFloat | StrictInt = 0.0
+    repetition_penalty: StrictFloat | StrictInt = 1.0
+    stop_token_ids: list[StrictInt] | None = None
     drafter: StrictStr | None = None
+    num_draft_tokens: StrictInt | None = Field(default=None, ge=0, le=MAX_DRAFT_TOKENS)
+    speculation: StrictBool = True
     ignore_eos: StrictBool = False
     return_token_ids: StrictBool = False
 
@@ -67,10 +81,6 @@ class _Sampling(BaseModel):
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) of the first field set to something verispec cannot do."""
         checks = [
-            ("n", self.n != 1, "only n = 1 is supported"),
-            ("presence_penalty", self.presence_penalty != 0.0, "penalties are not supported"),
-            ("frequency_penalty", self.frequency_penalty != 0.0, "penalties are not supported"),
-            ("logit_bias", bool(self.logit_bias), "logit_bias is not supported"),
             ("stop", any(not s for s in self.stop_strings()), "stop strings must be non-empty"),
             ("stop", len(self.stop_strings()) > 4, "at most 4 stop strings"),
         ]
@@ -80,8 +90,8 @@ class _Sampling(BaseModel):
 class CompletionRequest(_Sampling):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     echo: StrictBool = False
-    logprobs: StrictInt | None = None
-    best_of: StrictInt | None = None
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    best_of: StrictInt | None = Field(default=None, ge=1, le=MAX_N)
     suffix: StrictStr | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
@@ -89,9 +99,9 @@ class CompletionRequest(_Sampling):
         if base:
             return base
         checks = [
-            ("echo", self.echo, "echo is not supported"),
-            ("logprobs", self.logprobs is not None, "logprobs are not supported"),
-            ("best_of", self.best_of not in (None, 1), "only best_of = 1 is supported"),
+            ("echo", self.echo and self.logprobs is not None, "echo with logprobs (prompt logprobs) is not supported"),
+            ("best_of", self.best_of is not None and self.best_of < self.n, "best_of must be >= n"),
+            ("best_of", self.stream and self.best_of not in (None, self.n), "best_of > n cannot stream"),
             ("suffix", bool(self.suffix), "suffix is not supported"),
             ("prompt", isinstance(self.prompt, list) and not self.prompt, "the prompt list is empty"),
         ]
@@ -126,7 +136,7 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: StrictBool | None = None
-    top_logprobs: StrictInt | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
@@ -136,8 +146,8 @@ class ChatCompletionRequest(_Sampling):
         if base:
             return base
         checks = [
-            ("logprobs", bool(self.logprobs), "logprobs are not supported"),
-            ("top_logprobs", self.top_logprobs is not None, "logprobs are not supported"),
+            ("top_logprobs", self.top_logprobs is not None and not self.logprobs,
+             "top_logprobs needs logprobs = true"),
             ("tools", bool(self.tools), "tools are not supported"),
             ("tool_choice", self.tool_choice not in (None, "none"), "tools are not supported"),
             ("response_format", (self.response_format or {}).get("type", "text") != "text",

@@ -22,7 +22,7 @@ from typing import Any
 from ..api import _Detokenizer  # the one incremental detokenizer (stop strings, UTF-8 hold-back)
 from ..engine.batch import BatchEngine
 from ..engine.request import Request
-from ..types import SamplingParams
+from ..types import SamplingParams, TokenLogprob
 from .metrics import ServerMetrics
 
 
@@ -47,6 +47,7 @@ class Event:
     stats: dict[str, Any] | None = None
     error: str | None = None
     status: int = 200
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the job asked for them
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class Job:
     drafter: str
     sink: Callable[[Event], None]
     submitted: float = field(default_factory=time.perf_counter)
+    draft_limit: int | None = None  # per-request draft budget cap (0 = no speculation)
+    fork_of: str | None = None  # a job of the same prompt whose prefill this one may share (n > 1)
 
 
 @dataclass
@@ -66,6 +69,7 @@ class _Running:
     detok: _Detokenizer
     admitted: float
     max_batch_size: int = 1
+    sent: int = 0  # generated tokens already reported
 
 
 class EngineWorker:
@@ -169,7 +173,8 @@ class EngineWorker:
 
     def _admit(self, job: Job) -> None:
         try:
-            req = self.engine.add_request(job.request_id, job.prompt_ids, job.params, job.drafter)
+            req = self.engine.add_request(job.request_id, job.prompt_ids, job.params, job.drafter,
+                                          draft_limit=job.draft_limit, fork_of=job.fork_of)
         except Exception as e:  # noqa: BLE001
             self._done_id(job.request_id)
             self.metrics.request_done("failed")
@@ -199,19 +204,24 @@ class EngineWorker:
         delta, ids, stopped = run.detok.push(new_ids, final=run.req.finished is not None)
         if stopped:
             run.req.finished = "stop"  # a stop string wins over an EOS in the same step
+        logprobs = None
+        if run.job.params.logprobs is not None:
+            logprobs = run.req.logprobs[run.sent: run.sent + len(ids)]
+        run.sent += len(ids)
         if run.req.finished is None:
-            self._send(run.job, Event(run.req.request_id, delta, ids))
+            self._send(run.job, Event(run.req.request_id, delta, ids, logprobs=logprobs))
             return
         run.req.stats.new_tokens = len(run.detok.ids)
-        self._end(run, run.req.finished, delta, ids)
+        self._end(run, run.req.finished, delta, ids, logprobs)
 
-    def _end(self, run: _Running, reason: str, delta: str = "", ids: list[int] | None = None) -> None:
+    def _end(self, run: _Running, reason: str, delta: str = "", ids: list[int] | None = None,
+             logprobs: list[TokenLogprob] | None = None) -> None:
         self._release(run)
         self._done_id(run.req.request_id)
         stats = self._stats(run)
         self.metrics.request_stats(run.req.stats, time.perf_counter() - run.job.submitted)
         self.metrics.request_done("cancelled" if reason == "cancelled" else "completed")
-        self._send(run.job, Event(run.req.request_id, delta, ids or [], finished=reason, stats=stats))
+        self._send(run.job, Event(run.req.request_id, delta, ids or [], finished=reason, stats=stats, logprobs=logprobs))
 
     def _fail(self, run: _Running, message: str, status: int) -> None:
         try:
