@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafters.base import DraftContext, Drafter, Observation
+from ..drafters.base import DraftContext, Drafter, Observation, hidden_request, observed_hidden
 from ..models.base import CausalLM, KVCache
 from ..policies.draft_length import DraftLengthPolicy, PolicyName
 from ..sampling import sample, target_probs
@@ -89,7 +89,7 @@ class Engine:
         ids = torch.tensor([prompt], device=device)
         pos = torch.arange(len(prompt), device=device)[None]
         want = self.drafter.needs_hidden_states
-        out = self.target.forward(ids, pos, req.cache, want_hidden=want, last_logits_only=True)
+        out = self.target.forward(ids, pos, req.cache, last_logits_only=True, **hidden_request(self.drafter))
         last = out.logits[0, -1:]  # [1, V]
         first = int(last.argmax()) if req.params.greedy else sample(
             target_probs(last, req.params)[0].cpu(), req.verify_generator
@@ -98,7 +98,7 @@ class Engine:
         if want:
             tree = DraftTree.chain(prompt[0], prompt[1:])
             self.drafter.observe(Observation(req.request_id, tree, list(range(1, len(prompt))),
-                                             [*prompt[1:], first], out.logits[0], out.hidden[0]))
+                                             [*prompt[1:], first], out.logits[0], observed_hidden(out)[0]))
         req.stats.prefill_s = time.perf_counter() - t0
         self._commit(req, [first])
 
@@ -168,10 +168,9 @@ class Engine:
         ids = torch.tensor([tree.tokens], device=device)
         pos = (start + torch.tensor(tree.depths, device=device))[None]
         mask = None if tree.is_chain else tree.ancestor_mask(device)
-        out = self.target.forward(
-            ids, pos, req.cache, mask, want_hidden=self.drafter.needs_hidden_states
-        )
-        hidden = out.hidden[0] if out.hidden is not None else None
+        out = self.target.forward(ids, pos, req.cache, mask, **hidden_request(self.drafter))
+        hidden = observed_hidden(out)
+        hidden = hidden[0] if hidden is not None else None
         return out.logits[0], hidden
 
     @staticmethod
