@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from helpers import run
+from test_native import tiny_dirs  # noqa: F401  (a fixture)
 from verispec.drafters.base import NoDrafter
 from verispec.drafters.eagle import Eagle3Head, EagleConfig, EagleDrafter, EagleHead
 from verispec.registry import make_drafter
@@ -143,3 +144,42 @@ def test_eagle3_train_then_draft_losslessly(stories_native, corpus, tmp_path):
         spec, stats = run(stories_native.backend, drafter, prompt, params)
         assert spec == plain
         assert stats.drafted > 0
+
+
+@pytest.mark.parametrize("backend", ["cpu", "native", "hf"])
+def test_backends_return_asked_layers_without_changing_logits(tiny_dirs, backend):
+    """``hidden_layers``: each asked layer's output residual stream, concatenated in the
+    asked order (layer 0: transformers' ``hidden_states[1]``; the last layer: what the
+    final norm reads); logits and final hidden states bit-identical to a forward that
+    asks for none. transformers returns its last layer after the final norm: refused."""
+    from verispec.models import cpu
+    from verispec.models.hf import HFCausalLM
+    from verispec.models.native import NativeLlama
+
+    if backend == "cpu" and not cpu.available():
+        pytest.skip("compiled runtime not built")
+    path, hf = tiny_dirs["llama"]
+    model = {"cpu": cpu.CpuLlama.from_hf_dir, "native": NativeLlama.from_hf_dir,
+             "hf": lambda p: HFCausalLM(hf, "tiny")}[backend](path)
+    ids = torch.tensor([[1, 45, 30, 12, 99, 7, 25]])
+    pos = torch.arange(7)[None]
+    plain = model.forward(ids, pos, model.new_cache(), want_hidden=True)
+    if backend == "hf":
+        with pytest.raises(ValueError, match="last layer"):
+            model.forward(ids, pos, model.new_cache(), hidden_layers=(1,))
+        layers = (0,)
+    else:
+        layers = (1, 0)
+    out = model.forward(ids, pos, model.new_cache(), want_hidden=True, hidden_layers=layers)
+    assert torch.equal(out.logits, plain.logits) and torch.equal(out.hidden, plain.hidden)
+    assert plain.layers is None and out.layers.shape == (1, 7, len(layers) * 64)
+    with torch.no_grad():
+        ref = hf(ids, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(out.layers[..., -64:], ref[1], atol=2e-3, rtol=1e-3)
+    if len(layers) == 2:  # the last layer's output, normed by the final norm, is the hidden state
+        from verispec.drafters.eagle import rms_norm
+
+        normed = rms_norm(out.layers[..., :64], hf.model.norm.weight.detach(), hf.config.rms_norm_eps)
+        torch.testing.assert_close(normed, plain.hidden, atol=2e-3, rtol=1e-3)
+    with pytest.raises(ValueError, match="hidden_layers"):
+        model.forward(ids, pos, model.new_cache(), hidden_layers=(2,))

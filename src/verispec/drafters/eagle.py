@@ -1,5 +1,13 @@
 """EAGLE: feature-level drafting (Li et al. 2024, arXiv 2401.15077; EAGLE-2 trees, arXiv
-2406.16858).
+2406.16858; EAGLE-3 heads, arXiv 2503.01840: ``Eagle3Head``, the same drafter).
+
+EAGLE-3 in one paragraph: the head's input feature fuses the outputs of a low, a middle
+and a high target layer (``EagleConfig.hidden_layers``; the drafter declares them as
+``hidden_layers`` and the engine asks the backend for them) instead of the final hidden
+state, and the head is trained with training-time test (``train/eagle3.py``) on its own
+chained outputs, so it never regresses target features; at draft time the only
+differences are ``features`` (fuse), ``step_out`` (feed back the pre-norm output) and
+``readout`` (final norm before the tied LM head).
 
 The head reads the target's hidden state ``f_t`` of the newest position together with
 the embedding of the token that followed it, ``e_{t+1}``, and predicts the next hidden

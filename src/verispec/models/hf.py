@@ -92,7 +92,11 @@ class HFCausalLM:
     @torch.inference_mode()
     def forward(self, input_ids, positions, cache: HFCache, tree_mask=None, want_hidden=False,
                 last_logits_only=False, hidden_layers: tuple[int, ...] = ()) -> ModelOutput:
-        hidden_layers = check_hidden_layers(hidden_layers, self.model.config.num_hidden_layers)
+        n_layers = self.model.config.num_hidden_layers
+        hidden_layers = check_hidden_layers(hidden_layers, n_layers)
+        if n_layers - 1 in hidden_layers:  # hidden_states[-1] is after the final norm, unlike the other backends
+            raise ValueError(f"the transformers backend cannot return the last layer ({n_layers - 1}) before the "
+                             "final norm; use the cpu or native backend")
         n, past = input_ids.shape[1], cache.length
         if past + n > cache.capacity:
             raise ValueError(f"sequence of {past + n} tokens exceeds the context of {cache.capacity}")

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -93,23 +94,24 @@ def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Pat
 
         data = build_default_data(model_name, out / "data")
     dirs = feature_dirs(model, data, out)
+    deadline = None if max_minutes is None else time.time() + 60 * max_minutes  # training time only
     warmup = min(40, max(1, steps // 10)) if warmup is None else warmup
     cfg = TrainConfig(steps=steps, lr=lr, seed=seed, warmup=warmup, ckpt_every=max(1, min(50, steps // 4)))
     if kind == "eagle":
         from .eagle import train_eagle
 
         _, result, metrics = train_eagle(model.hf_dir, dirs, out, cfg, resume=resume,
-                                         target_name=model.name, progress=progress)
+                                         target_name=model.name, progress=progress, deadline=deadline)
     elif kind == "draft":
         from .draft import train_draft
 
         _, result, metrics = train_draft(model.hf_dir, dirs, out, cfg, draft_opts, resume=resume,
-                                         target_name=model.name, progress=progress)
+                                         target_name=model.name, progress=progress, deadline=deadline)
     else:
         from .medusa import train_medusa
 
         _, result, metrics = train_medusa(model.hf_dir, dirs, out, cfg, resume=resume,
-                                          target_name=model.name, progress=progress)
+                                          target_name=model.name, progress=progress, deadline=deadline)
     return {"final_loss": result.losses[-1], "validation": metrics, "weights": str(out / "weights")}
 
 
