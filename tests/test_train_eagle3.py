@@ -180,6 +180,28 @@ def test_backends_return_asked_layers_without_changing_logits(tiny_dirs, backend
         from verispec.drafters.eagle import rms_norm
 
         normed = rms_norm(out.layers[..., :64], hf.model.norm.weight.detach(), hf.config.rms_norm_eps)
-        torch.testing.assert_close(normed, plain.hidden, atol=2e-3, rtol=1e-3)
+        torch.testing.assert_close(normed, plain.hidden, atol=1e-2, rtol=1e-2)  # native: another op order
     with pytest.raises(ValueError, match="hidden_layers"):
         model.forward(ids, pos, model.new_cache(), hidden_layers=(2,))
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("mode", ["tree", "chain"])
+def test_smollm2_shipped_eagle3_greedy_exact(mode):
+    """The shipped EAGLE-3 head on the real target (default backend: the compiled runtime,
+    which returns the fused layers): token-for-token plain greedy decoding, drafts accepted."""
+    from verispec.api import encode_prompt, load_model
+    from verispec.weights import has_shipped
+
+    if not has_shipped("eagle3", "smollm2-135m-instruct"):
+        pytest.skip("no shipped eagle3 weights")
+    lm = load_model("smollm2-135m-instruct")
+    params = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    accepted = 0
+    for text in ("Explain what a rainbow is in two sentences.", "Write a short poem about the sea."):
+        prompt = encode_prompt(lm, text)
+        plain, _ = run(lm.backend, NoDrafter(), prompt, params)
+        spec, stats = run(lm.backend, make_drafter("eagle3", lm, {"mode": mode}), prompt, params, k=8)
+        assert spec == plain
+        accepted += stats.accepted
+    assert accepted > 10
