@@ -225,7 +225,7 @@ def drafters() -> None:
 
 @app.command()
 def train(
-    kind: str = typer.Argument(..., help="eagle, medusa or draft"),
+    kind: str = typer.Argument(..., help="data (on-policy corpus), eagle, eagle3, medusa or draft"),
     data: Optional[list[Path]] = typer.Option(None, "--data", help="generations .jsonl or feature directory, "
                                               "repeatable; none: generate the default data in OUT/data (hours)"),
     out: Path = typer.Option(..., "--out", help="run directory (checkpoint.pt, weights/)"),
@@ -237,18 +237,32 @@ def train(
     init: Optional[Path] = typer.Option(None, help="draft only: continue from these draft weights"),
     seed: int = typer.Option(0),
     resume: bool = typer.Option(False, "--resume", help="continue from out/checkpoint.pt"),
+    max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="stop (checkpointed, resumable) after this long"),
+    tokens: int = typer.Option(3_000_000, "--tokens", help="data: answer tokens to reach in OUT (resumable)"),
+    batch: int = typer.Option(16, "--batch", help="data: conversations decoded together"),
+    threads: int = typer.Option(1, "--threads", help="data: compiled-runtime threads"),
+    magpie: int = typer.Option(40_000, "--magpie", help="data: self-written (Magpie) user turns to try"),
 ) -> None:
-    """Train a drafter on the target's own generations (see verispec.train)."""
+    """Train a drafter on the target's own generations, or (``data``) generate them (see verispec.train)."""
     from .models.base import ModelError
     from .paths import check_output_dir
     from .train import run_train
 
     check(steps >= 1, f"--steps must be >= 1, got {steps}")
     check(lr > 0 and lr == lr and lr != float("inf"), f"--lr must be a positive number, got {lr}")
+    check(max_minutes is None or max_minutes > 0, f"--max-minutes must be > 0, got {max_minutes}")
+    check(tokens >= 1 and batch >= 1 and threads >= 1 and magpie >= 0,
+          "--tokens, --batch and --threads must be >= 1 and --magpie >= 0")
     try:
         check_output_dir(out, "--out")
         for path in data or []:
             check(path.exists(), f"--data {path} does not exist")
+        if kind == "data":
+            from .train.corpus import main_corpus
+
+            print(json.dumps(main_corpus(out, model, tokens=tokens, batch=batch, threads=threads, n_magpie=magpie,
+                                         seed=seed, max_minutes=max_minutes)))
+            return
         init_layers = None
         if layers:
             try:
@@ -256,7 +270,7 @@ def train(
             except ValueError:
                 raise ValueError(f"--layers must be comma-separated layer indices, got {layers!r}") from None
         result = run_train(kind, model, list(data or []), out, steps, resume=resume, seed=seed, lr=lr,
-                           warmup=warmup, layers=init_layers, init=init)
+                           warmup=warmup, layers=init_layers, init=init, max_minutes=max_minutes)
     except (ValueError, ModelError) as e:
         fail(str(e))
     print(json.dumps(result))

@@ -26,11 +26,11 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     return DraftModelDrafter(draft, min_confidence=min_conf)
 
 
-def _eagle(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
+def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> Drafter:
     from .drafters.eagle import EagleDrafter, EagleHead, load_target_embedding
     from .weights import shipped_weights
 
-    path = opts.pop("weights", None) or shipped_weights("eagle", target.name)
+    path = opts.pop("weights", None) or shipped_weights(kind, target.name)
     return EagleDrafter(
         EagleHead.load(path), load_target_embedding(target.hf_dir),
         mode=str(opts.pop("mode", "tree")), depth=int(opts.pop("depth", 6)), top_k=int(opts.pop("top_k", 8)),
@@ -140,6 +140,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "none": (lambda target, opts: NoDrafter(), "plain autoregressive decoding (the baseline)"),
     "prompt-lookup": (_prompt_lookup, "n-gram match over prompt + output (options: max_ngram, min_ngram, num_candidates)"),
     "eagle": (_eagle, "EAGLE feature head on target hidden states, EAGLE-2 dynamic trees (options: mode=tree|chain, depth, top_k, weights=<dir>)"),
+    "eagle3": (lambda target, opts: _eagle(target, opts, "eagle3"), "EAGLE-3 head: fused low/mid/high target layers, trained with training-time test; EAGLE-2 trees (options: mode=tree|chain, depth, top_k, weights=<dir>)"),
     "suffix": (_suffix, "SuffixDecoding: per-request + global suffix tries, adaptive trees (options: max_depth, max_match, max_spec_factor, min_token_prob, min_score, max_global_tokens)"),
     "token-recycling": (_token_recycling, "Token Recycling: [V, k] successor matrix from past verifications, static tree template (options: k, max_depth)"),
     "lookahead": (_lookahead, "Lookahead decoding: Jacobi window + n-gram pool in one forward; give -k >= (window+guesses)*(ngram-1) (options: window, ngram, guesses, max_keys)"),

@@ -275,6 +275,9 @@ struct Batch {
   const int32_t* logit_tokens;  // [n_logits] tokens whose logits are wanted
   float* logits;                // [n_logits][vocab]
   float* hidden;                // [T][dim] final-normed hidden states, or null
+  int32_t n_layer_out;          // layers whose output residual stream is copied out (EAGLE-3 features)
+  const int32_t* layer_ids;     // [n_layer_out] ascending decoder-layer indices
+  float* layer_out;             // [T][n_layer_out][dim], or null
 };
 
 // Scratch for T token rows of width `cols`: fp32 input and its int8 quantization.
@@ -395,6 +398,10 @@ static void forward(Model& m, const Batch& bt) {
       for (int t = t0; t < t1; t++)
         for (int i = 0; i < dim; i++) x[(size_t)t * dim + i] = x[(size_t)t * dim + i] + tmp[(size_t)t * dim + i];
     }, tok_grain);
+    for (int j = 0; j < bt.n_layer_out; j++)  // a copy of this layer's output only when asked: decode path unchanged
+      if (bt.layer_ids[j] == l)
+        for (int t = 0; t < T; t++)
+          std::memcpy(bt.layer_out + ((size_t)t * bt.n_layer_out + j) * dim, &x[(size_t)t * dim], dim * sizeof(float));
   }
   // final norm: all rows if hidden states are wanted, else only the logit rows
   const int n_out = bt.n_logits;
@@ -444,6 +451,9 @@ static std::string check_batch(const Model& m, const Batch& b) {
   }
   for (int i = 0; i < b.n_logits; i++)
     if (b.logit_tokens[i] < 0 || b.logit_tokens[i] >= b.T) return fail("logit token %d out of [0, %d)", b.logit_tokens[i], b.T);
+  if (b.n_layer_out < 0 || (b.n_layer_out > 0 && !b.layer_out)) return fail("layer outputs need a buffer");
+  for (int j = 0; j < b.n_layer_out; j++)
+    if (b.layer_ids[j] < 0 || b.layer_ids[j] >= c.n_layers) return fail("hidden layer %d out of [0, %d)", b.layer_ids[j], c.n_layers);
   return "";
 }
 

@@ -42,7 +42,24 @@ class Observation:
     path: list[int]  # accepted node indices (root excluded)
     new_tokens: list[int]  # tokens committed this step (accepted + recovered/bonus)
     logits: torch.Tensor  # [N, V] target logits at every tree node ([1, V] for the prefill)
-    hidden: torch.Tensor | None  # [N, H] target last hidden states, if requested
+    # [N, H] target last hidden states, if requested; [N, k * H] the outputs of the drafter's
+    # ``hidden_layers`` (k layers, concatenated) when it declares some (EAGLE-3)
+    hidden: torch.Tensor | None
+
+
+def hidden_request(drafter) -> dict:
+    """The target forward's keyword arguments for what ``drafter`` observes: ``want_hidden``,
+    plus ``hidden_layers`` only for drafters that declare layers (other backends need not
+    know the argument)."""
+    layers = tuple(getattr(drafter, "hidden_layers", ()))
+    if layers:
+        return {"want_hidden": False, "hidden_layers": layers}
+    return {"want_hidden": drafter.needs_hidden_states}
+
+
+def observed_hidden(out) -> torch.Tensor | None:
+    """[B, N, *] what the drafter asked for in ``hidden_request``: layer outputs, else hidden."""
+    return out.layers if getattr(out, "layers", None) is not None else out.hidden
 
 
 @runtime_checkable

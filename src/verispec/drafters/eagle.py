@@ -1,5 +1,13 @@
 """EAGLE: feature-level drafting (Li et al. 2024, arXiv 2401.15077; EAGLE-2 trees, arXiv
-2406.16858).
+2406.16858; EAGLE-3 heads, arXiv 2503.01840: ``Eagle3Head``, the same drafter).
+
+EAGLE-3 in one paragraph: the head's input feature fuses the outputs of a low, a middle
+and a high target layer (``EagleConfig.hidden_layers``; the drafter declares them as
+``hidden_layers`` and the engine asks the backend for them) instead of the final hidden
+state, and the head is trained with training-time test (``train/eagle3.py``) on its own
+chained outputs, so it never regresses target features; at draft time the only
+differences are ``features`` (fuse), ``step_out`` (feed back the pre-norm output) and
+``readout`` (final norm before the tied LM head).
 
 The head reads the target's hidden state ``f_t`` of the newest position together with
 the embedding of the token that followed it, ``e_{t+1}``, and predicts the next hidden
@@ -63,9 +71,13 @@ class EagleConfig:
     vocab_size: int  # the target's vocabulary
     draft_vocab_size: int  # rows of the reduced LM head (== vocab_size: full head)
     target: str = ""  # the target this head was trained for (informational)
+    # EAGLE-3: the target decoder layers whose outputs are fused into the input feature
+    # (low, middle, high); empty = EAGLE(-1), which reads the final post-norm hidden state
+    hidden_layers: tuple[int, ...] = ()
 
     @staticmethod
-    def from_target_config(cfg: dict, draft_vocab_size: int | None = None, target: str = "") -> "EagleConfig":
+    def from_target_config(cfg: dict, draft_vocab_size: int | None = None, target: str = "",
+                           hidden_layers: tuple[int, ...] = ()) -> "EagleConfig":
         """From an HF Llama config.json dict (the target's)."""
         h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
         theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
@@ -73,7 +85,7 @@ class EagleConfig:
             hidden_size=h, intermediate_size=cfg["intermediate_size"], num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads", heads), head_dim=cfg.get("head_dim") or h // heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-5), rope_theta=float(theta), vocab_size=cfg["vocab_size"],
-            draft_vocab_size=draft_vocab_size or cfg["vocab_size"], target=target,
+            draft_vocab_size=draft_vocab_size or cfg["vocab_size"], target=target, hidden_layers=tuple(hidden_layers),
         )
 
 
@@ -120,19 +132,14 @@ class EagleHead(nn.Module):
         past: tuple[torch.Tensor, torch.Tensor] | None = None,  # ([B, kvh, P, D], same)
         mask: torch.Tensor | None = None,  # [T, P + T] bool, True = may attend; None = causal
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Predicted features [B, T, H] and this call's new keys/values ([B, kvh, T, D] each)."""
-        cfg = self.cfg
-        b, t, _ = feats.shape
-        x = self.fc(torch.cat([feats, embeds], -1))  # [B, T, H]
-        hn = rms_norm(x, self.input_norm, cfg.rms_norm_eps)
-        q = self.q_proj(hn).view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-        k = self.k_proj(hn).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        v = self.v_proj(hn).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        """Predicted features [B, T, H] (what the next draft step reads: ``step_out``) and
+        this call's new keys/values ([B, kvh, T, D] each)."""
+        x, q, k, v = self.project(feats, embeds, positions)
         new_kv = (k, v)
+        t = q.shape[2]
         if past is not None:
             k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
-        rep = cfg.num_heads // cfg.num_kv_heads
+        rep = self.cfg.num_heads // self.cfg.num_kv_heads
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # [B, heads, P+T, D]
         if mask is None and past is None:
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -141,10 +148,41 @@ class EagleHead(nn.Module):
                 p = k.shape[2] - t
                 mask = torch.ones(t, p + t, dtype=torch.bool, device=q.device).tril(p)
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.step_out(self.finish(x, att)), new_kv
+
+    def project(self, feats: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor):
+        """fc + input norm + roped Q/K/V: (x [B, T, H], q [B, heads, T, D], k, v [B, kvh, T, D])."""
+        cfg = self.cfg
+        b, t, _ = feats.shape
+        x = self.fc(torch.cat([self.feature_in(feats), embeds], -1))  # [B, T, H]
+        hn = rms_norm(x, self.input_norm, cfg.rms_norm_eps)
+        q = self.q_proj(hn).view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+        k = self.k_proj(hn).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v_proj(hn).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        return x, rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta), v
+
+    def finish(self, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        """Attention output [B, heads, T, D] -> o_proj residual + MLP residual: [B, T, H] (pre final norm)."""
+        b, _, t, _ = att.shape
         x = x + self.o_proj(att.transpose(1, 2).reshape(b, t, -1))
-        hn = rms_norm(x, self.post_norm, cfg.rms_norm_eps)
-        x = x + self.down_proj(F.silu(self.gate_proj(hn)) * self.up_proj(hn))
-        return rms_norm(x, self.final_norm, cfg.rms_norm_eps), new_kv
+        hn = rms_norm(x, self.post_norm, self.cfg.rms_norm_eps)
+        return x + self.down_proj(F.silu(self.gate_proj(hn)) * self.up_proj(hn))
+
+    # EAGLE(-1) reads and regresses post-norm features; EAGLE-3 (Eagle3Head) overrides these
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] what the target backend returned -> the head's input feature [..., H]."""
+        return hidden
+
+    def feature_in(self, feats: torch.Tensor) -> torch.Tensor:
+        return feats
+
+    def step_out(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's output -> the feature fed to the next draft step."""
+        return rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
+
+    def readout(self, pred: torch.Tensor) -> torch.Tensor:
+        """A fed-back feature -> the vector the (tied) LM head reads."""
+        return pred
 
     # ---- persistence -------------------------------------------------------------------
     def save(self, out_dir: str | Path, extra_config: dict | None = None) -> None:
@@ -155,23 +193,61 @@ class EagleHead(nn.Module):
         out.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(state, str(out / "model.safetensors"))
-        cfg = {"architecture": "eagle", **asdict(self.cfg), **(extra_config or {})}
+        arch = "eagle3" if self.cfg.hidden_layers else "eagle"
+        cfg = {"architecture": arch, **asdict(self.cfg), **(extra_config or {})}
         (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
     @staticmethod
     def load(path: str | Path) -> "EagleHead":
+        """EAGLE (``EagleHead``) or EAGLE-3 (``Eagle3Head``) weights, by their config's architecture."""
         from safetensors.torch import load_file
 
         path = Path(path)
         if not (path / "config.json").exists() or not (path / "model.safetensors").exists():
             raise ValueError(f"{path} has no config.json + model.safetensors (EAGLE weights)")
         raw = json.loads((path / "config.json").read_text())
-        if raw.get("architecture") != "eagle":
+        if raw.get("architecture") not in ("eagle", "eagle3"):
             raise ValueError(f"{path} does not hold EAGLE weights (architecture={raw.get('architecture')!r})")
         fields = EagleConfig.__dataclass_fields__
-        head = EagleHead(EagleConfig(**{k: v for k, v in raw.items() if k in fields}))
+        cfg = EagleConfig(**{k: tuple(v) if k == "hidden_layers" else v for k, v in raw.items() if k in fields})
+        head = (Eagle3Head if cfg.hidden_layers else EagleHead)(cfg)
         head.load_state_dict(load_file(str(path / "model.safetensors")))
         return head.eval()
+
+
+class Eagle3Head(EagleHead):
+    """EAGLE-3 (Li et al. 2025, arXiv 2503.01840): the input feature fuses the outputs of
+    low, middle and high target layers (``cfg.hidden_layers``), each RMS-normalised (the
+    residual stream holds outliers of ~1e4) and projected by ``fuse`` (kH -> H); the head
+    is trained with training-time test (``train/eagle3.py``) and predicts no target
+    feature: each step feeds its own pre-norm output ``x`` to the next step (normalised
+    by ``hidden_norm``, like the target features), and the LM head reads ``final_norm(x)``."""
+
+    def __init__(self, cfg: EagleConfig):
+        if not cfg.hidden_layers:
+            raise ValueError("an EAGLE-3 head needs hidden_layers (the fused target layers)")
+        super().__init__(cfg)
+        k, h = len(cfg.hidden_layers), cfg.hidden_size
+        self.layer_norms = nn.Parameter(torch.ones(k, h))
+        self.fuse = nn.Linear(k * h, h, bias=False)
+        self.hidden_norm = nn.Parameter(torch.ones(h))
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., k * H] target layer outputs (concatenated) -> fused feature [..., H]."""
+        k, h = self.layer_norms.shape
+        if hidden.shape[-1] != k * h:
+            raise ValueError(f"EAGLE-3 head expects {k} target layers of width {h}, got width {hidden.shape[-1]}")
+        parts = hidden.view(*hidden.shape[:-1], k, h)
+        return self.fuse(rms_norm(parts, self.layer_norms, self.cfg.rms_norm_eps).flatten(-2))
+
+    def feature_in(self, feats: torch.Tensor) -> torch.Tensor:
+        return rms_norm(feats, self.hidden_norm, self.cfg.rms_norm_eps)
+
+    def step_out(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def readout(self, pred: torch.Tensor) -> torch.Tensor:
+        return rms_norm(pred, self.final_norm, self.cfg.rms_norm_eps)
 
 
 def draft_logits(pred: torch.Tensor, lm_rows: torch.Tensor) -> torch.Tensor:
@@ -212,6 +288,7 @@ class EagleDrafter:
             raise ValueError(f"target embedding has shape {tuple(embed.shape)}; the EAGLE head expects "
                              f"({cfg.vocab_size}, {cfg.hidden_size})")
         self.head = head.eval().float()
+        self.hidden_layers = tuple(cfg.hidden_layers)  # EAGLE-3: the engine returns these layers' outputs
         self.embed = embed.float()  # [V, H] target embedding (= tied LM head)
         self.lm_rows = self.embed[head.draft_vocab]  # [Vd, H]
         self.mode, self.depth, self.top_k = mode, depth, top_k
@@ -232,8 +309,9 @@ class EagleDrafter:
         nodes = [0, *obs.path]
         if len(obs.new_tokens) != len(nodes):
             raise ValueError(f"expected {len(nodes)} new tokens, got {len(obs.new_tokens)}")
-        hidden = obs.hidden.float()  # [N, H]
-        st.pending_feats.extend(hidden[i] for i in nodes)
+        with torch.inference_mode():
+            hidden = self.head.features(obs.hidden[nodes].float())  # [n, H]
+        st.pending_feats.extend(hidden)
         st.pending_tokens.extend(obs.new_tokens)
         st.root_pos += len(obs.new_tokens)
 
@@ -295,7 +373,7 @@ class EagleDrafter:
         pred, drafts, qs = st.last_pred, [], []
         extra = None
         for d in range(1, ctx.budget + 1):
-            logits = draft_logits(pred, self.lm_rows)  # [Vd]
+            logits = draft_logits(self.head.readout(pred), self.lm_rows)  # [Vd]
             if ctx.params.greedy:
                 token = int(self.head.draft_vocab[int(logits.argmax())])
             else:
@@ -321,7 +399,7 @@ class EagleDrafter:
         extra = None
         frontier_feats, frontier = st.last_pred[None], [-1]  # the root's predicted feature
         for d in range(1, self.depth + 1):
-            logp = draft_logits(frontier_feats, self.lm_rows).log_softmax(-1)  # [F, Vd]
+            logp = draft_logits(self.head.readout(frontier_feats), self.lm_rows).log_softmax(-1)  # [F, Vd]
             top = logp.topk(min(self.top_k, logp.shape[-1]), dim=-1)
             level = []
             for row, parent in enumerate(frontier):

@@ -341,9 +341,20 @@ class BatchEngine:
         caches = [req.cache for req, _, _ in rows]
         device = self.target.info.device
         ids, pos, masks, num_tokens = pack_trees(trees, [c.length for c in caches], device)
-        want_hidden = any(e.drafter.needs_hidden_states for _, e, _ in rows)
-        out = self.target.forward_batch(ids, pos, caches, masks, want_hidden=want_hidden, num_tokens=num_tokens)
+        kw = {"want_hidden": any(e.drafter.needs_hidden_states for _, e, _ in rows)}
+        layers = {tuple(getattr(e.drafter, "hidden_layers", ())) for _, e, _ in rows} - {()}
+        if len(layers) > 1:
+            raise ValueError(f"one batch cannot serve drafters reading different target layers: {sorted(layers)}")
+        if layers:
+            kw["hidden_layers"] = layers.pop()
+        out = self.target.forward_batch(ids, pos, caches, masks, num_tokens=num_tokens, **kw)
         return [
-            (out.logits[b, :k], None if out.hidden is None else out.hidden[b, :k])
-            for b, k in enumerate(num_tokens)
+            (out.logits[b, :k], self._row_hidden(out, e, b, k))
+            for b, ((_, e, _), k) in enumerate(zip(rows, num_tokens))
         ]
+
+    @staticmethod
+    def _row_hidden(out, engine: Engine, b: int, k: int) -> torch.Tensor | None:
+        """Row b's [k, *] hidden states in the form its drafter asked for (hidden_request)."""
+        src = out.layers if getattr(engine.drafter, "hidden_layers", ()) else out.hidden
+        return None if src is None else src[b, :k]

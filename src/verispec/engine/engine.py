@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafters.base import DraftContext, Drafter, Observation
+from ..drafters.base import DraftContext, Drafter, Observation, hidden_request, observed_hidden
 from ..logits_processing import adjust_tree_logits
 from ..logprobs import step_rows, token_logprobs
 from ..models.base import CausalLM, KVCache
@@ -143,14 +143,14 @@ class Engine:
         start = req.stats.cached_tokens = pc.restore(prompt, req.cache) if pc is not None and not want else 0
         ids = torch.tensor([prompt[start:]], device=device)
         pos = torch.arange(start, len(prompt), device=device)[None]
-        out = self.target.forward(ids, pos, req.cache, want_hidden=want, last_logits_only=True)
+        out = self.target.forward(ids, pos, req.cache, last_logits_only=True, **hidden_request(self.drafter))
         req.prefill_logits = out.logits[0, -1:]  # [1, V]
         req.stats.target_forwards += 1
         first, logprobs = self._first_token(req, req.prefill_logits)
         if want:
             tree = DraftTree.chain(prompt[0], prompt[1:])
             self.drafter.observe(Observation(req.request_id, tree, list(range(1, len(prompt))),
-                                             [*prompt[1:], first], out.logits[0], out.hidden[0]))
+                                             [*prompt[1:], first], out.logits[0], observed_hidden(out)[0]))
         if pc is not None:  # now, so requests running beside this one can share its prompt
             pc.store(prompt, req.cache)
         req.stats.prefill_s = time.perf_counter() - t0
@@ -243,10 +243,9 @@ class Engine:
         ids = torch.tensor([tree.tokens], device=device)
         pos = (start + torch.tensor(tree.depths, device=device))[None]
         mask = None if tree.is_chain else tree.ancestor_mask(device)
-        out = self.target.forward(
-            ids, pos, req.cache, mask, want_hidden=self.drafter.needs_hidden_states
-        )
-        hidden = out.hidden[0] if out.hidden is not None else None
+        out = self.target.forward(ids, pos, req.cache, mask, **hidden_request(self.drafter))
+        hidden = observed_hidden(out)
+        hidden = hidden[0] if hidden is not None else None
         return out.logits[0], hidden
 
     @staticmethod

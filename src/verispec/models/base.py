@@ -62,6 +62,17 @@ def exactness_of(model: object) -> Exactness:
 class ModelOutput:
     logits: torch.Tensor  # [B, N, V] float32
     hidden: torch.Tensor | None  # [B, N, H] last hidden state (after final norm), if asked
+    # [B, N, len(hidden_layers) * H]: the residual stream after each asked decoder layer,
+    # concatenated in the order asked (EAGLE-3's low/mid/high features); None if none asked
+    layers: torch.Tensor | None = None
+
+
+def check_hidden_layers(layers: tuple[int, ...], n_layers: int) -> tuple[int, ...]:
+    """``layers`` as a tuple of distinct decoder-layer indices in [0, n_layers), or ValueError."""
+    layers = tuple(int(i) for i in layers)
+    if len(set(layers)) != len(layers) or any(not 0 <= i < n_layers for i in layers):
+        raise ValueError(f"hidden_layers must be distinct layer indices in [0, {n_layers}), got {list(layers)}")
+    return layers
 
 
 @runtime_checkable
@@ -109,6 +120,7 @@ class CausalLM(Protocol):
         tree_mask: torch.Tensor | None = None,  # [N, N] bool
         want_hidden: bool = False,
         last_logits_only: bool = False,
+        hidden_layers: tuple[int, ...] = (),  # also return these layers' outputs (ModelOutput.layers)
     ) -> ModelOutput: ...
 
 

@@ -167,9 +167,11 @@ class PooledLM:
                 raise ValueError(f"forward: cache overflow: {c.length} cached + {k} new > max_length {c.max_length}")
 
     def forward(self, input_ids, positions, cache, tree_mask=None, want_hidden: bool = False,
-                last_logits_only: bool = False):
+                last_logits_only: bool = False, hidden_layers: tuple[int, ...] = ()):
         """input_ids, positions [1, N]; tree_mask [N, N] bool or None (causal)."""
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:
             raise ValueError(f"forward: input_ids must be [1, N], got {tuple(input_ids.shape)}")
         masks = None if tree_mask is None else tree_mask.unsqueeze(0)
-        return self.forward_batch(input_ids, positions, [cache], masks, want_hidden, last_logits_only=last_logits_only)
+        kw = {"hidden_layers": hidden_layers} if hidden_layers else {}
+        return self.forward_batch(input_ids, positions, [cache], masks, want_hidden, last_logits_only=last_logits_only,
+                                  **kw)

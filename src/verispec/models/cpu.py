@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
-from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput
+from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
 from verispec.models.native import SUPPORTED_MODEL_TYPES, LlamaArgs, _read_safetensors, _take, rope_tables
 
 SLOT_TILE = 64  # K cache slots per transposed tile (csrc/vs.h)
@@ -57,7 +57,8 @@ class _Batch(ctypes.Structure):
                 ("vis", _P(ctypes.c_int32)), ("n_seqs", ctypes.c_int32), ("seq_row", _P(ctypes.c_int32)),
                 ("seq_cached", _P(ctypes.c_int32)), ("kcache", ctypes.c_void_p), ("vcache", ctypes.c_void_p),
                 ("cache_rows", ctypes.c_int32), ("cache_slots", ctypes.c_int32), ("n_logits", ctypes.c_int32),
-                ("logit_tokens", _P(ctypes.c_int32)), ("logits", _P(ctypes.c_float)), ("hidden", _P(ctypes.c_float))]
+                ("logit_tokens", _P(ctypes.c_int32)), ("logits", _P(ctypes.c_float)), ("hidden", _P(ctypes.c_float)),
+                ("n_layer_out", ctypes.c_int32), ("layer_ids", _P(ctypes.c_int32)), ("layer_out", _P(ctypes.c_float))]
 
 
 _LIB: ctypes.CDLL | None = None
@@ -376,12 +377,14 @@ class CpuLlama(PooledLM):
 
     def forward_batch(self, input_ids: torch.Tensor, positions: torch.Tensor, caches: list[CpuCache],
                       tree_masks: torch.Tensor | None = None, want_hidden: bool = False,
-                      num_tokens: list[int] | None = None, last_logits_only: bool = False) -> ModelOutput:
+                      num_tokens: list[int] | None = None, last_logits_only: bool = False,
+                      hidden_layers: tuple[int, ...] = ()) -> ModelOutput:
         """One forward over B requests of one pool. input_ids, positions [B, N]; tree_masks
         [B, N, N] bool (True = may attend; each token must see itself and only earlier
         tokens) or None (causal). ``num_tokens[b] <= N`` real tokens in row b (the rest is
         padding: not run, logits zero). ``last_logits_only``: logits [B, 1, V] of each
-        row's last real token."""
+        row's last real token. ``hidden_layers``: also return those decoder layers' output
+        residual streams, concatenated ([B, N, len * H], ``ModelOutput.layers``)."""
         b, n = (input_ids.shape if input_ids.dim() == 2 else (0, 0))
         n_real = list(num_tokens) if num_tokens is not None else [n] * len(caches)
         self._validate(input_ids, positions, caches, tree_masks, n_real)
@@ -403,6 +406,8 @@ class CpuLlama(PooledLM):
         logit_tokens = np.cumsum(n_real) - 1 if last_logits_only else np.arange(total)
         logits = torch.empty(len(logit_tokens), self.info.vocab_size)
         hidden = torch.empty(total, self.args.dim) if want_hidden else None
+        layer_ids = _i32(check_hidden_layers(hidden_layers, self.args.n_layers))
+        layers = torch.empty(total, len(layer_ids) * self.args.dim) if len(layer_ids) else None
         pool = caches[0].pool
         keep = [_i32(a) for a in (np.concatenate([ids_np[r, :k] for r, k in enumerate(n_real)]),
                                     np.concatenate([pos_np[r, :k] for r, k in enumerate(n_real)]),
@@ -411,14 +416,16 @@ class CpuLlama(PooledLM):
         batch = _Batch(total, *(_ptr(t) for t in keep[:6]), len(caches), _ptr(keep[6]), _ptr(keep[7]),
                        pool.k.data_ptr(), pool.v.data_ptr(), pool.rows, pool.slots,
                        len(logit_tokens), _ptr(keep[8]), _ptr(logits, ctypes.c_float),
-                       None if hidden is None else _ptr(hidden, ctypes.c_float))
+                       None if hidden is None else _ptr(hidden, ctypes.c_float), len(layer_ids), _ptr(layer_ids),
+                       None if layers is None else _ptr(layers, ctypes.c_float))
         err = ctypes.create_string_buffer(_ERR)
         if library().vs_forward(self._h, ctypes.byref(batch), err, _ERR):
             raise ValueError(f"forward: {err.value.decode()}")
         for cache, k in zip(caches, n_real):
             cache._advance(k)
         return ModelOutput(self._unflatten(logits, n_real, 1 if last_logits_only else n, last_logits_only),
-                           None if hidden is None else self._unflatten(hidden, n_real, n, False))
+                           None if hidden is None else self._unflatten(hidden, n_real, n, False),
+                           None if layers is None else self._unflatten(layers, n_real, n, False))
 
     @staticmethod
     def _unflatten(flat: torch.Tensor, n_real: list[int], n: int, last_only: bool) -> torch.Tensor:

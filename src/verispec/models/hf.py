@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from .base import Exactness, ModelError, ModelInfo, ModelOutput
+from .base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
 
 
 class HFCache:
@@ -99,7 +99,12 @@ class HFCausalLM:
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, cache: HFCache, tree_mask=None, want_hidden=False,
-                last_logits_only=False) -> ModelOutput:
+                last_logits_only=False, hidden_layers: tuple[int, ...] = ()) -> ModelOutput:
+        n_layers = self.model.config.num_hidden_layers
+        hidden_layers = check_hidden_layers(hidden_layers, n_layers)
+        if n_layers - 1 in hidden_layers:  # hidden_states[-1] is after the final norm, unlike the other backends
+            raise ValueError(f"the transformers backend cannot return the last layer ({n_layers - 1}) before the "
+                             "final norm; use the cpu or native backend")
         n, past = input_ids.shape[1], cache.length
         if past + n > cache.capacity:
             raise ValueError(f"sequence of {past + n} tokens exceeds the context of {cache.capacity}")
@@ -110,8 +115,11 @@ class HFCausalLM:
             position_ids=positions,
             past_key_values=cache.dc,
             use_cache=True,
+            output_hidden_states=bool(hidden_layers),
         )
         hidden = out.last_hidden_state  # [1, N, H], after the final norm
+        # hidden_states[0] is the embedding output, [i + 1] layer i's output
+        layers = torch.cat([out.hidden_states[i + 1] for i in hidden_layers], -1).float() if hidden_layers else None
         head_in = hidden[:, -1:] if last_logits_only else hidden
         logits = self.model.get_output_embeddings()(head_in).float()  # [1, N or 1, V]
-        return ModelOutput(logits=logits, hidden=hidden if want_hidden else None)
+        return ModelOutput(logits=logits, hidden=hidden if want_hidden else None, layers=layers)

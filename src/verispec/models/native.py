@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 
 from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
-from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput
+from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
 from verispec.models.quant import QuantWeight, quant_linear, quantize_int4, quantize_int8
 
 Weight = torch.Tensor | QuantWeight
@@ -614,11 +614,14 @@ class NativeLlama(PooledLM):
     @torch.inference_mode()
     def forward_batch(self, input_ids: torch.Tensor, positions: torch.Tensor, caches: list[NativeCache],
                       tree_masks: torch.Tensor | None = None, want_hidden: bool = False,
-                      num_tokens: list[int] | None = None, last_logits_only: bool = False) -> ModelOutput:
+                      num_tokens: list[int] | None = None, last_logits_only: bool = False,
+                      hidden_layers: tuple[int, ...] = ()) -> ModelOutput:
         """One forward over B requests of one pool. input_ids, positions [B, N];
         tree_masks [B, N, N] bool or None (causal). ``num_tokens[b] <= N`` real tokens in
         row b (the rest is padding: not cached, logits meaningless); default all N.
-        ``last_logits_only``: logits [B, 1, V] of each row's last real token."""
+        ``last_logits_only``: logits [B, 1, V] of each row's last real token.
+        ``hidden_layers``: also those decoder layers' outputs ([B, N, len * H], ``layers``)."""
+        hidden_layers = check_hidden_layers(hidden_layers, self.args.n_layers)
         n_real = list(num_tokens) if num_tokens is not None else [input_ids.shape[1]] * len(caches)
         self._check_threads()
         self._validate(input_ids, positions, caches, tree_masks, n_real)
@@ -627,7 +630,8 @@ class NativeLlama(PooledLM):
         n_pad = max(n, self.options.min_rows) if invariant else n
         ids, pos, tree = _pad_inputs(input_ids, positions, tree_masks, n_real, n_pad)
         plan = self._plan(caches, pos, tree, invariant)
-        hidden = self._run(ids, plan)  # [B, Np, H]
+        taps: dict[int, torch.Tensor] = {i: None for i in hidden_layers}
+        hidden = self._run(ids, plan, taps)  # [B, Np, H]
         rows = (torch.arange(len(caches), device=hidden.device), torch.tensor(n_real, device=hidden.device) - 1)
         if last_logits_only and not invariant:  # a prefill: the head over one row per request
             logits = linear(hidden[rows][:, None], self.lm_head).float()  # [B, 1, V]
@@ -639,7 +643,8 @@ class NativeLlama(PooledLM):
         if self.head_rows is not None:  # scatter the reduced head's logits into the full vocabulary
             full = logits.new_full((*logits.shape[:-1], self.info.vocab_size), float("-inf"))
             logits = full.index_copy_(-1, self.head_rows, logits)
-        return ModelOutput(logits, hidden[:, :n].float() if want_hidden else None)
+        layers = torch.cat([taps[i][:, :n] for i in hidden_layers], -1).float() if hidden_layers else None
+        return ModelOutput(logits, hidden[:, :n].float() if want_hidden else None, layers)
 
     def _validate(self, ids, pos, caches, tree, n_real) -> None:
         self._check_batch(ids, pos, caches, tree, n_real)
@@ -667,13 +672,15 @@ class NativeLlama(PooledLM):
         mask = mask[:, None].expand(b, g, n_pad, window).reshape(b, 1, g * n_pad, window)
         return _Plan(**common, window=window, invariant=False, mask=mask)
 
-    def _run(self, ids: torch.Tensor, plan: _Plan) -> torch.Tensor:
-        """ids [B, Np] -> final-normed hidden [B, Np, H]."""
+    def _run(self, ids: torch.Tensor, plan: _Plan, taps: dict[int, torch.Tensor | None]) -> torch.Tensor:
+        """ids [B, Np] -> final-normed hidden [B, Np, H]; ``taps[i]`` gets layer i's output."""
         eps = self.args.norm_eps
         x = F.embedding(ids, self.embed)  # [B, Np, H]
         for i, lw in enumerate(self.layers):
             x = x + self._attention(rms_norm(x, lw.attn_norm, eps), lw, i, plan)
             x = x + self._mlp(rms_norm(x, lw.mlp_norm, eps), lw, plan.dense)
+            if i in taps:
+                taps[i] = x
         return rms_norm(x, self.norm, eps)
 
     def _mlp(self, h: torch.Tensor, lw: LayerWeights, dense: bool) -> torch.Tensor:

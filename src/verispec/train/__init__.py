@@ -8,10 +8,11 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
-KINDS = ("eagle", "medusa", "draft")
+KINDS = ("eagle", "eagle3", "medusa", "draft")
 
 
 def feature_dirs(model, data: list[str | Path], out_dir: Path, log=print) -> list[Path]:
@@ -72,7 +73,7 @@ def draft_options(model, layers: tuple[int, ...] | None, init: str | Path | None
 def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Path, steps: int,
               resume: bool = False, seed: int = 0, lr: float = 1e-3, progress: bool = True,
               warmup: int | None = None, layers: tuple[int, ...] | None = None,
-              init: str | Path | None = None) -> dict:
+              init: str | Path | None = None, max_minutes: float | None = None) -> dict:
     """Train a ``kind`` drafter for ``model_name``; weights land in ``out/weights``.
     No ``data``: build the default self-distillation data in ``out/data`` first
     (``data.build_default_data``, resumable). ``layers``: the draft model's initial target
@@ -89,27 +90,51 @@ def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Pat
         raise ValueError(f"warmup must be in [0, steps={steps}), got {warmup}")
     out = Path(out)
     model = load_model(model_name)
+    if kind == "eagle3":
+        return run_eagle3(model, data, out, steps, resume=resume, seed=seed, lr=lr, progress=progress,
+                          warmup=warmup, max_minutes=max_minutes)
     draft_opts = draft_options(model, layers, init) if kind == "draft" else None  # fail before hours of data
     if not data:
         from .data import build_default_data
 
         data = build_default_data(model_name, out / "data")
     dirs = feature_dirs(model, data, out)
+    deadline = None if max_minutes is None else time.time() + 60 * max_minutes  # training time only
     warmup = min(40, max(1, steps // 10)) if warmup is None else warmup
     cfg = TrainConfig(steps=steps, lr=lr, seed=seed, warmup=warmup, ckpt_every=max(1, min(50, steps // 4)))
     if kind == "eagle":
         from .eagle import train_eagle
 
         _, result, metrics = train_eagle(model.hf_dir, dirs, out, cfg, resume=resume,
-                                         target_name=model.name, progress=progress)
+                                         target_name=model.name, progress=progress, deadline=deadline)
     elif kind == "draft":
         from .draft import train_draft
 
         _, result, metrics = train_draft(model.hf_dir, dirs, out, cfg, draft_opts, resume=resume,
-                                         target_name=model.name, progress=progress)
+                                         target_name=model.name, progress=progress, deadline=deadline)
     else:
         from .medusa import train_medusa
 
         _, result, metrics = train_medusa(model.hf_dir, dirs, out, cfg, resume=resume,
-                                          target_name=model.name, progress=progress)
+                                          target_name=model.name, progress=progress, deadline=deadline)
     return {"final_loss": result.losses[-1], "validation": metrics, "weights": str(out / "weights")}
+
+
+def run_eagle3(model, data: list[str | Path], out: Path, steps: int, resume: bool, seed: int, lr: float,
+               progress: bool, warmup: int | None, max_minutes: float | None) -> dict:
+    """EAGLE-3 on one ``verispec train data`` corpus directory, warm-started from the
+    shipped EAGLE head when there is one; stops (checkpointed) after ``max_minutes``."""
+    import torch
+
+    from ..weights import has_shipped, shipped_weights
+    from .eagle3 import train_eagle3
+    from .loop import TrainConfig
+
+    if len(data) != 1 or not (Path(data[0]) / "manifest.jsonl").exists():
+        raise ValueError("eagle3 trains on one corpus directory: --data DIR (the output of `verispec train data`)")
+    torch.set_num_threads(1)  # the teacher (compiled runtime) and the head share the cores in turns
+    warmup = min(40, max(1, steps // 10)) if warmup is None else warmup
+    cfg = TrainConfig(steps=steps, lr=lr, seed=seed, warmup=warmup, ckpt_every=max(1, min(25, steps // 4)))
+    warm = shipped_weights("eagle", model.name) if has_shipped("eagle", model.name) else None
+    info = train_eagle3(model, data[0], out, cfg, warm=warm, resume=resume, progress=progress, max_minutes=max_minutes)
+    return {**info, "weights": str(out / "weights")}

@@ -125,7 +125,8 @@ def validate_draft(model, embed: torch.Tensor, data: FeatureSet, starts: list[in
 
 def train_draft(target_dir: str | Path, feature_dirs: list[str | Path], out_dir: str | Path, cfg: TrainConfig,
                 opts: DraftTrainOptions = DraftTrainOptions(), resume: bool = False, target_name: str = "",
-                progress: bool = True, stop_at: int | None = None) -> tuple[object, TrainResult, dict[str, float]]:
+                progress: bool = True, stop_at: int | None = None,
+                deadline: float | None = None) -> tuple[object, TrainResult, dict[str, float]]:
     """Distil and export ``out_dir/weights``; returns the draft, the loss history and
     validation metrics (held out: every 10th sequence)."""
     from transformers import AutoTokenizer
@@ -146,7 +147,7 @@ def train_draft(target_dir: str | Path, feature_dirs: list[str | Path], out_dir:
     def loss_fn(m, gen):
         return distill_loss(m, lm_rows, train_set, opts, gen, train_starts)
 
-    result = train(model, loss_fn, cfg, out_dir, resume=resume, progress=progress, stop_at=stop_at)
+    result = train(model, loss_fn, cfg, out_dir, resume=resume, progress=progress, stop_at=stop_at, deadline=deadline)
     metrics = validate_draft(model, embed, val_set, val_starts)
     save_draft(model, vocab, Path(out_dir) / "weights", {
         "kind": "draft", "target": target_name,

@@ -177,7 +177,8 @@ def validate(head: EagleHead, embed: torch.Tensor, data: FeatureSet, max_seqs: i
 
 def train_eagle(target_dir: str | Path, feature_dirs: list[str | Path], out_dir: str | Path, cfg: TrainConfig,
                 opts: EagleTrainOptions = EagleTrainOptions(), resume: bool = False, target_name: str = "",
-                progress: bool = True, stop_at: int | None = None) -> tuple[EagleHead, TrainResult, dict[str, float]]:
+                progress: bool = True, stop_at: int | None = None,
+                deadline: float | None = None) -> tuple[EagleHead, TrainResult, dict[str, float]]:
     """Train and export ``out_dir/weights`` (safetensors + config.json); returns the head,
     the loss history and validation metrics."""
     from transformers import AutoTokenizer
@@ -198,7 +199,7 @@ def train_eagle(target_dir: str | Path, feature_dirs: list[str | Path], out_dir:
     def loss_fn(model, gen):
         return eagle_loss(model, embed, train_set, opts, gen, vocab_index, train_starts)
 
-    result = train(head, loss_fn, cfg, out_dir, resume=resume, progress=progress, stop_at=stop_at)
+    result = train(head, loss_fn, cfg, out_dir, resume=resume, progress=progress, stop_at=stop_at, deadline=deadline)
     metrics = validate(head, embed, val_set, starts=val_starts)
     head.save(Path(out_dir) / "weights", {
         "train": {**asdict(cfg), **asdict(opts), "train_tokens": train_set.num_tokens,

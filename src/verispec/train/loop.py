@@ -75,12 +75,15 @@ def _save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int, l
 
 
 def train(model: nn.Module, loss_fn: LossFn, cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
-          progress: bool = True, stop_at: int | None = None) -> TrainResult:
+          progress: bool = True, stop_at: int | None = None, deadline: float | None = None) -> TrainResult:
     """Optimise ``model`` with AdamW for ``cfg.steps`` steps, checkpointing to ``out_dir``.
 
     ``resume=True`` continues from ``out_dir/checkpoint.pt`` when it exists (and refuses a
     checkpoint written with a different config). ``stop_at`` ends the run early after that
-    step with a checkpoint (a time-boxed slice of a longer schedule; resume later)."""
+    step with a checkpoint (a time-boxed slice of a longer schedule; resume later);
+    ``deadline`` (a ``time.time()`` value) does the same once that time has passed."""
+    import time
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint.pt"
@@ -115,8 +118,11 @@ def train(model: nn.Module, loss_fn: LossFn, cfg: TrainConfig, out_dir: str | Pa
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.4f}", **{k: f"{v:.3f}" for k, v in metrics.items()})
-        if (step + 1) % cfg.ckpt_every == 0 or step + 1 == end:
+        late = deadline is not None and time.time() > deadline
+        if (step + 1) % cfg.ckpt_every == 0 or step + 1 == end or late:
             _save(ckpt, model, opt, step + 1, losses, cfg)
+        if late:
+            break
     if bar is not None:
         bar.close()
     model.eval()

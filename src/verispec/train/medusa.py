@@ -88,7 +88,8 @@ def rank_accuracy(heads: MedusaHeads, lm_rows: torch.Tensor, data: FeatureSet, r
 
 def train_medusa(target_dir: str | Path, feature_dirs: list[str | Path], out_dir: str | Path, cfg: TrainConfig,
                  opts: MedusaTrainOptions = MedusaTrainOptions(), resume: bool = False, target_name: str = "",
-                 progress: bool = True, stop_at: int | None = None) -> tuple[MedusaHeads, TrainResult, dict[str, float]]:
+                 progress: bool = True, stop_at: int | None = None,
+                 deadline: float | None = None) -> tuple[MedusaHeads, TrainResult, dict[str, float]]:
     from . import features
 
     tcfg, state = features.read_target(target_dir)
@@ -103,7 +104,7 @@ def train_medusa(target_dir: str | Path, feature_dirs: list[str | Path], out_dir
     vocab_index = torch.full((tcfg["vocab_size"],), -1, dtype=torch.long)
     vocab_index[vocab] = torch.arange(len(vocab))
     result = train(heads, lambda m, g: medusa_loss(m, lm_rows, train_set, opts, g, vocab_index), cfg, out_dir,
-                   resume=resume, progress=progress, stop_at=stop_at)
+                   resume=resume, progress=progress, stop_at=stop_at, deadline=deadline)
     acc = rank_accuracy(heads, lm_rows, val_set)
     with torch.no_grad():
         heads.rank_acc.copy_(acc)

@@ -11,6 +11,7 @@ ROOT = Path(__file__).parent
 # (drafter kind, target model name) -> directory under weights/
 SHIPPED: dict[tuple[str, str], str] = {
     ("eagle", "smollm2-135m-instruct"): "eagle-smollm2-135m-instruct",
+    ("eagle3", "smollm2-135m-instruct"): "eagle3-smollm2-135m-instruct",
     ("medusa", "smollm2-135m-instruct"): "medusa-smollm2-135m-instruct",
     ("draft", "smollm2-135m-instruct"): "draft-smollm2-135m-instruct",
 }

@@ -1,0 +1,207 @@
+"""Issue 14, end to end on stories260K (seconds): the on-policy corpus (batched, resumable,
+greedy answers equal plain decoding), EAGLE-3's training-time test (equal to what chain
+drafting computes), a training run (time-boxed, resumable) and drafting with the trained
+head (greedy equality vs plain decoding, chain and tree)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import run
+from test_native import tiny_dirs  # noqa: F401  (a fixture)
+from verispec.drafters.base import NoDrafter
+from verispec.drafters.eagle import Eagle3Head, EagleConfig, EagleDrafter, EagleHead
+from verispec.registry import make_drafter
+from verispec.train.corpus import (ROLE_ANSWER, ROLE_PROMPT, ConvSpec, CorpusConfig, corpus_specs, generate_corpus,
+                                   read_corpus)
+from verispec.train.eagle3 import Eagle3TrainOptions, train_eagle3, ttt_unroll
+from verispec.train.loop import TrainConfig
+from verispec.types import SamplingParams
+
+CFG = CorpusConfig(batch=4, max_answer=16, max_user=8, shard_size=4, max_length=128)
+
+
+def _specs(n: int) -> list[ConvSpec]:
+    texts = ["Tom had a red ball.", "Once upon a time", "The cat sat", "Lily went to the park", "A big dog"]
+    specs = [ConvSpec(f"p{i}", "text", texts[i % len(texts)] + " " * (i // len(texts)), 1, 0.0 if i % 2 else 0.8, i)
+             for i in range(n)]
+    return specs + [ConvSpec(f"m{i}", "magpie", None, 2, 0.0, 100 + i) for i in range(2)]
+
+
+@pytest.fixture(scope="module")
+def corpus(stories_native, tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus")
+    generate_corpus(stories_native.backend, stories_native.tokenizer, _specs(10), out, CFG, progress=False,
+                    log=lambda s: None)
+    return out
+
+
+def test_corpus_specs_mix_sources_and_temperatures():
+    specs = corpus_specs([f"q{i}" for i in range(30)], 30, 30, seed=0)
+    assert len({s.id for s in specs}) == len(specs) == 90
+    assert [s.source == "magpie" for s in specs[:3]].count(True) == 1  # interleaved
+    temps = [s.temperature for s in specs]
+    assert 0.0 in temps and all(t == 0.0 or 0.7 <= t <= 1.0 for t in temps)
+    assert {s.turns for s in specs} == {1, 2}
+
+
+def test_corpus_greedy_answers_are_plain_decoding(stories_native, corpus):
+    """Batched, ragged generation is on-policy: each greedy answer is the target's own
+    plain greedy continuation of its prompt."""
+    seqs = {s.id: s for s in read_corpus(corpus)}
+    checked = 0
+    for sid in ("p1", "p3", "p5"):
+        s = seqs[sid]
+        start = int(np.argmax(s.roles == ROLE_ANSWER))
+        assert (s.roles[:start] == ROLE_PROMPT).all() and s.temperature == 0.0
+        params = SamplingParams(max_new_tokens=len(s.tokens) - start)
+        plain, _ = run(stories_native.backend, NoDrafter(), s.tokens[:start].tolist(), params)
+        assert plain == s.tokens[start:].tolist()
+        checked += 1
+    assert checked == 3
+
+
+def test_corpus_resumes_without_repeating(stories_native, corpus, tmp_path):
+    rows = [json.loads(x) for x in (corpus / "manifest.jsonl").read_text().splitlines()]
+    ids = [i for r in rows for i in r["ids"] + r["dropped"]]
+    assert len(ids) == len(set(ids)) == 12  # every spec answered or dropped once
+    # a run stopped by its token goal, then resumed: no id twice, more data
+    first = generate_corpus(stories_native.backend, stories_native.tokenizer, _specs(6), tmp_path, CFG,
+                            target_tokens=20, progress=False, log=lambda s: None)
+    assert first["remaining_specs"] > 0
+    generate_corpus(stories_native.backend, stories_native.tokenizer, _specs(6), tmp_path, CFG, progress=False,
+                    log=lambda s: None)
+    ids = [s.id for s in read_corpus(tmp_path)]
+    assert len(ids) == len(set(ids)) and len(ids) > first["shards"]
+
+
+def _tiny_head(layers: tuple[int, ...], seed: int = 0) -> EagleHead:
+    cfg = EagleConfig(hidden_size=16, intermediate_size=32, num_heads=4, num_kv_heads=2, head_dim=4, rms_norm_eps=1e-5,
+                      rope_theta=10000.0, vocab_size=40, draft_vocab_size=40, hidden_layers=layers)
+    torch.manual_seed(seed)
+    head = (Eagle3Head if layers else EagleHead)(cfg)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return head.eval()
+
+
+@pytest.mark.parametrize("layers", [(), (0, 1)], ids=["eagle", "eagle3"])
+def test_ttt_unroll_equals_chain_drafting(layers):
+    """Depth d at index j of the training-time test is exactly the d-th step of a chain
+    drafted from the committed prefix 0..j-d+1 (true features), feeding the head its own
+    outputs with its own keys (``EagleDrafter._step``)."""
+    head = _tiny_head(layers)
+    j, depth = 7, 4
+    torch.manual_seed(1)
+    feats = torch.randn(1, j, 16)
+    embeds = torch.randn(1, j, 16)
+    outs = ttt_unroll(head, feats, embeds, depth)
+    with torch.no_grad():
+        for end in range(j - depth + 1):  # committed prefix: indices 0..end
+            pos = torch.arange(1, end + 2)[None]
+            pred, (k, v) = head(feats[:, :end + 1], embeds[:, :end + 1], pos)
+            x = pred[0, -1]
+            torch.testing.assert_close(x, outs[0][0, end], atol=1e-5, rtol=1e-5)
+            for d in range(2, depth + 1):
+                idx = end + d - 1  # the draft at depth d reads token idx + 1 at position idx + 1
+                mask = torch.ones(1, k.shape[2] + 1, dtype=torch.bool)
+                out, (k1, v1) = head(x[None, None], embeds[:, idx:idx + 1], torch.tensor([[idx + 1]]), (k, v), mask)
+                k, v = torch.cat([k, k1], 2), torch.cat([v, v1], 2)
+                x = out[0, 0]
+                torch.testing.assert_close(x, outs[d - 1][0, idx], atol=1e-5, rtol=1e-5)
+
+
+def test_eagle3_train_then_draft_losslessly(stories_native, corpus, tmp_path):
+    """Data -> a few EAGLE-3 steps (time-boxed, resumable) -> drafting with the trained head:
+    greedy output equals plain decoding, chain and tree."""
+    opts = Eagle3TrainOptions(hidden_layers=(0, 2, 4), seqs_per_step=2, max_len=32, depth=3, ce_positions=8,
+                              draft_vocab_size=256)
+    cfg = TrainConfig(steps=6, lr=3e-3, warmup=1, ckpt_every=2)
+    info = train_eagle3(stories_native, corpus, tmp_path, cfg, opts, progress=False, eval_seqs=8, held_every=4, log=lambda s: None)
+    assert info["steps_done"] == 6 and np.isfinite(info["final_loss"])
+    assert set(info["held_out_after"]) >= {"top1_d1", "top1_d3"} and info["held_out_after"]["positions"] > 0
+    head = EagleHead.load(tmp_path / "weights")
+    assert isinstance(head, Eagle3Head) and head.cfg.hidden_layers == (0, 2, 4)
+    # a run stopped by its time budget checkpoints, and resumes to the same step count
+    short = train_eagle3(stories_native, corpus, tmp_path / "short", cfg, opts, progress=False, max_minutes=1e-6,
+                         eval_seqs=2, held_every=4, log=lambda s: None)
+    assert short["steps_done"] == 1
+    resumed = train_eagle3(stories_native, corpus, tmp_path / "short", cfg, opts, resume=True, progress=False,
+                           eval_seqs=2, held_every=4, log=lambda s: None)
+    assert resumed["steps_done"] == 6
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    prompt = stories_native.tokenizer("Once upon a time")["input_ids"]
+    plain, _ = run(stories_native.backend, NoDrafter(), prompt, params)
+    for mode in ("chain", "tree"):
+        drafter = make_drafter("eagle3", stories_native, {"weights": str(tmp_path / "weights"), "mode": mode,
+                                                          "depth": "3", "top_k": "3"})
+        assert isinstance(drafter, EagleDrafter) and drafter.hidden_layers == (0, 2, 4)
+        spec, stats = run(stories_native.backend, drafter, prompt, params)
+        assert spec == plain
+        assert stats.drafted > 0
+
+
+@pytest.mark.parametrize("backend", ["cpu", "native", "hf"])
+def test_backends_return_asked_layers_without_changing_logits(tiny_dirs, backend):
+    """``hidden_layers``: each asked layer's output residual stream, concatenated in the
+    asked order (layer 0: transformers' ``hidden_states[1]``; the last layer: what the
+    final norm reads); logits and final hidden states bit-identical to a forward that
+    asks for none. transformers returns its last layer after the final norm: refused."""
+    from verispec.models import cpu
+    from verispec.models.hf import HFCausalLM
+    from verispec.models.native import NativeLlama
+
+    if backend == "cpu" and not cpu.available():
+        pytest.skip("compiled runtime not built")
+    path, hf = tiny_dirs["llama"]
+    model = {"cpu": cpu.CpuLlama.from_hf_dir, "native": NativeLlama.from_hf_dir,
+             "hf": lambda p: HFCausalLM(hf, "tiny")}[backend](path)
+    ids = torch.tensor([[1, 45, 30, 12, 99, 7, 25]])
+    pos = torch.arange(7)[None]
+    plain = model.forward(ids, pos, model.new_cache(), want_hidden=True)
+    if backend == "hf":
+        with pytest.raises(ValueError, match="last layer"):
+            model.forward(ids, pos, model.new_cache(), hidden_layers=(1,))
+        layers = (0,)
+    else:
+        layers = (1, 0)
+    out = model.forward(ids, pos, model.new_cache(), want_hidden=True, hidden_layers=layers)
+    assert torch.equal(out.logits, plain.logits) and torch.equal(out.hidden, plain.hidden)
+    assert plain.layers is None and out.layers.shape == (1, 7, len(layers) * 64)
+    with torch.no_grad():
+        ref = hf(ids, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(out.layers[..., -64:], ref[1], atol=2e-3, rtol=1e-3)
+    if len(layers) == 2:  # the last layer's output, normed by the final norm, is the hidden state
+        from verispec.drafters.eagle import rms_norm
+
+        normed = rms_norm(out.layers[..., :64], hf.model.norm.weight.detach(), hf.config.rms_norm_eps)
+        torch.testing.assert_close(normed, plain.hidden, atol=1e-2, rtol=1e-2)  # native: another op order
+    with pytest.raises(ValueError, match="hidden_layers"):
+        model.forward(ids, pos, model.new_cache(), hidden_layers=(2,))
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("mode", ["tree", "chain"])
+def test_smollm2_shipped_eagle3_greedy_exact(mode):
+    """The shipped EAGLE-3 head on the real target (default backend: the compiled runtime,
+    which returns the fused layers): token-for-token plain greedy decoding, drafts accepted."""
+    from verispec.api import encode_prompt, load_model
+    from verispec.weights import has_shipped
+
+    if not has_shipped("eagle3", "smollm2-135m-instruct"):
+        pytest.skip("no shipped eagle3 weights")
+    lm = load_model("smollm2-135m-instruct")
+    params = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    accepted = 0
+    for text in ("Explain what a rainbow is in two sentences.", "Write a short poem about the sea."):
+        prompt = encode_prompt(lm, text)
+        plain, _ = run(lm.backend, NoDrafter(), prompt, params)
+        spec, stats = run(lm.backend, make_drafter("eagle3", lm, {"mode": mode}), prompt, params, k=8)
+        assert spec == plain
+        accepted += stats.accepted
+    assert accepted > 10
