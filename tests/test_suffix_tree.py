@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from verispec.drafters.base import DraftContext, Observation
@@ -68,6 +68,7 @@ def test_counts_match_brute_force(docs, depth, split, evict):
 @settings(max_examples=150, deadline=None)
 @given(docs=docs_strategy, context=st.lists(st.integers(0, 3), min_size=1, max_size=10),
        depth=st.integers(2, 7))
+@example(docs=[[1, 0, 0, 1, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0]], context=[1], depth=3)  # 0.4 * 3 / 3 > 0.4
 def test_match_and_draft_against_brute_force(docs, context, depth):
     t = SuffixTrie(max_depth=depth)
     for i, d in enumerate(docs):

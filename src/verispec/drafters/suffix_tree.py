@@ -319,7 +319,7 @@ class SuffixTrie:
             kids = self._children(c)
             total = sum(k[1] for k in kids)
             for t, n, kc in kids:
-                heapq.heappush(heap, (-prob * n / total, tick, parent, t, kc))
+                heapq.heappush(heap, (-prob * (n / total), tick, parent, t, kc))  # n/total <= 1: never above prob
                 tick += 1
 
         push(cur, -1, 1.0)
