@@ -3,8 +3,9 @@
 A pool preallocates K/V for ``rows`` requests; a request's cache is a handle on one row
 plus an int ``length``. ``truncate`` changes the int; ``compact`` checks its arguments and
 asks the backend to move the accepted slots (``_move_slots``). ``read_kv`` / ``append_kv``
-copy slots out of and into a row (the prefix cache across requests, engine/prefix_cache.py),
-through the backend's ``_read_slots`` / ``_write_slots``. The tensors and their layout
+copy slots out of and into a row (the prefix cache across requests, engine/prefix_cache.py;
+``copy_prefix``, n samples sharing a prefill), through the backend's ``_read_slots`` /
+``_write_slots``. The tensors and their layout
 belong to the backend's subclass.
 """
 
@@ -59,10 +60,6 @@ class CachePool:
     def _write_slots(self, row: int, start: int, kv: tuple[torch.Tensor, ...]) -> None:
         """Write ``_read_slots`` output back at slots ``start ..``."""
         raise NotImplementedError(f"{type(self).__name__} cannot copy K/V in (no prefix cache)")
-    def _copy_prefix(self, src: CachePool, src_row: int, dst_row: int, length: int) -> None:
-        """Copy K/V of slots ``0 .. length-1`` from row ``src_row`` of ``src`` (a pool of the
-        same owner, possibly this one) to row ``dst_row`` of this pool."""
-        raise NotImplementedError
 
 
 class PooledCache:
@@ -110,6 +107,7 @@ class PooledCache:
             raise ValueError(f"append_kv: {self._length} cached + {n} > max_length {self.pool.max_length}")
         self.pool._write_slots(self.row, self._length, kv)
         self._length += n
+
     def copy_prefix(self, src: PooledCache, length: int) -> None:
         """Make this (empty) cache hold ``src``'s first ``length`` slots: n samples of one
         prompt share its prefill (``Engine.fork``)."""
@@ -118,8 +116,8 @@ class PooledCache:
         if self._length != 0 or not 0 <= length <= src.length:
             raise ValueError(f"copy_prefix: need an empty cache and 0 <= length <= {src.length}, "
                              f"got length {self._length}, {length}")
-        self.pool._copy_prefix(src.pool, src.row, self.row, length)
-        self._length = length
+        if length:
+            self.append_kv(src.read_kv(0, length), length)
 
     def _advance(self, n: int) -> None:
         self._length += n

@@ -195,11 +195,6 @@ class CpuCachePool(CachePool):
         library().vs_cache_move(ctypes.byref(self.owner._cfg), self.k.data_ptr(), self.v.data_ptr(),
                                 self.rows, self.slots, row, _ptr(idx), len(src), dst_start)
 
-    def _copy_prefix(self, src: CpuCachePool, src_row: int, dst_row: int, length: int) -> None:
-        tiles = -(-length // SLOT_TILE)  # whole 64-slot tiles: slots past the length are never read
-        self.k.numpy()[:, dst_row, :, :tiles] = src.k.numpy()[:, src_row, :, :tiles]  # numpy: see below
-        self.v.numpy()[:, dst_row, :, :length] = src.v.numpy()[:, src_row, :, :length]
-
     # prefix-cache copies go through numpy views: torch copies would wake torch's OpenMP
     # threads, which then spin on the cores the runtime's own threads need (see forward_batch)
     def _read_slots(self, row: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:

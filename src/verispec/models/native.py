@@ -450,9 +450,13 @@ class NativeCachePool(CachePool):
         for kv in (self.k, self.v):  # [layers, rows, Hkv, slots, D]
             kv[:, row, :, dst] = kv[:, row].index_select(2, idx)
 
-    def _copy_prefix(self, src: NativeCachePool, src_row: int, dst_row: int, length: int) -> None:
-        for kv, src_kv in ((self.k, src.k), (self.v, src.v)):  # [layers, rows, Hkv, slots, D]
-            kv[:, dst_row, :, :length] = src_kv[:, src_row, :, :length]
+    def _read_slots(self, row: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> k, v [layers, Hkv, n, D]."""
+        return tuple(kv[:, row, :, start:start + n].clone() for kv in (self.k, self.v))
+
+    def _write_slots(self, row: int, start: int, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+        for dst, src in zip((self.k, self.v), kv):  # [layers, rows, Hkv, slots, D]
+            dst[:, row, :, start:start + src.shape[2]] = src
 
 
 class NativeCache(PooledCache):
