@@ -186,10 +186,11 @@ def test_backends_return_asked_layers_without_changing_logits(tiny_dirs, backend
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("mode", ["tree", "chain"])
-def test_smollm2_shipped_eagle3_greedy_exact(mode):
+@pytest.mark.parametrize("mode,runtime", [("tree", "compiled"), ("chain", "compiled"), ("tree", "torch")])
+def test_smollm2_shipped_eagle3_greedy_exact(mode, runtime):
     """The shipped EAGLE-3 head on the real target (default backend: the compiled runtime,
-    which returns the fused layers): token-for-token plain greedy decoding, drafts accepted."""
+    which returns the fused layers), the head itself on the compiled runtime (Q8_0, the
+    default there) or in PyTorch: token-for-token plain greedy decoding, drafts accepted."""
     from verispec.api import encode_prompt, load_model
     from verispec.weights import has_shipped
 
@@ -201,7 +202,9 @@ def test_smollm2_shipped_eagle3_greedy_exact(mode):
     for text in ("Explain what a rainbow is in two sentences.", "Write a short poem about the sea."):
         prompt = encode_prompt(lm, text)
         plain, _ = run(lm.backend, NoDrafter(), prompt, params)
-        spec, stats = run(lm.backend, make_drafter("eagle3", lm, {"mode": mode}), prompt, params, k=8)
+        drafter = make_drafter("eagle3", lm, {"mode": mode, "runtime": runtime})
+        assert type(drafter.runner).__name__ == {"compiled": "CompiledHeadRunner", "torch": "TorchHeadRunner"}[runtime]
+        spec, stats = run(lm.backend, drafter, prompt, params, k=8)
         assert spec == plain
         accepted += stats.accepted
     assert accepted > 10

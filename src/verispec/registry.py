@@ -31,10 +31,29 @@ def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> 
     from .weights import shipped_weights
 
     path = opts.pop("weights", None) or shipped_weights(kind, target.name)
-    return EagleDrafter(
-        EagleHead.load(path), load_target_embedding(target.hf_dir),
-        mode=str(opts.pop("mode", "tree")), depth=int(opts.pop("depth", 6)), top_k=int(opts.pop("top_k", 8)),
-    )
+    head, embed = EagleHead.load(path), load_target_embedding(target.hf_dir)
+    runtime, quant = str(opts.pop("runtime", "auto")), str(opts.pop("head_quant", "q8_0"))
+    if runtime not in ("auto", "compiled", "torch"):
+        raise ValueError(f"runtime must be auto, compiled or torch, got {runtime!r}")
+    runner = None
+    if runtime == "compiled" or (runtime == "auto" and _compiled_head_fits(target, head)):
+        from .drafters.eagle_runner import CompiledHeadRunner
+
+        backend = target.backend
+        runner = CompiledHeadRunner(head, embed, max_length=backend.info.max_length, quant=quant,
+                                    threads=getattr(backend, "threads", None))
+    return EagleDrafter(head, embed, mode=str(opts.pop("mode", "tree")), depth=int(opts.pop("depth", 6)),
+                        top_k=int(opts.pop("top_k", 8)), runner=runner)
+
+
+def _compiled_head_fits(target: "LoadedModel", head) -> bool:
+    """Run an EAGLE head on the compiled runtime when the target runs there too (a CPU
+    process) and the head's shapes come in the runtime's 32-blocks."""
+    from .models.cpu import CpuLlama
+
+    c = head.cfg
+    return isinstance(target.backend, CpuLlama) and all(
+        v % 32 == 0 for v in (c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim))
 
 
 def _medusa(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
@@ -139,8 +158,8 @@ def _rest(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
 DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "none": (lambda target, opts: NoDrafter(), "plain autoregressive decoding (the baseline)"),
     "prompt-lookup": (_prompt_lookup, "n-gram match over prompt + output (options: max_ngram, min_ngram, num_candidates)"),
-    "eagle": (_eagle, "EAGLE feature head on target hidden states, EAGLE-2 dynamic trees (options: mode=tree|chain, depth, top_k, weights=<dir>)"),
-    "eagle3": (lambda target, opts: _eagle(target, opts, "eagle3"), "EAGLE-3 head: fused low/mid/high target layers, trained with training-time test; EAGLE-2 trees (options: mode=tree|chain, depth, top_k, weights=<dir>)"),
+    "eagle": (_eagle, "EAGLE feature head on target hidden states, EAGLE-2 dynamic trees (options: mode=tree|chain, depth, top_k, weights=<dir>, runtime=auto|compiled|torch, head_quant=q8_0|f32)"),
+    "eagle3": (lambda target, opts: _eagle(target, opts, "eagle3"), "EAGLE-3 head: fused low/mid/high target layers, trained with training-time test; EAGLE-2 trees (options: mode=tree|chain, depth, top_k, weights=<dir>, runtime=auto|compiled|torch, head_quant=q8_0|f32)"),
     "suffix": (_suffix, "SuffixDecoding: per-request + global suffix tries, adaptive trees (options: max_depth, max_match, max_spec_factor, min_token_prob, min_score, max_global_tokens)"),
     "token-recycling": (_token_recycling, "Token Recycling: [V, k] successor matrix from past verifications, static tree template (options: k, max_depth)"),
     "lookahead": (_lookahead, "Lookahead decoding: Jacobi window + n-gram pool in one forward; give -k >= (window+guesses)*(ngram-1) (options: window, ngram, guesses, max_keys)"),

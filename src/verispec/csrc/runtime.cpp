@@ -223,6 +223,7 @@ struct Config {  // mirrors the Python ctypes struct (models/cpu.py)
   int32_t vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn, max_pos;
   float eps;
   int32_t kv16;  // the KV cache holds fp16 values (else fp32)
+  int32_t embed_rows;  // rows of the input embedding (token ids < this); a tied model has vocab
 };
 
 struct Layer {
@@ -235,6 +236,10 @@ struct Model {
   std::vector<Layer> layers;
   std::vector<float> norm, rope_cos, rope_sin;  // rope tables [max_pos][head_dim / 2]
   Matrix embed, head;
+  // Feature input (EAGLE heads): x = in_proj @ [in_norm(feat) ; embed(id)], used when a
+  // batch carries features; in_norm empty = features as given.
+  Matrix in_proj;
+  std::vector<float> in_norm;
   bool tied = false;
   const Kernels* k = nullptr;
   std::unique_ptr<ThreadPool> pool;
@@ -249,6 +254,7 @@ struct Model {
       free_m(l.w2);
     }
     free_m(embed);
+    free_m(in_proj);
     if (!tied) free_m(head);
   }
   const Matrix& embedding() const { return tied ? head : embed; }
@@ -278,6 +284,7 @@ struct Batch {
   int32_t n_layer_out;          // layers whose output residual stream is copied out (EAGLE-3 features)
   const int32_t* layer_ids;     // [n_layer_out] ascending decoder-layer indices
   float* layer_out;             // [T][n_layer_out][dim], or null
+  const float* feat;            // [T][dim] input features (a model with in_proj: EAGLE heads), or null = embed ids
 };
 
 // Scratch for T token rows of width `cols`: fp32 input and its int8 quantization.
@@ -322,9 +329,24 @@ static void forward(Model& m, const Batch& bt) {
   std::vector<float> x((size_t)T * dim), qkv((size_t)T * qkv_w), tmp((size_t)T * dim), gu((size_t)T * 2 * c.ffn);
   Act xn(T, dim), att(T, H * D), hid(T, c.ffn);
 
-  pool.parallel_for(T, [&](int t0, int t1) {
-    for (int t = t0; t < t1; t++) matrix_row(m.embedding(), bt.ids[t], &x[(size_t)t * dim]);
-  }, tok_grain);
+  if (bt.feat) {  // EAGLE head input: x = in_proj @ [in_norm(feat) ; embed(id)]
+    Act fe(T, 2 * dim);
+    pool.parallel_for(T, [&](int t0, int t1) {
+      for (int t = t0; t < t1; t++) {
+        float* row = &fe.x[(size_t)t * 2 * dim];
+        const float* f = bt.feat + (size_t)t * dim;
+        if (m.in_norm.empty()) std::memcpy(row, f, dim * sizeof(float));
+        else m.k->rms_norm(f, m.in_norm.data(), dim, c.eps, row);
+        matrix_row(m.embedding(), bt.ids[t], row + dim);
+        fe.quantize(m.k, t);
+      }
+    }, tok_grain);
+    matmul(m, m.in_proj, fe, T, x.data(), dim);
+  } else {
+    pool.parallel_for(T, [&](int t0, int t1) {
+      for (int t = t0; t < t1; t++) matrix_row(m.embedding(), bt.ids[t], &x[(size_t)t * dim]);
+    }, tok_grain);
+  }
 
   for (int l = 0; l < c.n_layers; l++) {
     Layer& L = m.layers[l];
@@ -438,8 +460,9 @@ static std::string check_batch(const Model& m, const Batch& b) {
     if (b.seq_row[s] < 0 || b.seq_row[s] >= b.cache_rows) return fail("cache row %d out of [0, %d)", b.seq_row[s], b.cache_rows);
     if (b.seq_cached[s] < 0 || b.seq_cached[s] > b.cache_slots) return fail("cached length %d out of [0, %d]", b.seq_cached[s], b.cache_slots);
   }
+  if (b.feat && !m.in_proj.data) return fail("this model takes token ids, not features (no input projection)");
   for (int t = 0; t < b.T; t++) {
-    if (b.ids[t] < 0 || b.ids[t] >= c.vocab) return fail("token ids must be in [0, %d), got %d", c.vocab, b.ids[t]);
+    if (b.ids[t] < 0 || b.ids[t] >= c.embed_rows) return fail("token ids must be in [0, %d), got %d", c.embed_rows, b.ids[t]);
     if (b.pos[t] < 0 || b.pos[t] >= c.max_pos) return fail("positions must be in [0, %d), got %d", c.max_pos, b.pos[t]);
     if (b.seq[t] < 0 || b.seq[t] >= b.n_seqs) return fail("token %d: sequence %d out of [0, %d)", t, b.seq[t], b.n_seqs);
     if (b.slot[t] < b.seq_cached[b.seq[t]] || b.slot[t] >= b.cache_slots)
@@ -512,6 +535,7 @@ void* vs_model_new(const vs::Config* cfg, const float* rope_cos, const float* ro
     }
     auto* m = new Model();
     m->cfg = *cfg;
+    if (m->cfg.embed_rows <= 0) m->cfg.embed_rows = cfg->vocab;  // 0: a model embedding its own vocabulary
     m->k = k;
     m->layers.resize(cfg->n_layers);
     const size_t table = (size_t)cfg->max_pos * (cfg->head_dim / 2);
@@ -539,23 +563,25 @@ int vs_model_set_threads(void* mp, int threads) {
   return 0;
 }
 
-// which: 0 attn_norm, 1 ffn_norm, 2 wqkv, 3 wo, 4 w13, 5 w2 (per layer); 6 final norm, 7 embed, 8 head.
+// which: 0 attn_norm, 1 ffn_norm, 2 wqkv, 3 wo, 4 w13, 5 w2 (per layer); 6 final norm, 7 embed, 8 head,
+// 9 in_proj [dim, 2 dim] and 10 in_norm [dim] (feature input, optional).
 // Vectors (norms) are fp32 [cols]. A tied model sets only the head (the embedding reads it).
 int vs_model_set(void* mp, int layer, int which, int src, const void* data, int rows, int cols, const float* bias,
                  char* err, int n) {
   auto* m = (Model*)mp;
   try {
-    if (which < 0 || which > 8 || (which < 6 && (layer < 0 || layer >= m->cfg.n_layers))) {
+    if (which < 0 || which > 10 || (which < 6 && (layer < 0 || layer >= m->cfg.n_layers))) {
       set_err(err, n, "bad tensor slot");
       return -1;
     }
-    if (which == 0 || which == 1 || which == 6) {
+    if (which == 0 || which == 1 || which == 6 || which == 10) {
       if (src != vs::SRC_F32 || cols != m->cfg.dim) {
         set_err(err, n, "norm weights must be fp32 [dim]");
         return -1;
       }
       const float* f = (const float*)data;
-      std::vector<float>& dst = which == 0 ? m->layers[layer].attn_norm : which == 1 ? m->layers[layer].ffn_norm : m->norm;
+      std::vector<float>& dst = which == 0 ? m->layers[layer].attn_norm : which == 1 ? m->layers[layer].ffn_norm
+                              : which == 10 ? m->in_norm : m->norm;
       dst.assign(f, f + cols);
       return 0;
     }
@@ -563,7 +589,7 @@ int vs_model_set(void* mp, int layer, int which, int src, const void* data, int 
       set_err(err, n, "unsupported weight format or shape (formats: F32, Q4_0, Q4_1, Q8_0; columns a multiple of 32)");
       return -1;
     }
-    vs::Matrix* dst = which == 7 ? &m->embed : which == 8 ? &m->head
+    vs::Matrix* dst = which == 7 ? &m->embed : which == 8 ? &m->head : which == 9 ? &m->in_proj
                     : which == 2 ? &m->layers[layer].wqkv : which == 3 ? &m->layers[layer].wo
                     : which == 4 ? &m->layers[layer].w13 : &m->layers[layer].w2;
     std::free(dst->data);
@@ -608,13 +634,18 @@ int vs_model_finish(void* mp, char* err, int n) {
   }
   if (bad("lm_head", m->head, c.vocab, c.dim)) return -1;
   m->tied = m->embed.data == nullptr;
-  if (!m->tied && bad("embedding", m->embed, c.vocab, c.dim)) return -1;
+  if (m->tied && c.embed_rows != c.vocab) {
+    set_err(err, n, "a tied model embeds with its LM head: embed_rows must equal vocab");
+    return -1;
+  }
+  if (!m->tied && bad("embedding", m->embed, c.embed_rows, c.dim)) return -1;
+  if (m->in_proj.data && bad("in_proj", m->in_proj, c.dim, 2 * c.dim)) return -1;
   return 0;
 }
 
 size_t vs_model_weight_bytes(void* mp) {
   auto* m = (Model*)mp;
-  size_t total = m->head.panel_bytes * m->head.panels;
+  size_t total = m->head.panel_bytes * m->head.panels + m->in_proj.panel_bytes * m->in_proj.panels;
   for (auto& L : m->layers)
     for (const vs::Matrix* w : {&L.wqkv, &L.wo, &L.w13, &L.w2}) total += w->panel_bytes * w->panels;
   return total;

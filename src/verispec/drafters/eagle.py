@@ -47,8 +47,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -57,6 +58,7 @@ from ..sampling import sample, target_probs
 from ..tree import DraftTree
 from .base import DraftContext, Observation, RequestTable
 from .dynamic_tree import rerank, select_frontier, tree_from_candidates
+from .eagle_runner import HeadRunner, TorchHeadRunner
 
 
 @dataclass(frozen=True)
@@ -258,27 +260,24 @@ def draft_logits(pred: torch.Tensor, lm_rows: torch.Tensor) -> torch.Tensor:
 @dataclass
 class _EagleState:
     root_pos: int  # absolute position of the newest committed token (the next root)
-    k: torch.Tensor | None = None  # [1, kvh, P, D] keys of fed (feature, token) pairs
-    v: torch.Tensor | None = None
+    head: Any  # the runner's per-request state (the head's K/V of fed (feature, token) pairs)
     pending_feats: list[torch.Tensor] = field(default_factory=list)  # [H] each
     pending_tokens: list[int] = field(default_factory=list)
     last_pred: torch.Tensor | None = None  # [H] head output for the last fed pair
-
-    @property
-    def cached(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
+    last_logits: torch.Tensor | None = None  # [Vd] draft logits read from it
 
 
 class EagleDrafter:
     """EAGLE chains (``mode="chain"``) or EAGLE-2 dynamic trees (``mode="tree"``: expand
-    ``top_k`` nodes per depth for ``depth`` levels, rerank to the engine's budget)."""
+    ``top_k`` nodes per depth for ``depth`` levels, rerank to the engine's budget).
+    ``runner``: where the head runs (``eagle_runner``); default PyTorch."""
 
     name: ClassVar[str] = "eagle"
     needs_hidden_states: ClassVar[bool] = True
     provides_probs: ClassVar[bool] = True
 
     def __init__(self, head: EagleHead, embed: torch.Tensor, mode: Literal["chain", "tree"] = "tree",
-                 depth: int = 6, top_k: int = 8):
+                 depth: int = 6, top_k: int = 8, runner: HeadRunner | None = None):
         if mode not in ("chain", "tree"):
             raise ValueError(f"mode must be chain or tree, not {mode!r}")
         if depth < 1 or top_k < 1:
@@ -288,15 +287,15 @@ class EagleDrafter:
             raise ValueError(f"target embedding has shape {tuple(embed.shape)}; the EAGLE head expects "
                              f"({cfg.vocab_size}, {cfg.hidden_size})")
         self.head = head.eval().float()
+        self.name = "eagle3" if cfg.hidden_layers else "eagle"  # what stats and benchmarks call it
         self.hidden_layers = tuple(cfg.hidden_layers)  # EAGLE-3: the engine returns these layers' outputs
-        self.embed = embed.float()  # [V, H] target embedding (= tied LM head)
-        self.lm_rows = self.embed[head.draft_vocab]  # [Vd, H]
+        self.runner: HeadRunner = runner or TorchHeadRunner(self.head, embed.float())
         self.mode, self.depth, self.top_k = mode, depth, top_k
         self._states: RequestTable[_EagleState] = RequestTable()
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
-        self._states.add(request_id, _EagleState(root_pos=0))  # the prefill observation starts at prompt[0]
+        self._states.add(request_id, _EagleState(root_pos=0, head=self.runner.open()))  # prefill starts at prompt[0]
 
     def finish(self, request_id: str) -> None:
         self._states.pop(request_id)
@@ -316,23 +315,16 @@ class EagleDrafter:
         st.root_pos += len(obs.new_tokens)
 
     def memory_bytes(self) -> int:
-        return sum(2 * s.k.numel() * s.k.element_size() for s in self._states.values() if s.k is not None)
+        return sum(self.runner.memory_bytes(s.head) for s in self._states.values())
 
     # ---- proposing ---------------------------------------------------------------------
-    @torch.inference_mode()
     def _catch_up(self, st: _EagleState) -> None:
         """Run the pending true-feature pairs through the head, extending its KV cache."""
         if not st.pending_tokens:
             return
         n = len(st.pending_tokens)
-        feats = torch.stack(st.pending_feats)[None]  # [1, n, H]
-        embeds = self.embed[torch.tensor(st.pending_tokens)][None]  # [1, n, H]
-        pos = torch.arange(st.root_pos - n + 1, st.root_pos + 1)[None]  # positions of the tokens
-        past = None if st.k is None else (st.k, st.v)
-        pred, (k, v) = self.head(feats, embeds, pos, past)
-        st.k = k if st.k is None else torch.cat([st.k, k], 2)
-        st.v = v if st.v is None else torch.cat([st.v, v], 2)
-        st.last_pred = pred[0, -1]
+        st.last_pred, st.last_logits = self.runner.extend(st.head, torch.stack(st.pending_feats), st.pending_tokens,
+                                                          st.root_pos - n + 1)  # positions of the tokens
         st.pending_feats.clear()
         st.pending_tokens.clear()
 
@@ -344,38 +336,20 @@ class EagleDrafter:
         if len(ctx.tokens) - 1 != st.root_pos:
             raise ValueError(f"request {ctx.request_id}: context has {len(ctx.tokens)} tokens but the "
                              f"drafter expected {st.root_pos + 1} (missed an observe?)")
-        self._catch_up(st)
-        if ctx.budget < 1:
-            return DraftTree.chain(root, [])
-        if self.mode == "chain":
-            return self._chain(st, ctx)
-        return self._tree(st, ctx)
-
-    @torch.inference_mode()
-    def _step(self, st: _EagleState, feats: torch.Tensor, tokens: list[int], depth: int,
-              extra: tuple[torch.Tensor, torch.Tensor] | None, extra_mask: torch.Tensor | None
-              ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Head over draft nodes at ``depth`` (all see the committed cache; ``extra_mask``
-        [T, E] says which earlier draft nodes each sees). Returns [T, H] features, new K/V."""
-        t = len(tokens)
-        embeds = self.embed[torch.tensor(tokens)][None]  # [1, T, H]
-        pos = torch.full((1, t), st.root_pos + depth)
-        past_k, past_v = st.k, st.v
-        vis = [torch.ones(t, st.cached, dtype=torch.bool)]
-        if extra is not None:
-            past_k, past_v = torch.cat([past_k, extra[0]], 2), torch.cat([past_v, extra[1]], 2)
-            vis.append(extra_mask)
-        vis.append(torch.eye(t, dtype=torch.bool))
-        pred, kv = self.head(feats[None], embeds, pos, (past_k, past_v), torch.cat(vis, 1))
-        return pred[0], kv
+        with torch.inference_mode():
+            self._catch_up(st)
+            if ctx.budget < 1:
+                return DraftTree.chain(root, [])
+            self.runner.begin(st.head)
+            if self.mode == "chain":
+                return self._chain(st, ctx)
+            return self._tree(st, ctx)
 
     def _chain(self, st: _EagleState, ctx: DraftContext) -> DraftTree:
-        pred, drafts, qs = st.last_pred, [], []
-        extra = None
+        pred, logits, drafts, qs = st.last_pred, st.last_logits, [], []
         for d in range(1, ctx.budget + 1):
-            logits = draft_logits(self.head.readout(pred), self.lm_rows)  # [Vd]
             if ctx.params.greedy:
-                token = int(self.head.draft_vocab[int(logits.argmax())])
+                token = int(self.head.draft_vocab[int(logits.numpy().argmax())])
             else:
                 full = logits.new_full((self.head.cfg.vocab_size,), float("-inf"))
                 full[self.head.draft_vocab] = logits
@@ -385,50 +359,58 @@ class EagleDrafter:
             drafts.append(token)
             if d == ctx.budget:
                 break
-            mask = None if extra is None else torch.ones(1, extra[0].shape[2], dtype=torch.bool)
-            out, kv = self._step(st, pred[None], [token], d, extra, mask)
-            extra = kv if extra is None else (torch.cat([extra[0], kv[0]], 2), torch.cat([extra[1], kv[1]], 2))
-            pred = out[0]
+            out, lg = self.runner.expand(st.head, pred[None], [token], st.root_pos + d, [list(range(d - 1))])
+            pred, logits = out[0], lg[0]
         return DraftTree.chain(ctx.tokens[-1], drafts, torch.stack(qs) if qs else None)
 
     def _tree(self, st: _EagleState, ctx: DraftContext) -> DraftTree:
         """EAGLE-2: expand the top_k best nodes per depth, then rerank all candidates."""
         tokens, parents, scores = [], [], []
         feats: dict[int, torch.Tensor] = {}  # candidate -> predicted feature (expanded only)
-        slot: dict[int, int] = {}  # expanded candidate -> index in the extra K/V
-        extra = None
-        frontier_feats, frontier = st.last_pred[None], [-1]  # the root's predicted feature
+        slot: dict[int, int] = {}  # expanded candidate -> its draft index in the runner
+        frontier, logits = [-1], st.last_logits[None]  # the root's draft logits
+        vocab = self.head.draft_vocab.tolist()
         for d in range(1, self.depth + 1):
-            logp = draft_logits(self.head.readout(frontier_feats), self.lm_rows).log_softmax(-1)  # [F, Vd]
-            top = logp.topk(min(self.top_k, logp.shape[-1]), dim=-1)
+            top_lp, top_idx = _top_logprobs(logits.numpy(), self.top_k)  # [F, k] each
             level = []
             for row, parent in enumerate(frontier):
                 base = 0.0 if parent == -1 else scores[parent]
-                for lp, idx in zip(top.values[row].tolist(), top.indices[row].tolist()):
+                for lp, idx in zip(top_lp[row].tolist(), top_idx[row].tolist()):
                     level.append(len(tokens))
-                    tokens.append(int(self.head.draft_vocab[idx]))
+                    tokens.append(vocab[idx])
                     parents.append(parent)
                     scores.append(base + lp)
             if d == self.depth:
                 break
             frontier = select_frontier(scores, level, self.top_k)
-            mask = None
-            if extra is not None:  # each new node sees its expanded ancestors
-                mask = torch.zeros(len(frontier), extra[0].shape[2], dtype=torch.bool)
-                for r, c in enumerate(frontier):
-                    a = parents[c]
-                    while a != -1:
-                        mask[r, slot[a]] = True
-                        a = parents[a]
+            ancestors = []  # each new node sees its expanded ancestors
+            for c in frontier:
+                anc, a = [], parents[c]
+                while a != -1:
+                    anc.append(slot[a])
+                    a = parents[a]
+                ancestors.append(anc)
             in_feats = torch.stack([st.last_pred if parents[c] == -1 else feats[parents[c]] for c in frontier])
-            out, kv = self._step(st, in_feats, [tokens[c] for c in frontier], d, extra, mask)
-            base = 0 if extra is None else extra[0].shape[2]
+            out, logits = self.runner.expand(st.head, in_feats, [tokens[c] for c in frontier], st.root_pos + d, ancestors)
+            base = len(slot)
             for r, c in enumerate(frontier):
                 feats[c], slot[c] = out[r], base + r
-            extra = kv if extra is None else (torch.cat([extra[0], kv[0]], 2), torch.cat([extra[1], kv[1]], 2))
-            frontier_feats = out
         chosen = rerank(scores, parents, ctx.budget)
         return tree_from_candidates(ctx.tokens[-1], tokens, parents, scores, chosen)
+
+
+def _top_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """[F, Vd] logits -> the k best log-probabilities and their indices per row, best
+    first (ties: lower index first). In numpy: small torch ops here would wake torch's
+    OpenMP threads, which then fight the compiled runtime's threads for the cores (a
+    [8, 8192] log_softmax + topk measured 10 ms that way, 0.1 ms in numpy)."""
+    k = min(k, logits.shape[-1])
+    m = logits.max(-1, keepdims=True)
+    logp = logits - (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))
+    idx = np.argpartition(-logp, k - 1, axis=-1)[:, :k]
+    vals = np.take_along_axis(logp, idx, -1)
+    order = np.lexsort((idx, -vals), axis=-1)
+    return np.take_along_axis(vals, order, -1), np.take_along_axis(idx, order, -1)
 
 
 def load_target_embedding(hf_dir: str | Path) -> torch.Tensor:

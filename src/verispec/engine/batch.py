@@ -33,7 +33,7 @@ import torch
 from ..models.base import CausalLM, KVCache
 from ..tree import DraftTree
 from ..types import FinishReason, SamplingParams
-from .engine import Engine, StepResult
+from .engine import Engine, StepResult, host_threads
 from .prefix_cache import PrefixCache
 from .request import Request
 
@@ -284,6 +284,10 @@ class BatchEngine:
     # ---- one step over the batch -------------------------------------------------------
     def step(self, reqs: Sequence[Request]) -> BatchStep:
         """Propose for every request, verify all drafts in one target forward, commit each."""
+        with host_threads(self.target):
+            return self._step(reqs)
+
+    def _step(self, reqs: Sequence[Request]) -> BatchStep:
         cap = self._draft_cap(reqs)
         results: list[StepResult | Exception | None] = [None] * len(reqs)
         planned: list[tuple[int, Request, Engine, DraftTree, tuple[float, float]]] = []

@@ -45,7 +45,8 @@ _ERR = 512
 
 class _Config(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int32) for n in ("vocab", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn",
-                                              "max_pos")] + [("eps", ctypes.c_float), ("kv16", ctypes.c_int32)]
+                                              "max_pos")] + [("eps", ctypes.c_float), ("kv16", ctypes.c_int32),
+                                                                 ("embed_rows", ctypes.c_int32)]
 
 
 _P = ctypes.POINTER
@@ -58,7 +59,8 @@ class _Batch(ctypes.Structure):
                 ("seq_cached", _P(ctypes.c_int32)), ("kcache", ctypes.c_void_p), ("vcache", ctypes.c_void_p),
                 ("cache_rows", ctypes.c_int32), ("cache_slots", ctypes.c_int32), ("n_logits", ctypes.c_int32),
                 ("logit_tokens", _P(ctypes.c_int32)), ("logits", _P(ctypes.c_float)), ("hidden", _P(ctypes.c_float)),
-                ("n_layer_out", ctypes.c_int32), ("layer_ids", _P(ctypes.c_int32)), ("layer_out", _P(ctypes.c_float))]
+                ("n_layer_out", ctypes.c_int32), ("layer_ids", _P(ctypes.c_int32)), ("layer_out", _P(ctypes.c_float)),
+                ("feat", _P(ctypes.c_float))]
 
 
 _LIB: ctypes.CDLL | None = None
@@ -242,6 +244,8 @@ class CpuLlama(PooledLM):
     # a token's K/V depends only on its own inputs (module docstring), not on how the prompt
     # was split into forwards: a reused prefix plus the rest is bitwise one prefill (tested)
     prefix_reuse_exact = True
+    # the engine runs a step's torch glue on one thread: the runtime's own pool does the work
+    host_torch_threads = 1
 
     def __init__(self, args: LlamaArgs, weights: dict, info: ModelInfo, isa: str | None = None,
                  threads: int | None = None, quant: str = "f32", kv_dtype: torch.dtype | None = None):
@@ -252,8 +256,10 @@ class CpuLlama(PooledLM):
         self.kv_dtype = kv_dtype or (torch.float32 if quant == "f32" else torch.float16)
         if self.kv_dtype not in (torch.float32, torch.float16):
             raise ValueError(f"kv_dtype must be torch.float32 or torch.float16, got {self.kv_dtype}")
+        embed = weights.get("embed")  # an untied input embedding may have more rows than the head (EAGLE heads)
         self._cfg = _Config(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim,
-                            args.intermediate_size, info.max_length, args.norm_eps, int(self.kv_dtype == torch.float16))
+                            args.intermediate_size, info.max_length, args.norm_eps, int(self.kv_dtype == torch.float16),
+                            args.vocab_size if embed is None else embed.rows)
         cos, sin = (t.contiguous() for t in rope_tables(args, info.max_length, torch.device("cpu")))
         err = ctypes.create_string_buffer(_ERR)
         threads = threads or torch.get_num_threads()
@@ -278,6 +284,10 @@ class CpuLlama(PooledLM):
         if weights.get("embed") is not None:
             self._set(-1, 7, weights["embed"])
         self._set(-1, 8, weights["head"])
+        if weights.get("in_proj") is not None:  # feature input (EAGLE heads): forward_slots(feats=...)
+            self._set(-1, 9, weights["in_proj"], weights.get("in_proj_bias"))
+        if weights.get("in_norm") is not None:
+            self._set(-1, 10, weights["in_norm"])
         err = ctypes.create_string_buffer(_ERR)
         if library().vs_model_finish(self._h, err, _ERR):
             raise ModelError(f"compiled runtime: {err.value.decode()}")
@@ -421,6 +431,40 @@ class CpuLlama(PooledLM):
         return ModelOutput(self._unflatten(logits, n_real, 1 if last_logits_only else n, last_logits_only),
                            None if hidden is None else self._unflatten(hidden, n_real, n, False),
                            None if layers is None else self._unflatten(layers, n_real, n, False))
+
+    def forward_slots(self, pool: CpuCachePool, row: int, ids: np.ndarray, positions: np.ndarray, slots: np.ndarray,
+                      visible: list[np.ndarray], cached: int, feats: torch.Tensor | None = None,
+                      hidden_layers: tuple[int, ...] = (), want_hidden: bool = False,
+                      logit_rows: np.ndarray | None = None) -> ModelOutput:
+        """One forward of T tokens of one sequence at explicit cache slots (a drafter's own
+        cache, e.g. an EAGLE head's draft tree): token t writes its K/V to ``slots[t]`` and
+        attends to slots ``0 .. cached-1`` then ``visible[t]`` (ascending slots >= cached,
+        ending with its own), so earlier draft nodes written by previous calls stay readable
+        without a cache rollback. ``feats`` [T, H]: feature input of a model built with
+        ``in_proj`` (``x = in_proj @ [in_norm(feat) ; embed(id)]``). Returns logits [T, V]
+        of ``logit_rows`` (default all) and, for ``hidden_layers``, those layers' outputs
+        [T, len * H], for ``want_hidden`` the final-normed hidden states [T, H]; the pool's
+        lengths are not touched (the caller owns the slots)."""
+        t = len(ids)
+        vis_off = np.concatenate([[0], np.cumsum([len(v) for v in visible])])
+        keep = [_i32(a) for a in (ids, positions, np.zeros(t), slots, vis_off, np.concatenate(visible), [row], [cached],
+                                    np.arange(t) if logit_rows is None else logit_rows)]
+        logits = torch.empty(len(keep[8]), self.info.vocab_size)
+        hidden = torch.empty(t, self.args.dim) if want_hidden else None
+        layer_ids = _i32(check_hidden_layers(hidden_layers, self.args.n_layers))
+        layers = torch.empty(t, len(layer_ids) * self.args.dim) if len(layer_ids) else None
+        f = None if feats is None else feats.float().contiguous()
+        if f is not None and tuple(f.shape) != (t, self.args.dim):
+            raise ValueError(f"feats must be [{t}, {self.args.dim}], got {tuple(f.shape)}")
+        batch = _Batch(t, *(_ptr(a) for a in keep[:6]), 1, _ptr(keep[6]), _ptr(keep[7]), pool.k.data_ptr(),
+                       pool.v.data_ptr(), pool.rows, pool.slots, len(keep[8]), _ptr(keep[8]), _ptr(logits, ctypes.c_float),
+                       None if hidden is None else _ptr(hidden, ctypes.c_float),
+                       len(layer_ids), _ptr(layer_ids), None if layers is None else _ptr(layers, ctypes.c_float),
+                       None if f is None else _ptr(f, ctypes.c_float))
+        err = ctypes.create_string_buffer(_ERR)
+        if library().vs_forward(self._h, ctypes.byref(batch), err, _ERR):
+            raise ValueError(f"forward: {err.value.decode()}")
+        return ModelOutput(logits, hidden, layers)
 
     @staticmethod
     def _unflatten(flat: torch.Tensor, n_real: list[int], n: int, last_only: bool) -> torch.Tensor:
