@@ -109,3 +109,24 @@ def test_compiled_head_errors(target):
     with pytest.raises(ValueError, match="takes token ids, not features"):
         target.forward_slots(pool, 0, np.array([1]), np.array([0]), np.array([0]), [np.array([0])], 0,
                              feats=torch.randn(1, H))
+
+
+@pytest.mark.parametrize("mode", ["tree", "chain"])
+def test_measured_budget_sizes_drafts_by_cost(target, mode):
+    """With the target's cost curve the drafter keeps the prefix of its best-first nodes
+    that pays most: free verification keeps the whole budget (as without a curve), a prohibitive one drafts
+    nothing, and in between the draft shrinks; greedy output stays plain decoding's."""
+    head, embed = _head((0, 1), seed=3), torch.randn(V, H) * 3
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    prompt = [1, 17, 40, 5, 66]
+    plain, _ = run(target, NoDrafter(), prompt, params)
+    drafted = {}
+    for name, cost in [("fixed", None), ("free", {n: 1.0 for n in range(1, 33)}), ("steep", {1: 1.3, 2: 1.6, 4: 2.2, 8: 3.4}),
+                       ("prohibitive", {1: 100.0})]:
+        drafter = EagleDrafter(head, embed, mode=mode, depth=3, top_k=3, runner=CompiledHeadRunner(head, embed, 256),
+                               cost=cost)
+        out, stats = run(target, drafter, prompt, params, k=6)
+        assert out == plain, name
+        drafted[name] = stats.drafted / stats.steps
+    assert drafted["free"] == drafted["fixed"] > 0 and drafted["prohibitive"] == 0
+    assert 0 <= drafted["steep"] < drafted["free"]

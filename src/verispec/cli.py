@@ -234,7 +234,7 @@ def train(
     lr: float = typer.Option(1e-3),
     warmup: Optional[int] = typer.Option(None, help="warm-up steps (default: min(40, steps/10))"),
     layers: Optional[str] = typer.Option(None, help="draft only: target layers to start from, e.g. 0,1,2,3"),
-    init: Optional[Path] = typer.Option(None, help="draft only: continue from these draft weights"),
+    init: Optional[Path] = typer.Option(None, help="draft: continue from these draft weights; eagle3: from these EAGLE-3 (or EAGLE) weights"),
     seed: int = typer.Option(0),
     resume: bool = typer.Option(False, "--resume", help="continue from out/checkpoint.pt"),
     max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="stop (checkpointed, resumable) after this long"),

@@ -42,8 +42,16 @@ def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> 
         backend = target.backend
         runner = CompiledHeadRunner(head, embed, max_length=backend.info.max_length, quant=quant,
                                     threads=getattr(backend, "threads", None))
+    budget = str(opts.pop("budget", "measured"))
+    if budget not in ("measured", "fixed"):
+        raise ValueError(f"budget must be measured or fixed, got {budget!r}")
+    cost = None
+    if budget == "measured":  # the target's t(n), measured once per configuration, then cached
+        from .policies.tree_shape import cached_cost_curve
+
+        cost = cached_cost_curve(target.backend, _cost_key(target))
     return EagleDrafter(head, embed, mode=str(opts.pop("mode", "tree")), depth=int(opts.pop("depth", 6)),
-                        top_k=int(opts.pop("top_k", 8)), runner=runner)
+                        top_k=int(opts.pop("top_k", 8)), runner=runner, cost=cost)
 
 
 def _compiled_head_fits(target: "LoadedModel", head) -> bool:
@@ -158,8 +166,8 @@ def _rest(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
 DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "none": (lambda target, opts: NoDrafter(), "plain autoregressive decoding (the baseline)"),
     "prompt-lookup": (_prompt_lookup, "n-gram match over prompt + output (options: max_ngram, min_ngram, num_candidates)"),
-    "eagle": (_eagle, "EAGLE feature head on target hidden states, EAGLE-2 dynamic trees (options: mode=tree|chain, depth, top_k, weights=<dir>, runtime=auto|compiled|torch, head_quant=q8_0|f32)"),
-    "eagle3": (lambda target, opts: _eagle(target, opts, "eagle3"), "EAGLE-3 head: fused low/mid/high target layers, trained with training-time test; EAGLE-2 trees (options: mode=tree|chain, depth, top_k, weights=<dir>, runtime=auto|compiled|torch, head_quant=q8_0|f32)"),
+    "eagle": (_eagle, "EAGLE feature head on target hidden states, EAGLE-2 dynamic trees (options: mode=tree|chain, depth, top_k, weights=<dir>, runtime=auto|compiled|torch, head_quant=q8_0|f32, budget=measured|fixed)"),
+    "eagle3": (lambda target, opts: _eagle(target, opts, "eagle3"), "EAGLE-3 head: fused low/mid/high target layers, trained with training-time test; EAGLE-2 trees (options: mode=tree|chain, depth, top_k, weights=<dir>, runtime=auto|compiled|torch, head_quant=q8_0|f32, budget=measured|fixed)"),
     "suffix": (_suffix, "SuffixDecoding: per-request + global suffix tries, adaptive trees (options: max_depth, max_match, max_spec_factor, min_token_prob, min_score, max_global_tokens)"),
     "token-recycling": (_token_recycling, "Token Recycling: [V, k] successor matrix from past verifications, static tree template (options: k, max_depth)"),
     "lookahead": (_lookahead, "Lookahead decoding: Jacobi window + n-gram pool in one forward; give -k >= (window+guesses)*(ngram-1) (options: window, ngram, guesses, max_keys)"),

@@ -34,8 +34,8 @@ def rerank(scores: list[float], parents: list[int], budget: int) -> list[int]:
 
     >>> rerank([-0.1, -1.0, -0.2, -3.0], [-1, -1, 0, 1], 3)
     [0, 1, 2]
-    >>> rerank([-0.1, -1.0, -0.2, -0.15], [-1, -1, 0, 2], 3)
-    [0, 2, 3]
+    >>> rerank([-0.1, -1.0, -0.2, -0.15], [-1, -1, 0, 2], 3)  # 3 comes before its parent: skipped
+    [0, 1, 2]
     """
     order = sorted(range(len(scores)), key=lambda c: (-scores[c], c))
     taken: set[int] = set()
@@ -45,6 +45,26 @@ def rerank(scores: list[float], parents: list[int], budget: int) -> list[int]:
         if parents[c] == -1 or parents[c] in taken:
             taken.add(c)
     return sorted(taken)
+
+
+def size_by_cost(scores: list[float], selected: list[int], cost: dict[int, float]) -> list[int]:
+    """The best-first prefix of ``selected`` that maximises committed tokens per unit of
+    target time, ``(E(n) + 1) / t(n)`` with ``E(n)`` the sum of the first n nodes' path
+    probabilities ``exp(score)`` (EAGLE-2's acceptance estimate) and ``t`` the measured
+    cost curve (``policies.draft_budget.best_size``): on a CPU, where verifying 16 nodes
+    costs several decode steps, a confident draft stays large and a doubtful one shrinks
+    to a few nodes or none. Every best-first prefix of an ancestor-closed set is one too.
+
+    >>> size_by_cost([-0.1, -3.0, -0.2], [0, 1, 2], {1: 1.1, 2: 1.2, 3: 1.6})
+    [0, 2]
+    """
+    import math
+
+    from ..policies.draft_budget import best_size
+
+    order = sorted(selected, key=lambda c: (-scores[c], c))
+    n, _ = best_size([math.exp(scores[c]) for c in order], cost)
+    return sorted(order[:n])
 
 
 def tree_from_candidates(root: int, tokens: list[int], parents: list[int], scores: list[float],

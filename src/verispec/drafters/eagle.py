@@ -57,7 +57,7 @@ from torch import nn
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
 from .base import DraftContext, Observation, RequestTable
-from .dynamic_tree import rerank, select_frontier, tree_from_candidates
+from .dynamic_tree import rerank, select_frontier, size_by_cost, tree_from_candidates
 from .eagle_runner import HeadRunner, TorchHeadRunner
 
 
@@ -270,14 +270,18 @@ class _EagleState:
 class EagleDrafter:
     """EAGLE chains (``mode="chain"``) or EAGLE-2 dynamic trees (``mode="tree"``: expand
     ``top_k`` nodes per depth for ``depth`` levels, rerank to the engine's budget).
-    ``runner``: where the head runs (``eagle_runner``); default PyTorch."""
+    ``runner``: where the head runs (``eagle_runner``); default PyTorch. ``cost``: the
+    target's measured cost curve t(n); given, each draft is cut to the size that pays
+    most by the head's own confidence (``dynamic_tree.size_by_cost``), else it fills the
+    budget."""
 
     name: ClassVar[str] = "eagle"
     needs_hidden_states: ClassVar[bool] = True
     provides_probs: ClassVar[bool] = True
 
     def __init__(self, head: EagleHead, embed: torch.Tensor, mode: Literal["chain", "tree"] = "tree",
-                 depth: int = 6, top_k: int = 8, runner: HeadRunner | None = None):
+                 depth: int = 6, top_k: int = 8, runner: HeadRunner | None = None,
+                 cost: dict[int, float] | None = None):
         if mode not in ("chain", "tree"):
             raise ValueError(f"mode must be chain or tree, not {mode!r}")
         if depth < 1 or top_k < 1:
@@ -290,7 +294,7 @@ class EagleDrafter:
         self.name = "eagle3" if cfg.hidden_layers else "eagle"  # what stats and benchmarks call it
         self.hidden_layers = tuple(cfg.hidden_layers)  # EAGLE-3: the engine returns these layers' outputs
         self.runner: HeadRunner = runner or TorchHeadRunner(self.head, embed.float())
-        self.mode, self.depth, self.top_k = mode, depth, top_k
+        self.mode, self.depth, self.top_k, self.cost = mode, depth, top_k, cost
         self._states: RequestTable[_EagleState] = RequestTable()
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -346,21 +350,28 @@ class EagleDrafter:
             return self._tree(st, ctx)
 
     def _chain(self, st: _EagleState, ctx: DraftContext) -> DraftTree:
-        pred, logits, drafts, qs = st.last_pred, st.last_logits, [], []
+        pred, logits, drafts, qs, scores = st.last_pred, st.last_logits, [], [], []
         for d in range(1, ctx.budget + 1):
+            prev = scores[-1] if scores else 0.0  # the path's log-probability under the head
             if ctx.params.greedy:
-                token = int(self.head.draft_vocab[int(logits.numpy().argmax())])
+                lp, idx = _top_logprobs(logits.numpy()[None], 1)
+                token = int(self.head.draft_vocab[int(idx[0, 0])])
+                scores.append(prev + float(lp[0, 0]))
             else:
                 full = logits.new_full((self.head.cfg.vocab_size,), float("-inf"))
                 full[self.head.draft_vocab] = logits
                 q = target_probs(full[None], ctx.params)[0]  # [V]
                 token = sample(q, ctx.generator)
                 qs.append(q)
+                scores.append(prev + float(q[token].clamp_min(1e-30).log()))
             drafts.append(token)
             if d == ctx.budget:
                 break
             out, lg = self.runner.expand(st.head, pred[None], [token], st.root_pos + d, [list(range(d - 1))])
             pred, logits = out[0], lg[0]
+        if self.cost is not None:  # a chain's best-first prefixes are its prefixes
+            n = len(size_by_cost(scores, list(range(len(drafts))), self.cost))
+            drafts, qs = drafts[:n], qs[:n]
         return DraftTree.chain(ctx.tokens[-1], drafts, torch.stack(qs) if qs else None)
 
     def _tree(self, st: _EagleState, ctx: DraftContext) -> DraftTree:
@@ -396,6 +407,8 @@ class EagleDrafter:
             for r, c in enumerate(frontier):
                 feats[c], slot[c] = out[r], base + r
         chosen = rerank(scores, parents, ctx.budget)
+        if self.cost is not None:
+            chosen = size_by_cost(scores, chosen, self.cost)
         return tree_from_candidates(ctx.tokens[-1], tokens, parents, scores, chosen)
 
 

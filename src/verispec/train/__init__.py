@@ -84,15 +84,17 @@ def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Pat
 
     if kind not in KINDS:
         raise ValueError(f"unknown trainable drafter {kind!r}; choose one of: {', '.join(KINDS)}")
-    if (layers is not None or init is not None) and kind != "draft":
-        raise ValueError("layers and init apply to the draft model only")
+    if layers is not None and kind != "draft":
+        raise ValueError("layers applies to the draft model only")
+    if init is not None and kind not in ("draft", "eagle3"):
+        raise ValueError("init applies to the draft model and EAGLE-3 only")
     if warmup is not None and not 0 <= warmup < steps:
         raise ValueError(f"warmup must be in [0, steps={steps}), got {warmup}")
     out = Path(out)
     model = load_model(model_name)
     if kind == "eagle3":
         return run_eagle3(model, data, out, steps, resume=resume, seed=seed, lr=lr, progress=progress,
-                          warmup=warmup, max_minutes=max_minutes)
+                          warmup=warmup, max_minutes=max_minutes, init=init)
     draft_opts = draft_options(model, layers, init) if kind == "draft" else None  # fail before hours of data
     if not data:
         from .data import build_default_data
@@ -121,9 +123,10 @@ def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Pat
 
 
 def run_eagle3(model, data: list[str | Path], out: Path, steps: int, resume: bool, seed: int, lr: float,
-               progress: bool, warmup: int | None, max_minutes: float | None) -> dict:
-    """EAGLE-3 on one ``verispec train data`` corpus directory, warm-started from the
-    shipped EAGLE head when there is one; stops (checkpointed) after ``max_minutes``."""
+               progress: bool, warmup: int | None, max_minutes: float | None, init: str | Path | None = None) -> dict:
+    """EAGLE-3 on one ``verispec train data`` corpus directory, warm-started from ``init``
+    (EAGLE-3 weights to continue, or EAGLE weights), else from the shipped EAGLE head when
+    there is one; stops (checkpointed) after ``max_minutes``."""
     import torch
 
     from ..weights import has_shipped, shipped_weights
@@ -135,6 +138,6 @@ def run_eagle3(model, data: list[str | Path], out: Path, steps: int, resume: boo
     torch.set_num_threads(1)  # the teacher (compiled runtime) and the head share the cores in turns
     warmup = min(40, max(1, steps // 10)) if warmup is None else warmup
     cfg = TrainConfig(steps=steps, lr=lr, seed=seed, warmup=warmup, ckpt_every=max(1, min(25, steps // 4)))
-    warm = shipped_weights("eagle", model.name) if has_shipped("eagle", model.name) else None
+    warm = init or (shipped_weights("eagle", model.name) if has_shipped("eagle", model.name) else None)
     info = train_eagle3(model, data[0], out, cfg, warm=warm, resume=resume, progress=progress, max_minutes=max_minutes)
     return {**info, "weights": str(out / "weights")}

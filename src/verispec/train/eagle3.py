@@ -195,8 +195,22 @@ def init_eagle3(tcfg: dict, target_state: dict[str, torch.Tensor], draft_vocab: 
     ``warm`` (the shipped EAGLE head) when the last fused layer is the target's last: the
     fuse passes the (normalised) high layer through, ``hidden_norm`` = the target's final
     norm (so the layer reads the post-norm feature EAGLE reads), the layer, fc and final
-    norm are the warm head's. Without ``warm``: the target's last layer, as ``eagle.init_head``."""
+    norm are the warm head's. Without ``warm``: the target's last layer, as ``eagle.init_head``.
+    A ``warm`` EAGLE-3 head with the same fused layers is continued as it is (all its
+    weights; the draft vocabulary is the corpus's, as the LM rows are the target's)."""
     from .eagle import init_head
+
+    if isinstance(warm, Eagle3Head):
+        if tuple(warm.cfg.hidden_layers) != tuple(opts.hidden_layers):
+            raise ValueError(f"the EAGLE-3 head to continue fuses layers {list(warm.cfg.hidden_layers)}, "
+                             f"not {list(opts.hidden_layers)}")
+        from dataclasses import replace
+
+        head = Eagle3Head(replace(warm.cfg, draft_vocab_size=len(draft_vocab), target=target_name))
+        head.load_state_dict({k: v for k, v in warm.state_dict().items() if k != "draft_vocab"}, strict=False)
+        with torch.no_grad():
+            head.draft_vocab.copy_(draft_vocab)
+        return head
 
     cfg = EagleConfig.from_target_config(tcfg, draft_vocab_size=len(draft_vocab), target=target_name,
                                          hidden_layers=opts.hidden_layers)
@@ -271,8 +285,9 @@ def train_eagle3(model, data_dir: str | Path, out_dir: str | Path, cfg: TrainCon
     deadline = None if max_minutes is None else t0 + 60 * max_minutes
     result = train(head, loss_fn, cfg, out_dir, resume=resume, progress=progress, deadline=deadline)
     held = split(read_corpus(data_dir), held_every)[1][:eval_seqs]  # the final held-out set, for both heads
-    before = {} if warm_head is None else evaluate(warm_head, Teacher(model.backend, (), 4, opts.max_len), embed,
-                                                   held, opts.depth, opts.max_len)
+    before = {} if warm_head is None else evaluate(
+        warm_head, Teacher(model.backend, tuple(warm_head.cfg.hidden_layers), 4, opts.max_len), embed, held,
+        opts.depth, opts.max_len)
     after = evaluate(head, teacher, embed, held, opts.depth, opts.max_len)
     log(f"held-out top-1 by depth: before (warm head) {before}; after {after}")
     info = {"steps_done": result.steps, "train_minutes": round((time.time() - t0) / 60, 1),
