@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import ClassVar
 
 import torch
 
 from verispec.drafters.base import DraftContext, StatelessDrafter
+from verispec.drafters.eagle import Eagle3Head, EagleConfig, EagleDrafter, load_target_embedding
 from verispec.engine import Engine
 from verispec.sampling import target_probs
 from verispec.tree import DraftTree
@@ -43,6 +45,23 @@ class RandomDrafter(StatelessDrafter):
             return DraftTree.chain(ctx.tokens[-1], toks)
         parents = [-1] + [int(torch.randint(0, i + 1, (), generator=self.g)) for i in range(n)]
         return DraftTree(tokens=(ctx.tokens[-1], *toks), parents=tuple(parents))
+
+
+def stories_eagle3(model, mode: str = "tree", layers: tuple[int, ...] = (0, 2, 4), favour: int | None = None,
+                   sharpness: float = 0.4) -> EagleDrafter:
+    """An untrained EAGLE-3 drafter (random head, seed 0) for the stories260K ``model`` (a
+    LoadedModel), reading target layers ``layers``. With ``favour`` (a token id) fc's bias
+    points at that token's embedding and the final norm is ``sharpness``: q then puts a
+    fixed share on ``favour`` whatever the context (often accepted, yet unlike p)."""
+    cfg = EagleConfig.from_target_config(json.loads((model.hf_dir / "config.json").read_text()), hidden_layers=layers)
+    embed = load_target_embedding(model.hf_dir)  # [V, H]
+    torch.manual_seed(0)
+    head = Eagle3Head(cfg)
+    if favour is not None:
+        with torch.no_grad():
+            head.fc.bias.add_(30 * embed[favour] / embed[favour].norm())  # dwarfs the layer's residuals
+            head.final_norm.fill_(sharpness)
+    return EagleDrafter(head, embed, mode=mode, depth=3, top_k=3)
 
 
 def run(target, drafter, prompt, params: SamplingParams, k: int = 6, policy: str = "fixed"):

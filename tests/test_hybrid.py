@@ -1,6 +1,7 @@
 """Hybrid drafter (retrieval first, learned fallback, or both fused): the pure pieces
 (fusion, per-step sizing, acceptance tracking), strict greedy equality with plain decoding
-on the toy target, which sub-drafter proposed under each cost curve, the exact sampling law,
+on the toy target, which sub-drafter proposed under each cost curve, EAGLE-3 as the learned
+drafter (the target layers it reads, asked for only while it is in), the exact sampling law,
 and lifecycle errors. The real SmolLM2 target runs in test_real_native.py."""
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from helpers import assert_target_law, run
+from helpers import assert_target_law, run, stories_eagle3
 from verispec.drafters import hybrid as hybrid_module
-from verispec.drafters.base import DraftContext, NoDrafter
+from verispec.drafters.base import DraftContext, NoDrafter, hidden_request
 from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
 from verispec.drafters.hybrid import HybridDrafter, fuse, truncate
@@ -23,6 +24,8 @@ from verispec.drafters.suffix_tree import SuffixDecodingDrafter
 from verispec.engine import Engine
 from verispec.policies import draft_budget
 from verispec.policies.draft_budget import DepthAcceptance, best_size, interpolate
+from verispec.policies.tree_shape import measure_draft_cost
+from verispec.registry import make_drafter
 from verispec.sampling import make_generator
 from verispec.tree import DraftTree
 from verispec.types import SamplingParams
@@ -145,6 +148,63 @@ def test_cost_curves_decide_who_proposes(toy_target, plain, cost, learned_cost, 
     assert {s for s, n in h.steps.items() if n} == expect
     if "learned" in expect:  # the tracker learned the self-draft is always right: full budget
         assert h.drafted["learned"] > 4 * h.steps["learned"]
+
+
+# ---- EAGLE-3 as the learned drafter ------------------------------------------------------------
+# on stories260K: the fused layers (0, 2, 4) are 3x as wide as the final hidden state, so an
+# observation of the wrong features fails in the head (its greedy output would not tell)
+class Recording:
+    """The target, recording the hidden-state arguments of every forward."""
+
+    def __init__(self, backend):
+        self.backend, self.asked = backend, set()
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def forward(self, *args, **kw):
+        self.asked.add((kw.get("want_hidden", False), tuple(kw.get("hidden_layers", ()))))
+        return self.backend.forward(*args, **kw)
+
+
+@pytest.fixture(scope="module")
+def stories_plain(stories_native):
+    return [run(stories_native.backend, NoDrafter(), p, GREEDY)[0] for p in PROMPTS]
+
+
+@pytest.mark.parametrize("mode", ["fallback", "fuse"])
+def test_eagle3_learned_reads_its_layers_and_equals_plain(stories_native, stories_plain, mode):
+    target = Recording(stories_native.backend)
+    h = HybridDrafter(suffix(), stories_eagle3(stories_native), mode=mode, min_score=0.5)
+    assert hidden_request(h) == {"want_hidden": False, "hidden_layers": (0, 2, 4)}
+    for prompt, want in zip(PROMPTS, stories_plain):
+        assert run(target, h, prompt, GREEDY, k=6)[0] == want
+    assert target.asked == {(False, (0, 2, 4))}  # the prefill and every step: the fused layers
+    assert h.steps["retrieval"] + h.steps["fused"] > 0 and h.steps["learned"] + h.steps["fused"] > 0
+
+
+def test_eagle3_left_out_asks_for_nothing(stories_native, stories_plain):
+    target = Recording(stories_native.backend)
+    h = HybridDrafter(suffix(), stories_eagle3(stories_native), min_score=0.5, cost=FLAT,
+                      learned_cost={n: 50.0 for n in (1, 8)})
+    assert not h.learned_enabled and hidden_request(h) == {"want_hidden": False}
+    for prompt, want in zip(PROMPTS, stories_plain):
+        assert run(target, h, prompt, GREEDY, k=6)[0] == want
+    assert target.asked == {(False, ())} and h.steps["learned"] == 0
+
+
+def test_eagle3_from_the_registry_and_its_measured_cost(stories_native, tmp_path):
+    """``learned=eagle3`` builds the hybrid around an EAGLE-3 head; its drafting cost c(n)
+    is measured after observing the layers it reads."""
+    learned = stories_eagle3(stories_native)
+    learned.head.save(tmp_path)
+    h = make_drafter("hybrid", stories_native, {"learned": "eagle3", "learned_weights": str(tmp_path),
+                                                "budget": "fixed", "mode": "fuse"})
+    assert isinstance(h, HybridDrafter) and h.hidden_layers == (0, 2, 4) and h.mode == "fuse"
+    with pytest.raises(ValueError, match="eagle3"):
+        make_drafter("hybrid", stories_native, {"learned": "medusa"})
+    cost = measure_draft_cost(stories_native.backend, learned, sizes=(1, 4), repeats=1)
+    assert set(cost) == {1, 4} and min(cost.values()) > 0
 
 
 # ---- the exact sampling law ---------------------------------------------------------------------

@@ -19,7 +19,8 @@ PARAMS = SamplingParams(max_new_tokens=40, ignore_eos=True)
 DRAFTERS = [("prompt-lookup", {}), ("prompt-lookup", {"num_candidates": "3"}), ("suffix", {}),
             ("token-recycling", {}), ("lookahead", {}), ("draft", {"model": "truncated:4"}), ("draft", {"model": "shipped"}), ("eagle", {}),
             ("medusa", {}), ("medusa", {"tree": "sequoia"}), ("hybrid", {}), ("hybrid", {"budget": "fixed"}),
-            ("hybrid", {"mode": "fuse", "budget": "fixed"})]
+            ("hybrid", {"mode": "fuse", "budget": "fixed"}),
+            ("hybrid", {"learned": "eagle3", "mode": "fuse", "budget": "fixed"})]
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
 """Issue 14, end to end on stories260K (seconds): the on-policy corpus (batched, resumable,
 greedy answers equal plain decoding), EAGLE-3's training-time test (equal to what chain
-drafting computes), a training run (time-boxed, resumable) and drafting with the trained
-head (greedy equality vs plain decoding, chain and tree)."""
+drafting computes), a training run (time-boxed, resumable), drafting with the trained
+head (greedy equality vs plain decoding, chain and tree) and the exact sampling law of
+EAGLE-3 drafting (chi-square, chain and tree)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import run
+from helpers import law_pvalue, run, stories_eagle3
 from test_native import tiny_dirs  # noqa: F401  (a fixture)
 from verispec.drafters.base import NoDrafter
 from verispec.drafters.eagle import Eagle3Head, EagleConfig, EagleDrafter, EagleHead
+from verispec.engine import Engine
 from verispec.registry import make_drafter
+from verispec.sampling import target_probs
 from verispec.train.corpus import (ROLE_ANSWER, ROLE_PROMPT, ConvSpec, CorpusConfig, corpus_specs, generate_corpus,
                                    read_corpus)
 from verispec.train.eagle3 import Eagle3TrainOptions, train_eagle3, ttt_unroll
@@ -144,6 +147,51 @@ def test_eagle3_train_then_draft_losslessly(stories_native, corpus, tmp_path):
         spec, stats = run(stories_native.backend, drafter, prompt, params)
         assert spec == plain
         assert stats.drafted > 0
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_eagle3_sampling_law(stories_native, mode):
+    """Sampled EAGLE-3 drafting keeps the target's law exactly (Leviathan et al. 2023):
+    chains attach q (rejection sampling), trees are point masses (recursive rejection).
+    The head favours t2, the likeliest token after the likeliest first token t1 (q(t2) ~
+    0.5, p(t2 | t1) ~ 0.9, p(t2 | other) small): drafts are both accepted and rejected.
+    Chi-square on token 1 (the prefill, which asks for the fused layers), on the pair
+    (token 1, token 2) (token 2: the first speculative step) and on token 3 given (t1, t2)
+    (that step's second node, or the next step); token 2's samples after t1 reject the
+    law a wrong recovery gives (p resampled, not the residual)."""
+    backend, prompt = stories_native.backend, [1, 67, 300]
+    params = [SamplingParams(temperature=0.8, max_new_tokens=4, seed=s, ignore_eos=True) for s in range(400)]
+
+    def law(context: list[int]) -> torch.Tensor:  # [V] the target's p(. | context)
+        ids = torch.tensor([context])
+        logits = backend.forward(ids, torch.arange(len(context))[None], backend.new_cache()).logits[0, -1:]
+        return target_probs(logits, params[0])[0].double()
+
+    p1 = law(prompt)
+    heads = p1.topk(12).indices.tolist()  # the likeliest first tokens; the rest pooled in one cell
+    p2 = {t: law(prompt + [t]) for t in heads}
+    t1 = heads[0]
+    t2 = int(p2[t1].argmax())
+    engine = Engine(backend, stories_eagle3(stories_native, mode, favour=t2), 4)
+    outs, first = [], []  # generated tokens; each first step's accepted count
+    for p in params:
+        req = engine.add_request(prompt, p)
+        first.append(engine.step(req).num_accepted)
+        while not req.finished:
+            engine.step(req)
+        outs.append(req.generated)
+    assert min(first.count(0), len(first) - first.count(0)) >= 50  # both branches, often
+    v = p1.numel()
+    pairs = torch.cat([p1[t] * p2[t] for t in heads] + [1 - p1[heads].sum()[None]])  # [12 V + 1]
+    cells = torch.tensor([heads.index(o[0]) * v + o[1] if o[0] in heads else len(heads) * v for o in outs])
+    assert law_pvalue(torch.tensor([o[0] for o in outs]), p1) > 1e-3
+    assert law_pvalue(cells, pairs) > 1e-3
+    thirds = torch.tensor([o[2] for o in outs if o[:2] == [t1, t2]])
+    assert len(thirds) >= 100
+    assert law_pvalue(thirds, law(prompt + [t1, t2])) > 1e-3
+    seconds = torch.tensor([o[1] for o in outs if o[0] == t1])
+    wrong = (1 - p2[t1][t2]) * p2[t1] + p2[t1][t2] * torch.nn.functional.one_hot(torch.tensor(t2), v)
+    assert law_pvalue(seconds, wrong) < 1e-3  # the test can tell
 
 
 @pytest.mark.parametrize("backend", ["cpu", "native", "hf"])

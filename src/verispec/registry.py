@@ -95,8 +95,8 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     from .policies.tree_shape import cached_cost_curve, measure_draft_cost
 
     retrieval, learned = str(opts.pop("retrieval", "suffix")), str(opts.pop("learned", "eagle"))
-    if retrieval not in ("suffix", "prompt-lookup") or learned not in ("eagle", "draft"):
-        raise ValueError("needs retrieval=suffix|prompt-lookup and learned=eagle|draft")
+    if retrieval not in ("suffix", "prompt-lookup") or learned not in ("eagle", "eagle3", "draft"):
+        raise ValueError("needs retrieval=suffix|prompt-lookup and learned=eagle|eagle3|draft")
     budget, mode = str(opts.pop("budget", "measured")), str(opts.pop("mode", "fallback"))
     if budget not in ("measured", "fixed") or mode not in ("fallback", "fuse"):
         raise ValueError(f"needs budget=measured|fixed and mode=fallback|fuse (got {budget}, {mode})")
@@ -173,7 +173,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "lookahead": (_lookahead, "Lookahead decoding: Jacobi window + n-gram pool in one forward; give -k >= (window+guesses)*(ngram-1) (options: window, ngram, guesses, max_keys)"),
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
-    "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|draft, mode=fallback|fuse, min_score, budget=measured|fixed, learned_<option> passed to the learned drafter)"),
+    "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, budget=measured|fixed, learned_<option> passed to the learned drafter)"),
     "draft": (_draft_model, "a small LM with the target's tokenizer: the shipped distilled draft, else the target's first 4 layers (options: model=shipped|truncated:N|<name|path>, min_confidence)"),
 }
 

@@ -2,8 +2,8 @@
 per step, each step's size from the measured cost curve.
 
 Retrieval (SuffixDecoding, prompt lookup) is nearly free and wins where the answer copies
-the context; a learned drafter (EAGLE, a distilled draft LM) is the only help on novel
-text but costs model calls. Per step (``mode="fallback"``):
+the context; a learned drafter (EAGLE, EAGLE-3, a distilled draft LM) is the only help on
+novel text but costs model calls. Per step (``mode="fallback"``):
 
   1. the retrieval draft, its nodes in best-first order with values (SuffixDecoding: the
      tries' path probabilities; prompt lookup: its tracked per-depth acceptance); it is a
@@ -26,7 +26,10 @@ score reaches ``min_score``, else the learned drafter at the full budget.
 
 Both sub-drafters observe every step, whoever proposed (the learned one reads the target's
 hidden states of whatever tree was verified), so each stays in sync with the committed
-context. The prefill observation goes only to sub-drafters that need hidden states.
+context. The prefill observation goes only to sub-drafters that need hidden states. The
+hybrid declares the learned drafter's ``hidden_layers`` (EAGLE-3: the fused target layers)
+as its own, so the engine hands its observations the features it reads; a learned drafter
+left out asks for nothing.
 
 Lossless: every proposed tree is a sub-drafter's own tree (with its draft probabilities,
 if any) or a fused point-mass tree. A point-mass node is verified by recursive rejection
@@ -116,6 +119,8 @@ class HybridDrafter:
         self.learned_enabled = cost is None or best_size([1.0] * largest, cost, learned_cost)[0] > 0
         self._subs = (retrieval, learned) if self.learned_enabled else (retrieval,)
         self.needs_hidden_states = learned.needs_hidden_states and self.learned_enabled
+        # EAGLE-3: the target layers the learned drafter reads (base.hidden_request)
+        self.hidden_layers = tuple(getattr(learned, "hidden_layers", ())) if self.learned_enabled else ()
         self._scored = isinstance(retrieval, SuffixDecodingDrafter)  # gives its own node values
         self.provides_probs = learned.provides_probs
         self._learned_acc = DepthAcceptance()

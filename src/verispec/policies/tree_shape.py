@@ -214,13 +214,13 @@ def _seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> fl
     return min(times[1:])
 
 
-def _probe_context(model, context: int, extra: int):
-    """A cache holding a ``context``-token prefill (synthetic ids), its ids and output."""
+def _probe_context(model, context: int, extra: int, **hidden):
+    """A cache holding a ``context``-token prefill (synthetic ids), its ids and output;
+    ``hidden``: the forward's hidden-state arguments (``drafters.base.hidden_request``)."""
     dev = model.info.device
     cache = model.new_cache(context + extra + 1)
     ids = torch.arange(context, device=dev).remainder(model.info.vocab_size - 1).add(1)[None]
-    out = model.forward(ids, torch.arange(context, device=dev)[None], cache, want_hidden=True,
-                        last_logits_only=True)
+    out = model.forward(ids, torch.arange(context, device=dev)[None], cache, last_logits_only=True, **hidden)
     return cache, ids, out
 
 
@@ -254,15 +254,16 @@ def measure_draft_cost(model, drafter, sizes: Sequence[int] = DEFAULT_SIZES, rep
                        context: int = 128) -> dict[int, float]:
     """``c(n)``: time of ``drafter.propose`` with budget n (``_seconds``; greedy, after a
     ``context``-token prompt was prefilled and, for drafters that read hidden states,
-    observed) divided by the target's 1-token decode time: what drafting n nodes adds to
-    a step, in the unit of ``t(n)``. The probe request is finished afterwards."""
-    from ..drafters.base import DraftContext, Observation
+    observed with the features they read, EAGLE-3's target layers included) divided by
+    the target's 1-token decode time: what drafting n nodes adds to a step, in the unit of
+    ``t(n)``. The probe request is finished afterwards."""
+    from ..drafters.base import DraftContext, Observation, hidden_request, observed_hidden
     from ..sampling import make_generator
     from ..tree import DraftTree
     from ..types import SamplingParams
 
     dev = model.info.device
-    cache, ids, out = _probe_context(model, context, 1)
+    cache, ids, out = _probe_context(model, context, 1, **hidden_request(drafter))
     prompt = ids[0].tolist()
     first = int(out.logits[0, -1].argmax())
     root = torch.tensor([[first]], device=dev)
@@ -277,7 +278,7 @@ def measure_draft_cost(model, drafter, sizes: Sequence[int] = DEFAULT_SIZES, rep
         if drafter.needs_hidden_states:
             tree = DraftTree.chain(prompt[0], prompt[1:])
             drafter.observe(Observation(rid, tree, list(range(1, context)), [*prompt[1:], first],
-                                        out.logits[0], out.hidden[0]))
+                                        out.logits[0], observed_hidden(out)[0]))
         gen = make_generator(0, 1)
 
         def cost(n: int) -> float:
