@@ -222,7 +222,7 @@ def test_lifecycle_errors(trained, embed):
     with pytest.raises(ValueError, match="mode"):
         EagleDrafter(EagleHead.load(trained[0]), embed, mode="beam")
     d.finish("r")
-    assert d.memory_bytes() == 0
+    assert d.memory_bytes() == d.runner.weight_bytes > 0  # weights only: no request K/V left
 
 
 def test_medusa_lifecycle_errors(trained, embed):

@@ -103,13 +103,16 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     # the hybrid applies its own min_score: the suffix drafter hands over every draft
     r_opts = {"min_score": 0.0} if retrieval == "suffix" else {}
     l_opts = {k.removeprefix("learned_"): opts.pop(k) for k in list(opts) if k.startswith("learned_")}
+    if learned in ("eagle", "eagle3"):  # the hybrid sizes each step itself
+        l_opts.setdefault("budget", "fixed")
     sub = [make_drafter(retrieval, target, r_opts), make_drafter(learned, target, dict(l_opts))]
     cost = draft_cost = None
     if budget == "measured":  # t(n) of the target and c(n) of the learned drafter, measured once
         key = _cost_key(target)
         cost = cached_cost_curve(target.backend, key)
         shape = getattr(getattr(sub[1], "head", None), "cfg", None) or getattr(getattr(sub[1], "model", None), "info", None)
-        tag = hashlib.sha1(repr((learned, sorted(l_opts.items()), shape)).encode()).hexdigest()[:8]
+        runner = type(getattr(sub[1], "runner", None)).__name__  # where the head runs changes c(n) tenfold
+        tag = hashlib.sha1(repr((learned, sorted(l_opts.items()), shape, runner)).encode()).hexdigest()[:8]
         draft_cost = cached_cost_curve(  # a retrained or resized learned drafter gets a new tag
             target.backend, f"{key}-draft-{learned}-{tag}", repeats=3,
             measure=lambda model, sizes, repeats: measure_draft_cost(model, sub[1], sizes, repeats))

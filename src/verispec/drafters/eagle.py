@@ -319,7 +319,8 @@ class EagleDrafter:
         st.root_pos += len(obs.new_tokens)
 
     def memory_bytes(self) -> int:
-        return sum(self.runner.memory_bytes(s.head) for s in self._states.values())
+        """The head's weights (and embedding copy) plus every open request's head K/V."""
+        return self.runner.weight_bytes + sum(self.runner.memory_bytes(s.head) for s in self._states.values())
 
     # ---- proposing ---------------------------------------------------------------------
     def _catch_up(self, st: _EagleState) -> None:

@@ -48,7 +48,10 @@ class HeadRunner(Protocol):
     def expand(self, st: Any, feats: torch.Tensor, tokens: list[int], pos: int, ancestors: list[list[int]]
                ) -> tuple[torch.Tensor, torch.Tensor]: ...  # ([T, H] step_out, [T, Vd] logits)
 
-    def memory_bytes(self, st: Any) -> int: ...
+    def memory_bytes(self, st: Any) -> int: ...  # the request's head K/V
+
+    @property
+    def weight_bytes(self) -> int: ...  # the head's weights and the embedding copy it reads
 
 
 # ----------------------------------------------------------------------------- PyTorch
@@ -110,6 +113,12 @@ class TorchHeadRunner:
 
     def memory_bytes(self, st: _TorchState) -> int:
         return 0 if st.k is None else 2 * st.k.numel() * st.k.element_size()
+
+    @property
+    def weight_bytes(self) -> int:
+        """fp32 head parameters + the fp32 embedding and its draft-vocabulary rows."""
+        params = sum(p.numel() for p in self.head.parameters())
+        return 4 * (params + self.embed.numel() + self.lm_rows.numel())
 
 
 # ----------------------------------------------------------------------------- compiled
@@ -196,5 +205,6 @@ class CompiledHeadRunner:
 
     @property
     def weight_bytes(self) -> int:
-        """Weights read per head step (the input embedding's rows excluded)."""
-        return self.model.weight_bytes
+        """Repacked head weights + the Q8_0 input embedding (34 bytes per 32 values)."""
+        cfg = self.head.cfg
+        return self.model.weight_bytes + cfg.vocab_size * cfg.hidden_size // 32 * 34
