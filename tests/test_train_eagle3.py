@@ -256,3 +256,18 @@ def test_smollm2_shipped_eagle3_greedy_exact(mode, runtime):
         assert spec == plain
         accepted += stats.accepted
     assert accepted > 10
+
+
+def test_corpus_feeds_the_feature_trainers(stories_native, corpus, tmp_path):
+    """A `train data` corpus is valid `--data` for the EAGLE / Medusa / draft trainers: its
+    conversations, minus the id-hashed held-out ones, become teacher-forced feature shards."""
+    from verispec.train import feature_dirs
+    from verispec.train.corpus import is_held_out, read_corpus
+    from verispec.train.features import load
+
+    (out,) = feature_dirs(stories_native, [corpus], tmp_path, log=lambda s: None)
+    assert out == tmp_path / f"features-{corpus.name}"
+    kept = [s.tokens.tolist() for s in read_corpus(corpus) if not is_held_out(s.id)]
+    fs = load([out])
+    assert [t.tolist() for t in fs.tokens] == kept and len(kept) > 0
+    assert all(f.shape == (len(t), 64) for f, t in zip(fs.feats, fs.tokens))

@@ -226,8 +226,9 @@ def drafters() -> None:
 @app.command()
 def train(
     kind: str = typer.Argument(..., help="data (on-policy corpus), eagle, eagle3, medusa or draft"),
-    data: Optional[list[Path]] = typer.Option(None, "--data", help="generations .jsonl or feature directory, "
-                                              "repeatable; none: generate the default data in OUT/data (hours)"),
+    data: Optional[list[Path]] = typer.Option(None, "--data", help="generations .jsonl, feature directory or "
+                                              "`train data` corpus, repeatable; none: generate the default data "
+                                              "in OUT/data (hours)"),
     out: Path = typer.Option(..., "--out", help="run directory (checkpoint.pt, weights/)"),
     steps: int = typer.Option(600, "--steps"),
     model: str = typer.Option("smollm2-135m-instruct", help="the target"),

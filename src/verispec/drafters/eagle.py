@@ -238,7 +238,8 @@ class Eagle3Head(EagleHead):
         """[..., k * H] target layer outputs (concatenated) -> fused feature [..., H]."""
         k, h = self.layer_norms.shape
         if hidden.shape[-1] != k * h:
-            raise ValueError(f"EAGLE-3 head expects {k} target layers of width {h}, got width {hidden.shape[-1]}")
+            raise ValueError(f"EAGLE-3 head expects {k} target layers of width {h} concatenated (width {k * h}), "
+                             f"got width {hidden.shape[-1]}")
         parts = hidden.view(*hidden.shape[:-1], k, h)
         return self.fuse(rms_norm(parts, self.layer_norms, self.cfg.rms_norm_eps).flatten(-2))
 

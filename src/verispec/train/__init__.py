@@ -16,13 +16,16 @@ KINDS = ("eagle", "eagle3", "medusa", "draft")
 
 
 def feature_dirs(model, data: list[str | Path], out_dir: Path, log=print) -> list[Path]:
-    """Each data path is a features directory (used as is) or a generations JSONL
-    (``data.generate_responses`` output), whose features are extracted into
+    """Each data path is a features directory (used as is), a generations JSONL
+    (``data.generate_responses`` output) or an on-policy corpus (``verispec train data``
+    output, a directory with ``manifest.jsonl``; its id-hashed held-out conversations, the
+    EAGLE-3 evaluation set, are left out), whose features are extracted into
     ``out_dir/features-<name>`` once (resumable)."""
     from transformers import AutoModelForCausalLM
 
     from . import data as gen_data
     from . import features
+    from .corpus import is_held_out, read_corpus
 
     dirs, hf = [], None
     vocab = model.backend.info.vocab_size
@@ -30,10 +33,12 @@ def feature_dirs(model, data: list[str | Path], out_dir: Path, log=print) -> lis
     for item in map(Path, data):  # read and check every file before the first (slow) extraction
         if not item.exists():
             raise ValueError(f"training data {item} does not exist")
-        if not item.is_dir():
+        if item.is_dir() and (item / "manifest.jsonl").exists():
+            sequences[item] = [s.tokens.tolist() for s in read_corpus(item) if not is_held_out(s.id)]
+        elif not item.is_dir():
             sequences[item] = gen_data.sequences_from_jsonl(item, vocab_size=vocab)
     for item in map(Path, data):
-        if item.is_dir():
+        if item not in sequences:
             dirs.append(item)
             continue
         if hf is None:
