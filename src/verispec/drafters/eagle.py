@@ -40,6 +40,11 @@ feature, following token) pairs for the root and the accepted path; ``propose`` 
 the pending pairs through the layer (extending the head's own KV cache, which therefore
 only ever holds true target features and never needs rollback), then drafts. A request
 with no observation yet drafts nothing.
+
+Execution and size: the head runs through a ``HeadRunner`` (``eagle_runner``: PyTorch, or
+the compiled CPU runtime when the target runs there, ~10x cheaper per draft step), and
+with the target's measured cost curve each draft is cut to the best-first prefix that
+maximises committed tokens per unit of target time (``dynamic_tree.size_by_cost``).
 """
 
 from __future__ import annotations
@@ -251,11 +256,6 @@ class Eagle3Head(EagleHead):
 
     def readout(self, pred: torch.Tensor) -> torch.Tensor:
         return rms_norm(pred, self.final_norm, self.cfg.rms_norm_eps)
-
-
-def draft_logits(pred: torch.Tensor, lm_rows: torch.Tensor) -> torch.Tensor:
-    """[..., H] predicted features x [Vd, H] head rows -> [..., Vd] logits."""
-    return pred @ lm_rows.T
 
 
 @dataclass
