@@ -130,3 +130,16 @@ def test_measured_budget_sizes_drafts_by_cost(target, mode):
         drafted[name] = stats.drafted / stats.steps
     assert drafted["free"] == drafted["fixed"] > 0 and drafted["prohibitive"] == 0
     assert 0 <= drafted["steep"] < drafted["free"]
+
+
+def test_drafts_fit_the_compiled_runner(target):
+    """A chain longer than the runner's draft room is shortened, not an error mid-request;
+    a tree that could not fit is refused when the drafter is built."""
+    head, embed = _head((0, 1), seed=3), torch.randn(V, H) * 3
+    runner = CompiledHeadRunner(head, embed, 256, max_draft=4)
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    plain, _ = run(target, NoDrafter(), [1, 17, 40], params)
+    out, stats = run(target, EagleDrafter(head, embed, mode="chain", runner=runner), [1, 17, 40], params, k=12)
+    assert out == plain and stats.drafted <= 5 * stats.steps
+    with pytest.raises(ValueError, match="expands 9 nodes"):
+        EagleDrafter(head, embed, mode="tree", depth=4, top_k=3, runner=runner)

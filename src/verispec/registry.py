@@ -33,6 +33,7 @@ def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> 
     path = opts.pop("weights", None) or shipped_weights(kind, target.name)
     head, embed = EagleHead.load(path), load_target_embedding(target.hf_dir)
     runtime, quant = str(opts.pop("runtime", "auto")), str(opts.pop("head_quant", "q8_0"))
+    mode, depth, top_k = str(opts.pop("mode", "tree")), int(opts.pop("depth", 6)), int(opts.pop("top_k", 8))
     if runtime not in ("auto", "compiled", "torch"):
         raise ValueError(f"runtime must be auto, compiled or torch, got {runtime!r}")
     runner = None
@@ -41,7 +42,8 @@ def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> 
 
         backend = target.backend
         runner = CompiledHeadRunner(head, embed, max_length=backend.info.max_length, quant=quant,
-                                    threads=getattr(backend, "threads", None))
+                                    threads=getattr(backend, "threads", None),
+                                    max_draft=max(64, depth * top_k))  # a chain's or a tree's expanded nodes
     budget = str(opts.pop("budget", "measured"))
     if budget not in ("measured", "fixed"):
         raise ValueError(f"budget must be measured or fixed, got {budget!r}")
@@ -50,8 +52,7 @@ def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> 
         from .policies.tree_shape import cached_cost_curve
 
         cost = cached_cost_curve(target.backend, _cost_key(target))
-    return EagleDrafter(head, embed, mode=str(opts.pop("mode", "tree")), depth=int(opts.pop("depth", 6)),
-                        top_k=int(opts.pop("top_k", 8)), runner=runner, cost=cost)
+    return EagleDrafter(head, embed, mode=mode, depth=depth, top_k=top_k, runner=runner, cost=cost)
 
 
 def _compiled_head_fits(target: "LoadedModel", head) -> bool:

@@ -295,6 +295,10 @@ class EagleDrafter:
         self.name = "eagle3" if cfg.hidden_layers else "eagle"  # what stats and benchmarks call it
         self.hidden_layers = tuple(cfg.hidden_layers)  # EAGLE-3: the engine returns these layers' outputs
         self.runner: HeadRunner = runner or TorchHeadRunner(self.head, embed.float())
+        room = getattr(self.runner, "max_draft", None)  # draft nodes the runner holds per proposal
+        if room is not None and mode == "tree" and (depth - 1) * top_k > room:
+            raise ValueError(f"a tree of depth {depth} x top_k {top_k} expands {(depth - 1) * top_k} nodes; "
+                             f"the head runner holds {room}")
         self.mode, self.depth, self.top_k, self.cost = mode, depth, top_k, cost
         self._states: RequestTable[_EagleState] = RequestTable()
 
@@ -353,7 +357,8 @@ class EagleDrafter:
 
     def _chain(self, st: _EagleState, ctx: DraftContext) -> DraftTree:
         pred, logits, drafts, qs, scores = st.last_pred, st.last_logits, [], [], []
-        for d in range(1, ctx.budget + 1):
+        budget = min(ctx.budget, getattr(self.runner, "max_draft", ctx.budget) + 1)  # the last token needs no step
+        for d in range(1, budget + 1):
             prev = scores[-1] if scores else 0.0  # the path's log-probability under the head
             if ctx.params.greedy:
                 lp, idx = _top_logprobs(logits.numpy()[None], 1)
@@ -367,7 +372,7 @@ class EagleDrafter:
                 qs.append(q)
                 scores.append(prev + float(q[token].clamp_min(1e-30).log()))
             drafts.append(token)
-            if d == ctx.budget:
+            if d == budget:
                 break
             out, lg = self.runner.expand(st.head, pred[None], [token], st.root_pos + d, [list(range(d - 1))])
             pred, logits = out[0], lg[0]
