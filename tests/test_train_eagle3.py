@@ -82,6 +82,18 @@ def test_corpus_resumes_without_repeating(stories_native, corpus, tmp_path):
     assert len(ids) == len(set(ids)) and len(ids) > first["shards"]
 
 
+def test_corpus_token_goal_counts_each_token_once(stories_native, tmp_path):
+    """The goal counts stored answer tokens plus this run's new ones, each once (it used to
+    count a finished row's tokens twice and stop at about half the goal), across a resume."""
+    texts = [s for s in _specs(30) if s.source == "text"]
+    first = generate_corpus(stories_native.backend, stories_native.tokenizer, texts, tmp_path, CFG,
+                            target_tokens=100, progress=False, log=lambda s: None)
+    assert 100 <= first["answer_tokens_total"] < 100 + CFG.batch * CFG.max_answer and first["remaining_specs"] > 0
+    second = generate_corpus(stories_native.backend, stories_native.tokenizer, texts, tmp_path, CFG,
+                             target_tokens=200, progress=False, log=lambda s: None)
+    assert 200 <= second["answer_tokens_total"] < 200 + CFG.batch * CFG.max_answer
+
+
 def _tiny_head(layers: tuple[int, ...], seed: int = 0) -> EagleHead:
     cfg = EagleConfig(hidden_size=16, intermediate_size=32, num_heads=4, num_kv_heads=2, head_dim=4, rms_norm_eps=1e-5,
                       rope_theta=10000.0, vocab_size=40, draft_vocab_size=40, hidden_layers=layers)

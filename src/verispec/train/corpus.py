@@ -264,10 +264,11 @@ def generate_corpus(backend, tok, specs: list[ConvSpec], out_dir: str | Path, cf
     start, new_answer, new_all = time.time(), 0, 0
     deadline = None if max_minutes is None else start + 60 * max_minutes
     goal = target_tokens or 0
-    bar = _progress_bar(progress, goal, writer.answer_tokens)
+    base = writer.answer_tokens  # stored by earlier runs (the writer's count grows with this run's rows)
+    bar = _progress_bar(progress, goal, base)
     try:
         while True:
-            stop = (deadline is not None and time.time() > deadline) or (goal and writer.answer_tokens + new_answer >= goal)
+            stop = (deadline is not None and time.time() > deadline) or (goal and base + new_answer >= goal)
             for r in range(cfg.batch):
                 if rows[r] is None and todo and not stop:
                     rows[r] = _new_row(todo.pop(0), fmt, tok)
@@ -288,7 +289,7 @@ def generate_corpus(backend, tok, specs: list[ConvSpec], out_dir: str | Path, cf
                     _finish(row, state, writer)
                     rows[r] = None
             if bar is not None:
-                bar.update(writer.answer_tokens + new_answer, new_answer / max(1e-9, time.time() - start))
+                bar.update(base + new_answer, new_answer / max(1e-9, time.time() - start))
     finally:
         writer.flush()
         if bar is not None:
