@@ -36,6 +36,9 @@ def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> 
     mode, depth, top_k = str(opts.pop("mode", "tree")), int(opts.pop("depth", 6)), int(opts.pop("top_k", 8))
     if runtime not in ("auto", "compiled", "torch"):
         raise ValueError(f"runtime must be auto, compiled or torch, got {runtime!r}")
+    budget = str(opts.pop("budget", "measured"))
+    if budget not in ("measured", "fixed"):
+        raise ValueError(f"budget must be measured or fixed, got {budget!r}")
     runner = None
     if runtime == "compiled" or (runtime == "auto" and _compiled_head_fits(target, head)):
         from .drafters.eagle_runner import CompiledHeadRunner
@@ -44,9 +47,6 @@ def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> 
         runner = CompiledHeadRunner(head, embed, max_length=backend.info.max_length, quant=quant,
                                     threads=getattr(backend, "threads", None),
                                     max_draft=max(64, depth * top_k))  # a chain's or a tree's expanded nodes
-    budget = str(opts.pop("budget", "measured"))
-    if budget not in ("measured", "fixed"):
-        raise ValueError(f"budget must be measured or fixed, got {budget!r}")
     cost = None
     if budget == "measured":  # the target's t(n), measured once per configuration, then cached
         from .policies.tree_shape import cached_cost_curve
