@@ -274,7 +274,9 @@ def test_smollm2_shipped_eagle3_greedy_exact(mode, runtime, budget):
 
 def test_corpus_feeds_the_feature_trainers(stories_native, corpus, tmp_path):
     """A `train data` corpus is valid `--data` for the EAGLE / Medusa / draft trainers: its
-    conversations, minus the id-hashed held-out ones, become teacher-forced feature shards."""
+    conversations, minus the id-hashed held-out ones, become teacher-forced feature shards,
+    computed by the target's own backend in batched ragged forwards (each equal to the
+    sequence's own forward); ``corpus_tokens`` keeps the corpus's first sequences only."""
     from verispec.train import feature_dirs
     from verispec.train.corpus import is_held_out, read_corpus
     from verispec.train.features import load
@@ -283,5 +285,17 @@ def test_corpus_feeds_the_feature_trainers(stories_native, corpus, tmp_path):
     assert out == tmp_path / f"features-{corpus.name}"
     kept = [s.tokens.tolist() for s in read_corpus(corpus) if not is_held_out(s.id)]
     fs = load([out])
-    assert [t.tolist() for t in fs.tokens] == kept and len(kept) > 0
-    assert all(f.shape == (len(t), 64) for f, t in zip(fs.feats, fs.tokens))
+    assert [t.tolist() for t in fs.tokens] == kept and len(kept) > 1
+    assert len({len(t) for t in kept}) > 1  # ragged rows were batched
+    backend = stories_native.backend
+    for ids, feats, argmax in zip(fs.tokens, fs.feats, fs.argmax):
+        one = backend.forward(ids[None], torch.arange(len(ids))[None], backend.new_cache(), want_hidden=True)
+        assert feats.shape == (len(ids), 64)
+        torch.testing.assert_close(feats.float(), one.hidden[0].to(torch.bfloat16).float(), atol=2e-2, rtol=2e-2)
+        assert (argmax == one.logits[0].argmax(-1)).float().mean() >= 0.95
+    cap = sum(map(len, kept[:2]))
+    (few,) = feature_dirs(stories_native, [corpus], tmp_path, log=lambda s: None, corpus_tokens=cap)
+    assert few == tmp_path / f"features-{corpus.name}-{cap}"
+    assert [t.tolist() for t in load([few]).tokens] == kept[:2]
+    with pytest.raises(ValueError, match="shorter than"):
+        feature_dirs(stories_native, [corpus], tmp_path, corpus_tokens=1)

@@ -243,6 +243,8 @@ def train(
     batch: int = typer.Option(16, "--batch", help="data: conversations decoded together"),
     threads: int = typer.Option(1, "--threads", help="data: compiled-runtime threads"),
     magpie: int = typer.Option(40_000, "--magpie", help="data: self-written (Magpie) user turns to try"),
+    corpus_tokens: Optional[int] = typer.Option(None, "--corpus-tokens", help="eagle, medusa, draft: use the first "
+                                                "N tokens of a corpus only (features are extracted for them)"),
 ) -> None:
     """Train a drafter on the target's own generations, or (``data``) generate them (see verispec.train)."""
     from .models.base import ModelError
@@ -254,6 +256,7 @@ def train(
     check(max_minutes is None or max_minutes > 0, f"--max-minutes must be > 0, got {max_minutes}")
     check(tokens >= 1 and batch >= 1 and threads >= 1 and magpie >= 0,
           "--tokens, --batch and --threads must be >= 1 and --magpie >= 0")
+    check(corpus_tokens is None or corpus_tokens >= 1, f"--corpus-tokens must be >= 1, got {corpus_tokens}")
     try:
         check_output_dir(out, "--out")
         for path in data or []:
@@ -271,7 +274,8 @@ def train(
             except ValueError:
                 raise ValueError(f"--layers must be comma-separated layer indices, got {layers!r}") from None
         result = run_train(kind, model, list(data or []), out, steps, resume=resume, seed=seed, lr=lr,
-                           warmup=warmup, layers=init_layers, init=init, max_minutes=max_minutes)
+                           warmup=warmup, layers=init_layers, init=init, max_minutes=max_minutes,
+                           corpus_tokens=corpus_tokens)
     except (ValueError, ModelError) as e:
         fail(str(e))
     print(json.dumps(result))

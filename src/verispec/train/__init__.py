@@ -15,12 +15,14 @@ from pathlib import Path
 KINDS = ("eagle", "eagle3", "medusa", "draft")
 
 
-def feature_dirs(model, data: list[str | Path], out_dir: Path, log=print) -> list[Path]:
+def feature_dirs(model, data: list[str | Path], out_dir: Path, log=print,
+                 corpus_tokens: int | None = None) -> list[Path]:
     """Each data path is a features directory (used as is), a generations JSONL
-    (``data.generate_responses`` output) or an on-policy corpus (``verispec train data``
-    output, a directory with ``manifest.jsonl``; its id-hashed held-out conversations, the
-    EAGLE-3 evaluation set, are left out), whose features are extracted into
-    ``out_dir/features-<name>`` once (resumable)."""
+    (``data.generate_responses`` output; features from the float32 transformers target) or
+    an on-policy corpus (``verispec train data`` output, a directory with ``manifest.jsonl``;
+    its id-hashed held-out conversations, the EAGLE-3 evaluation set, are left out; features
+    from the target's own backend, its first ``corpus_tokens`` tokens only if given), whose
+    features are extracted into ``out_dir/features-<name>`` once (resumable)."""
     from transformers import AutoModelForCausalLM
 
     from . import data as gen_data
@@ -34,19 +36,38 @@ def feature_dirs(model, data: list[str | Path], out_dir: Path, log=print) -> lis
         if not item.exists():
             raise ValueError(f"training data {item} does not exist")
         if item.is_dir() and (item / "manifest.jsonl").exists():
-            sequences[item] = [s.tokens.tolist() for s in read_corpus(item) if not is_held_out(s.id)]
+            sequences[item] = corpus_prefix([s.tokens for s in read_corpus(item) if not is_held_out(s.id)],
+                                            corpus_tokens)
         elif not item.is_dir():
             sequences[item] = gen_data.sequences_from_jsonl(item, vocab_size=vocab)
     for item in map(Path, data):
         if item not in sequences:
             dirs.append(item)
             continue
-        if hf is None:
-            hf = AutoModelForCausalLM.from_pretrained(str(model.hf_dir), dtype="float32").eval()
-        target = out_dir / f"features-{item.stem}"
-        features.extract(hf, sequences[item], target, log=log)
+        target = out_dir / f"features-{item.stem}{'' if corpus_tokens is None or not item.is_dir() else f'-{corpus_tokens}'}"
+        if item.is_dir():
+            features.extract_with_backend(model.backend, sequences[item], target, log=log)
+        else:
+            if hf is None:
+                hf = AutoModelForCausalLM.from_pretrained(str(model.hf_dir), dtype="float32").eval()
+            features.extract(hf, sequences[item], target, log=log)
         dirs.append(target)
     return dirs
+
+
+def corpus_prefix(seqs: list, max_tokens: int | None) -> list:
+    """The first sequences of ``seqs`` holding at most ``max_tokens`` tokens in all (all: None)."""
+    if max_tokens is None:
+        return seqs
+    total, out = 0, []
+    for s in seqs:
+        total += len(s)
+        if total > max_tokens:
+            break
+        out.append(s)
+    if not out:
+        raise ValueError(f"corpus_tokens={max_tokens} is shorter than the corpus's first sequence")
+    return out
 
 
 def draft_options(model, layers: tuple[int, ...] | None, init: str | Path | None):
@@ -78,12 +99,14 @@ def draft_options(model, layers: tuple[int, ...] | None, init: str | Path | None
 def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Path, steps: int,
               resume: bool = False, seed: int = 0, lr: float = 1e-3, progress: bool = True,
               warmup: int | None = None, layers: tuple[int, ...] | None = None,
-              init: str | Path | None = None, max_minutes: float | None = None) -> dict:
+              init: str | Path | None = None, max_minutes: float | None = None,
+              corpus_tokens: int | None = None) -> dict:
     """Train a ``kind`` drafter for ``model_name``; weights land in ``out/weights``.
     No ``data``: build the default self-distillation data in ``out/data`` first
     (``data.build_default_data``, resumable). ``layers``: the draft model's initial target
     layers; ``init``: draft weights to continue from (a second stage on more data). Returns
-    the validation metrics and final loss."""
+    the validation metrics and final loss. ``corpus_tokens``: train on a corpus's first
+    tokens only (eagle, medusa, draft)."""
     from ..api import load_model
     from .loop import TrainConfig
 
@@ -91,6 +114,8 @@ def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Pat
         raise ValueError(f"unknown trainable drafter {kind!r}; choose one of: {', '.join(KINDS)}")
     if layers is not None and kind != "draft":
         raise ValueError("layers applies to the draft model only")
+    if corpus_tokens is not None and kind == "eagle3":
+        raise ValueError("corpus_tokens applies to eagle, medusa and draft (eagle3 samples the whole corpus)")
     if init is not None and kind not in ("draft", "eagle3"):
         raise ValueError("init applies to the draft model and EAGLE-3 only")
     if warmup is not None and not 0 <= warmup < steps:
@@ -105,7 +130,7 @@ def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Pat
         from .data import build_default_data
 
         data = build_default_data(model_name, out / "data")
-    dirs = feature_dirs(model, data, out)
+    dirs = feature_dirs(model, data, out, corpus_tokens=corpus_tokens)
     deadline = None if max_minutes is None else time.time() + 60 * max_minutes  # training time only
     warmup = min(40, max(1, steps // 10)) if warmup is None else warmup
     cfg = TrainConfig(steps=steps, lr=lr, seed=seed, warmup=warmup, ckpt_every=max(1, min(50, steps // 4)))

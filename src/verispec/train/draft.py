@@ -140,15 +140,17 @@ def train_draft(target_dir: str | Path, feature_dirs: list[str | Path], out_dir:
     train_starts, val_starts = ([response_start(t, header) for t in d.tokens] for d in (train_set, val_set))
     vocab = choose_draft_vocab(train_set, opts.draft_vocab_size, tcfg["vocab_size"])
     model = init_draft(tcfg, state, opts.init_layers)
+    before = {}
     if opts.init_weights:
         load_draft_weights(model, opts.init_weights)
+        before = validate_draft(model, embed, val_set, val_starts)  # the same held-out set, before training
     lm_rows = embed[vocab]
 
     def loss_fn(m, gen):
         return distill_loss(m, lm_rows, train_set, opts, gen, train_starts)
 
     result = train(model, loss_fn, cfg, out_dir, resume=resume, progress=progress, stop_at=stop_at, deadline=deadline)
-    metrics = validate_draft(model, embed, val_set, val_starts)
+    metrics = validate_draft(model, embed, val_set, val_starts) | {f"before_{k}": v for k, v in before.items()}
     save_draft(model, vocab, Path(out_dir) / "weights", {
         "kind": "draft", "target": target_name,
         "train": {**asdict(cfg), **asdict(opts), "train_tokens": train_set.num_tokens,

@@ -27,6 +27,7 @@ import torch
 
 from ..drafters.eagle import Eagle3Head, EagleConfig, EagleHead
 from .corpus import ROLE_ANSWER, Sequence, is_held_out, read_corpus
+from .features import Teacher
 from .loop import TrainConfig, TrainResult, train
 
 
@@ -40,30 +41,6 @@ class Eagle3TrainOptions:
     ce_positions: int = 48  # positions per sequence and depth that get the vocab CE
     prompt_weight: float = 0.1
     draft_vocab_size: int = 8192  # 95.6% of held-out answer tokens; half the LM-head cost of 16k
-
-
-class Teacher:
-    """The target on its inference backend: (layers [B, L, k*H] or hidden [B, L, H], logits
-    [B, L, V]) for token windows, one batched forward (ragged rows)."""
-
-    def __init__(self, backend, hidden_layers: tuple[int, ...], rows: int, max_len: int):
-        self.backend, self.hidden_layers = backend, tuple(hidden_layers)
-        self.pool = backend.new_cache_pool(rows, max_len)
-        self.caches = [self.pool.acquire() for _ in range(rows)]
-
-    @torch.inference_mode()
-    def __call__(self, windows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-        n = max(map(len, windows))
-        ids = torch.zeros(len(windows), n, dtype=torch.long)
-        for r, w in enumerate(windows):
-            ids[r, :len(w)] = torch.from_numpy(w)
-        caches = self.caches[:len(windows)]
-        for c in caches:
-            c.truncate(0)
-        kw = {"hidden_layers": self.hidden_layers} if self.hidden_layers else {"want_hidden": True}
-        out = self.backend.forward_batch(ids, torch.arange(n)[None].repeat(len(windows), 1), caches,
-                                         num_tokens=[len(w) for w in windows], **kw)
-        return (out.layers if self.hidden_layers else out.hidden), out.logits
 
 
 def ttt_unroll(head: EagleHead, feats: torch.Tensor, embeds: torch.Tensor, depth: int) -> list[torch.Tensor]:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 
@@ -69,6 +70,64 @@ def extract(model, seqs: list[list[int]], out_dir: str | Path, shard_size: int =
                    "feats": torch.cat(hs).to(torch.bfloat16).contiguous(), "offsets": offsets}, str(tmp))
         tmp.rename(path)
         log(f"features: {b + len(chunk)}/{len(seqs)} sequences in {time.time() - t0:.0f}s")
+
+
+class Teacher:
+    """The target on its inference backend: (layers [B, L, k*H] or hidden [B, L, H], logits
+    [B, L, V]) for token windows, one batched forward (ragged rows)."""
+
+    def __init__(self, backend, hidden_layers: tuple[int, ...], rows: int, max_len: int):
+        self.backend, self.hidden_layers = backend, tuple(hidden_layers)
+        self.pool = backend.new_cache_pool(rows, max_len)
+        self.caches = [self.pool.acquire() for _ in range(rows)]
+
+    @torch.inference_mode()
+    def __call__(self, windows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        n = max(map(len, windows))
+        ids = torch.zeros(len(windows), n, dtype=torch.long)
+        for r, w in enumerate(windows):
+            ids[r, :len(w)] = torch.from_numpy(w)
+        caches = self.caches[:len(windows)]
+        for c in caches:
+            c.truncate(0)
+        kw = {"hidden_layers": self.hidden_layers} if self.hidden_layers else {"want_hidden": True}
+        out = self.backend.forward_batch(ids, torch.arange(n)[None].repeat(len(windows), 1), caches,
+                                         num_tokens=[len(w) for w in windows], **kw)
+        return (out.layers if self.hidden_layers else out.hidden), out.logits
+
+
+def extract_with_backend(backend, seqs: list[np.ndarray], out_dir: str | Path, rows: int = 4,
+                         shard_size: int = 32, log: Callable[[str], None] = print) -> None:
+    """``extract`` with the target's own inference backend (an on-policy corpus: the
+    features the served target computes, e.g. the compiled CPU runtime, batched ``rows``
+    sequences a forward instead of one float32 transformers forward per sequence).
+    Same shard format; shards already there are skipped."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    teacher = Teacher(backend, (), rows, max(map(len, seqs)))
+    t0, done = time.time(), 0
+    for s, b in enumerate(range(0, len(seqs), shard_size)):
+        path = out / f"shard-{s:05d}.safetensors"
+        chunk = seqs[b:b + shard_size]
+        if path.exists():
+            continue
+        hs, am = [None] * len(chunk), [None] * len(chunk)
+        order = sorted(range(len(chunk)), key=lambda i: len(chunk[i]))  # similar lengths share a forward
+        for g in range(0, len(order), rows):
+            group = order[g:g + rows]
+            hidden, logits = teacher([chunk[i] for i in group])  # [R, L, H], [R, L, V]
+            for r, i in enumerate(group):
+                n = len(chunk[i])
+                hs[i], am[i] = hidden[r, :n].float(), logits[r, :n].argmax(-1)
+        offsets = torch.tensor([0, *np.cumsum([len(x) for x in chunk]).tolist()])
+        tmp = path.with_suffix(".tmp")
+        save_file({"tokens": torch.from_numpy(np.concatenate(chunk).astype(np.int64)), "argmax": torch.cat(am),
+                   "feats": torch.cat(hs).to(torch.bfloat16).contiguous(), "offsets": offsets}, str(tmp))
+        tmp.rename(path)
+        done += sum(map(len, chunk))
+        log(f"features: {b + len(chunk)}/{len(seqs)} sequences, {done / (time.time() - t0):.0f} tokens/s")
 
 
 def load(dirs: list[str | Path]) -> FeatureSet:
