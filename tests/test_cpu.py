@@ -367,6 +367,30 @@ def _bits(pool) -> tuple[torch.Tensor, torch.Tensor]:
     return pool.k.view(torch.int32).clone(), pool.v.view(torch.int32).clone()
 
 
+@pytest.mark.parametrize("kind", ["llama", "llama3-tied"])
+def test_reduced_head_rows_are_the_full_heads_bits(load, tiny_dirs, kind):
+    """``head_rows`` (a distilled draft's FR-Spec head): the runtime computes only those LM-head
+    rows, bit for bit the full head's at those ids (chain and tree), -inf at every other id;
+    the input embedding keeps every token. Bad row lists are refused."""
+    full = load(kind, "q8_0")
+    rows = torch.tensor([3, 0, 17, VOCAB - 1, 40])
+    small = CpuLlama.from_hf_dir(tiny_dirs[kind][0], max_length=512, quant="q8_0", head_rows=rows)
+    assert small.info.vocab_size == VOCAB and small.args.vocab_size == len(rows)
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[rows] = False
+    ids = tokens(9)
+    for mask in (None, ancestor_mask(PARENTS)):
+        x = ids[:, :len(PARENTS)] if mask is not None else ids
+        pos = torch.arange(x.shape[1])[None]
+        a = small.forward(x, pos, small.new_cache(), tree_mask=mask).logits[0]
+        b = full.forward(x, pos, full.new_cache(), tree_mask=mask).logits[0]
+        assert a.shape == b.shape and torch.equal(a[:, rows], b[:, rows])
+        assert torch.isneginf(a[:, outside]).all()
+    for bad in ([], [1, 1], [VOCAB], [[1, 2]]):
+        with pytest.raises(ValueError, match="head_rows"):
+            CpuLlama.from_hf_dir(tiny_dirs[kind][0], quant="q8_0", head_rows=bad)
+
+
 def test_forward_validation(load):
     """Bad inputs raise ValueError before any slot of the cache is written."""
     model = load("llama")

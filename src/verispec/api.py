@@ -87,27 +87,25 @@ def _load_backend(hf_dir: Path, name: str, dtype: torch.dtype, backend: str, dev
                   num_layers: int | None = None, quant: str = "none",
                   head_rows: torch.Tensor | None = None, gguf: Path | None = None) -> tuple[CausalLM, str]:
     """``auto``: the compiled CPU runtime for Llama-family models on CPU, else the native
-    PyTorch runtime, transformers for the rest. ``head_rows`` (native only): a reduced LM
-    head over these token ids (a draft's). ``gguf`` (cpu only, with quant ``auto``): read
+    PyTorch runtime, transformers for the rest. ``head_rows`` (cpu and native): a reduced
+    LM head over these token ids (a draft's). ``gguf`` (cpu only, with quant ``auto``): read
     the weights from that file's own blocks."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
     if backend == "auto":
-        cpu_ok = head_rows is None and dtype == torch.float32 and _cpu_supports(hf_dir, device)
+        cpu_ok = dtype == torch.float32 and _cpu_supports(hf_dir, device)
         backend = "cpu" if cpu_ok else "native" if _native_supports(hf_dir) else "hf"
     if backend == "cpu":
         from .models.cpu import CpuLlama
 
         if torch.device(device).type != "cpu":
             raise ValueError(f"backend cpu runs on the CPU, not {device}; use --backend native")
-        if head_rows is not None:
-            raise ValueError("backend cpu has no reduced LM head (head_rows): use the native backend")
         if dtype != torch.float32:
             raise ValueError("backend cpu computes in float32 (quantized weights, int8 activations); drop --dtype")
         if quant == "auto" and gguf is None:
             quant = "none"
         return CpuLlama.from_hf_dir(hf_dir, quant=_CPU_QUANT.get(quant, quant), num_layers=num_layers,
-                                    gguf=gguf if quant == "auto" else None), "cpu"
+                                    gguf=gguf if quant == "auto" else None, head_rows=head_rows), "cpu"
     if backend == "native":
         from .models.native import NativeLlama
 
@@ -193,10 +191,11 @@ def load_draft_model(target: LoadedModel, spec: str) -> CausalLM:
     weights = shipped_weights("draft", target.name) if spec == "shipped" else Path(spec)
     if spec == "shipped" or is_draft_weights(weights):
         hf_dir = distilled_draft_dir(target, spec)
-        kind = "native" if target.backend_kind == "cpu" else target.backend_kind  # reduced head: PyTorch runtime
-        rows = draft_vocab(weights) if kind == "native" else None
+        kind = target.backend_kind
+        rows = draft_vocab(weights) if kind in ("cpu", "native") else None  # transformers: the full head
+        quant = "q8_0" if kind == "cpu" else target.quant
         return _load_backend(hf_dir, f"draft-{target.name}", info.dtype, kind, str(info.device),
-                             quant=target.quant, head_rows=rows)[0]
+                             quant=quant, head_rows=rows)[0]
     draft = load_model(spec, dtype=str(info.dtype).removeprefix("torch."), backend=target.backend_kind,
                        device=str(info.device), quant="auto" if target.backend_kind == "cpu" else target.quant)
     if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():

@@ -25,7 +25,7 @@ import importlib.util
 import json
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -248,9 +248,13 @@ class CpuLlama(PooledLM):
     host_torch_threads = 1
 
     def __init__(self, args: LlamaArgs, weights: dict, info: ModelInfo, isa: str | None = None,
-                 threads: int | None = None, quant: str = "f32", kv_dtype: torch.dtype | None = None):
+                 threads: int | None = None, quant: str = "f32", kv_dtype: torch.dtype | None = None,
+                 head_rows: torch.Tensor | None = None):
         lib = library()
         self.args, self.info, self.quant = args, info, quant
+        # a reduced LM head (a draft's, FR-Spec): the token id of each head row; logits of
+        # other tokens are -inf. The runtime computes args.vocab_size = len(head_rows) rows.
+        self.head_rows = head_rows
         self.gguf_path: Path | None = None
         # a quantized model keeps fp16 K/V (half the attention traffic, as llama.cpp does); fp32 stays fp32
         self.kv_dtype = kv_dtype or (torch.float32 if quant == "f32" else torch.float16)
@@ -316,7 +320,8 @@ class CpuLlama(PooledLM):
                     gguf: str | Path | None = None, num_layers: int | None = None, **kw) -> CpuLlama:
         """Load an HF dir (config + safetensors), in fp32 or quantized at load to ``quant``
         (q8_0, q4_1, q4_0); or, with ``gguf``, the weights from that GGUF file's own blocks
-        (the HF dir then only gives the config). ``num_layers``: keep the first layers."""
+        (the HF dir then only gives the config). ``num_layers``: keep the first layers;
+        ``head_rows`` (not with ``gguf``): keep only those token ids' LM-head rows."""
         path = Path(path)
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} is not an HF model directory (no config.json)")
@@ -328,6 +333,8 @@ class CpuLlama(PooledLM):
                 raise ValueError(f"num_layers must be in [1, {cfg['num_hidden_layers']}], got {num_layers}")
             cfg, name = {**cfg, "num_hidden_layers": num_layers}, f"{name}[:{num_layers}]"
         if gguf is not None:
+            if kw.get("head_rows") is not None:
+                raise ValueError("a reduced LM head (head_rows) is built from safetensors weights, not a GGUF file")
             weights, quant = gguf_weights(Path(gguf), cfg)
             model = cls.from_weights(cfg, weights, max_length, name=name, quant=quant, **kw)
             model.gguf_path = Path(gguf)
@@ -340,15 +347,20 @@ class CpuLlama(PooledLM):
         """From an HF config dict and HF-named tensors; ``quant``: f32, q8_0, q4_1 or q4_0."""
         if quant not in ("f32", "q8_0", "q4_1", "q4_0"):
             raise ValueError(f"unknown quant {quant!r}; use f32, q8_0, q4_1 or q4_0")
-        return cls.from_weights(cfg, state_dict_weights(cfg, state, quant), max_length, name=name, quant=quant, **kw)
+        weights = state_dict_weights(cfg, state, quant, kw.get("head_rows"))
+        return cls.from_weights(cfg, weights, max_length, name=name, quant=quant, **kw)
 
     @classmethod
-    def from_weights(cls, cfg: dict, weights: dict, max_length: int | None, name: str, quant: str, **kw) -> CpuLlama:
+    def from_weights(cls, cfg: dict, weights: dict, max_length: int | None, name: str, quant: str,
+                     head_rows: torch.Tensor | None = None, **kw) -> CpuLlama:
         args = LlamaArgs.from_hf_config(cfg)
         info = ModelInfo(name=name, vocab_size=args.vocab_size, max_length=max_length or args.max_position,
                          bos_token_id=args.bos_token_id, eos_token_ids=args.eos_token_ids, hidden_size=args.dim,
                          dtype=torch.float32, device=torch.device("cpu"))
-        return cls(args, weights, info, quant=quant, **kw)
+        if head_rows is not None:
+            head_rows = check_head_rows(head_rows, args.vocab_size)
+            args = replace(args, vocab_size=len(head_rows))
+        return cls(args, weights, info, quant=quant, head_rows=head_rows, **kw)
 
     # ---- facts
 
@@ -409,7 +421,7 @@ class CpuLlama(PooledLM):
         total = sum(n_real)
         vis_off = np.concatenate([[0], np.cumsum(np.concatenate(counts))])
         logit_tokens = np.cumsum(n_real) - 1 if last_logits_only else np.arange(total)
-        logits = torch.empty(len(logit_tokens), self.info.vocab_size)
+        logits = torch.empty(len(logit_tokens), self.args.vocab_size)
         hidden = torch.empty(total, self.args.dim) if want_hidden else None
         layer_ids = _i32(check_hidden_layers(hidden_layers, self.args.n_layers))
         layers = torch.empty(total, len(layer_ids) * self.args.dim) if len(layer_ids) else None
@@ -428,6 +440,7 @@ class CpuLlama(PooledLM):
             raise ValueError(f"forward: {err.value.decode()}")
         for cache, k in zip(caches, n_real):
             cache._advance(k)
+        logits = self._full_vocab(logits)
         return ModelOutput(self._unflatten(logits, n_real, 1 if last_logits_only else n, last_logits_only),
                            None if hidden is None else self._unflatten(hidden, n_real, n, False),
                            None if layers is None else self._unflatten(layers, n_real, n, False))
@@ -449,7 +462,7 @@ class CpuLlama(PooledLM):
         vis_off = np.concatenate([[0], np.cumsum([len(v) for v in visible])])
         keep = [_i32(a) for a in (ids, positions, np.zeros(t), slots, vis_off, np.concatenate(visible), [row], [cached],
                                     np.arange(t) if logit_rows is None else logit_rows)]
-        logits = torch.empty(len(keep[8]), self.info.vocab_size)
+        logits = torch.empty(len(keep[8]), self.args.vocab_size)
         hidden = torch.empty(t, self.args.dim) if want_hidden else None
         layer_ids = _i32(check_hidden_layers(hidden_layers, self.args.n_layers))
         layers = torch.empty(t, len(layer_ids) * self.args.dim) if len(layer_ids) else None
@@ -464,7 +477,14 @@ class CpuLlama(PooledLM):
         err = ctypes.create_string_buffer(_ERR)
         if library().vs_forward(self._h, ctypes.byref(batch), err, _ERR):
             raise ValueError(f"forward: {err.value.decode()}")
-        return ModelOutput(logits, hidden, layers)
+        return ModelOutput(self._full_vocab(logits), hidden, layers)
+
+    def _full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """[T, head rows] -> [T, V]: a reduced head's logits scattered, -inf elsewhere."""
+        if self.head_rows is None:
+            return logits
+        full = logits.new_full((len(logits), self.info.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.head_rows, logits)
 
     @staticmethod
     def _unflatten(flat: torch.Tensor, n_real: list[int], n: int, last_only: bool) -> torch.Tensor:
@@ -489,8 +509,19 @@ class CpuLlama(PooledLM):
 # ----------------------------------------------------------------------------- weight sources
 
 
-def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: str) -> dict:
-    """HF-named tensors -> the runtime's fused matrices (QKV, gate/up), quantized to ``quant``."""
+def check_head_rows(head_rows, vocab_size: int) -> torch.Tensor:
+    """A reduced LM head's token ids: a non-empty 1-D list of distinct ids in [0, vocab_size)."""
+    rows = torch.as_tensor(head_rows, dtype=torch.long)
+    if rows.dim() != 1 or not len(rows) or not 0 <= int(rows.min()) <= int(rows.max()) < vocab_size \
+            or len(rows.unique()) != len(rows):
+        raise ValueError(f"head_rows must be a non-empty 1-D list of distinct token ids in [0, {vocab_size})")
+    return rows
+
+
+def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: str,
+                       head_rows: torch.Tensor | None = None) -> dict:
+    """HF-named tensors -> the runtime's fused matrices (QKV, gate/up), quantized to ``quant``;
+    ``head_rows``: the LM head keeps those rows (the input embedding keeps all of them)."""
     args = LlamaArgs.from_hf_config(cfg)
     q = lambda w: quantize_matrix(w.float(), quant)  # noqa: E731
     layers = []
@@ -508,6 +539,8 @@ def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: str) ->
     embed = _take(state, "model.embed_tokens.weight")
     tied = cfg.get("tie_word_embeddings", "lm_head.weight" not in state)
     head = embed if tied else _take(state, "lm_head.weight")
+    if head_rows is not None:
+        head, tied = head[check_head_rows(head_rows, len(head))], False
     head_fmt = "f32" if quant == "f32" else "q8_0"  # a quantized model's head in Q8_0, as llama.cpp does
     return {"layers": layers, "norm": _take(state, "model.norm.weight"), "head": quantize_matrix(head.float(), head_fmt),
             "embed": None if tied else quantize_matrix(embed.float(), head_fmt)}
