@@ -6,7 +6,9 @@ runtime's slot copies across 64-slot tiles, and a prefill split into a reused pr
 rest giving bitwise the K/V and logits of one forward (and the native runtime, where it does
 not: there the cache stays off). Engine: with and without the cache, multi-turn chains and
 eviction under a tiny budget give the same tokens and bitwise the same logits, greedy and
-sampled, with every drafter kind; drafters still see the whole prompt.
+sampled, with every drafter kind (EAGLE and EAGLE-3 too: blocks keep the target features
+hidden-state drafters read, so they draft exactly as without the cache); drafters still see
+the whole prompt.
 """
 
 from __future__ import annotations
@@ -242,8 +244,21 @@ def conversation(model, drafter_factory, turns: list[list[int]], params: Samplin
 
 TURNS = [tokens(40, seed=10)[0].tolist(), tokens(23, seed=11)[0].tolist(), tokens(9, seed=12)[0].tolist(),
          tokens(30, seed=13)[0].tolist()]
+def _eagle(layers: tuple[int, ...], mode: str):
+    """An EAGLE (no layers) or EAGLE-3 drafter with a random head, on the compiled runtime."""
+    from test_eagle_runner import _head
+
+    from verispec.drafters.eagle import EagleDrafter
+    from verispec.drafters.eagle_runner import CompiledHeadRunner
+
+    head, embed = _head(layers, seed=3, vocab=VOCAB, draft_vocab=96), torch.randn(VOCAB, 64, generator=torch.Generator().manual_seed(4)) * 3
+    return lambda: EagleDrafter(head, embed, mode=mode, depth=3, top_k=3,
+                                runner=CompiledHeadRunner(head, embed, 512, quant="q8_0", max_draft=16))
+
+
 DRAFTERS = {"none": NoDrafter, "pld": lambda: PromptLookupDrafter(max_ngram=3),
-            "suffix": SuffixDecodingDrafter, "random-tree": lambda: RandomDrafter(VOCAB, seed=1, tree=True)}
+            "suffix": SuffixDecodingDrafter, "random-tree": lambda: RandomDrafter(VOCAB, seed=1, tree=True),
+            "eagle-chain": _eagle((), "chain"), "eagle3-tree": _eagle((0, 1), "tree")}
 
 
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
@@ -265,6 +280,28 @@ def test_multi_turn_with_and_without_cache_bitwise(load, drafter, params):
         expect.append(min(known, history + len(TURNS[t]) - 1) // B * B)
     assert cached[2] == expect and plain[2] == [0] * len(TURNS)
     assert pc.stats.reused_tokens == sum(expect) and pc.stats.hits == len(TURNS) - 1
+    if drafter.startswith("eagle"):  # the features came with the K/V, and the head drafted from them
+        assert all(b.hidden is not None for b in pc._blocks.values())
+
+
+def test_features_are_kept_and_matched_by_tag():
+    """Blocks keep the features given for the tokens they cover; a lookup with a tag reuses
+    only blocks with features of that tag (and returns them), one without a tag any block."""
+    pc = PrefixCache(max_bytes=100 * BLOCK_BYTES, block_size=B)
+    seq = list(range(3 * B + 5))
+    feats = torch.arange(len(seq) * 2, dtype=torch.float32).view(-1, 2)
+    pc.store(seq, ListCache(seq), feats[:2 * B + 3], "last")  # features cover 2 blocks of 3
+    n, got = pc.restore_with_hidden(seq + [0], ListCache(), "last")
+    assert n == 2 * B and torch.equal(got, feats[:2 * B])
+    assert pc.restore_with_hidden(seq + [0], ListCache(), "layers 0,1") == (0, None)
+    assert pc.restore(seq + [0], ListCache()) == 3 * B
+    pc.store(seq, ListCache(seq), feats, "layers 0,1")  # other features replace them
+    n, got = pc.restore_with_hidden(seq + [0], ListCache(), "layers 0,1")
+    assert n == 3 * B and torch.equal(got, feats[:3 * B])
+    pc.check_integrity()
+    assert pc.stats.bytes == 3 * BLOCK_BYTES + feats[:3 * B].numel() * 4
+    with pytest.raises(ValueError, match="hidden_tag"):
+        pc.store(seq, ListCache(seq), feats, None)
 
 
 def test_eviction_under_a_tiny_budget_keeps_outputs(load):

@@ -57,6 +57,13 @@ def hidden_request(drafter) -> dict:
     return {"want_hidden": drafter.needs_hidden_states}
 
 
+def hidden_tag(drafter) -> tuple | None:
+    """What ``drafter`` observes as a hashable tag (features a prefix cache may keep for
+    it: the last hidden state, or which layers); None when it observes none."""
+    req = hidden_request(drafter)
+    return tuple(sorted(req.items())) if req.get("want_hidden") or req.get("hidden_layers") else None
+
+
 def observed_hidden(out) -> torch.Tensor | None:
     """[B, N, *] what the drafter asked for in ``hidden_request``: layer outputs, else hidden."""
     return out.layers if getattr(out, "layers", None) is not None else out.hidden

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafters.base import DraftContext, Drafter, Observation, hidden_request, observed_hidden
+from ..drafters.base import DraftContext, Drafter, Observation, hidden_request, hidden_tag, observed_hidden
 from ..logits_processing import adjust_tree_logits
 from ..logprobs import step_rows, token_logprobs
 from ..models.base import CausalLM, KVCache
@@ -153,25 +153,35 @@ class Engine:
         """One forward over the prompt (past a prefix reused from the prefix cache). A
         drafter that needs hidden states observes it as a verified chain: root = the first
         prompt token, the rest of the prompt accepted, the first generated token as bonus
-        (``Observation`` of the prefill); it needs the whole prompt's, so it reuses nothing."""
+        (``Observation`` of the prefill); it needs the whole prompt's features, so it reuses
+        only cached blocks that keep them (``PrefixCache``), and its requests' features are
+        kept for the cache (``Request.hidden_rows``)."""
         t0 = time.perf_counter()
         device = self.target.info.device
         prompt = req.prompt_ids
         want = self.drafter.needs_hidden_states
+        tag = hidden_tag(self.drafter) if want else None
         pc = self.prefix_cache
-        start = req.stats.cached_tokens = pc.restore(prompt, req.cache) if pc is not None and not want else 0
+        start, reused = pc.restore_with_hidden(prompt, req.cache, tag) if pc is not None else (0, None)
+        req.stats.cached_tokens = start
         ids = torch.tensor([prompt[start:]], device=device)
         pos = torch.arange(start, len(prompt), device=device)[None]
         out = self.target.forward(ids, pos, req.cache, last_logits_only=True, **hidden_request(self.drafter))
         req.prefill_logits = out.logits[0, -1:]  # [1, V]
         req.stats.target_forwards += 1
         first, logprobs = self._first_token(req, req.prefill_logits)
+        hidden = None
         if want:
+            hidden = observed_hidden(out)[0]  # [P - start, F]
+            if reused is not None:
+                hidden = torch.cat([reused.to(hidden.device), hidden])
             tree = DraftTree.chain(prompt[0], prompt[1:])
             self.drafter.observe(Observation(req.request_id, tree, list(range(1, len(prompt))),
-                                             [*prompt[1:], first], out.logits[0], observed_hidden(out)[0]))
+                                             [*prompt[1:], first], out.logits[0], hidden))
+            if pc is not None:
+                req.hidden_rows = [hidden]
         if pc is not None:  # now, so requests running beside this one can share its prompt
-            pc.store(prompt, req.cache)
+            pc.store(prompt, req.cache, hidden, tag)
         req.stats.prefill_s = time.perf_counter() - t0
         self._commit(req, [first], logprobs)
 
@@ -193,7 +203,9 @@ class Engine:
         self.drafter.finish(req.request_id)
         if self.prefix_cache is not None:
             # slots past len(tokens) - 1 may hold an unverified tree if a step failed midway
-            self.prefix_cache.store(req.tokens[:min(req.cache.length, len(req.tokens) - 1)], req.cache)
+            n = min(req.cache.length, len(req.tokens) - 1)
+            hidden = None if req.hidden_rows is None else torch.cat(req.hidden_rows)[:n]
+            self.prefix_cache.store(req.tokens[:n], req.cache, hidden, hidden_tag(self.drafter) if hidden is not None else None)
 
     # ---- one step ----------------------------------------------------------------------
     # A step is propose -> forward_tree -> complete_step; a batch scheduler (engine/batch.py)
@@ -228,6 +240,8 @@ class Engine:
         req.stats.record_step(max(tree.depths), tree.num_drafted, len(acc.path))
         req.policy.update(tree.num_drafted, len(acc.path))
         self.drafter.observe(Observation(req.request_id, tree, acc.path, new, logits, hidden))
+        if req.hidden_rows is not None:  # the root's and the accepted nodes' features, now in the cache
+            req.hidden_rows.append(hidden[[0, *acc.path]])
         committed = self._commit(req, new, logprobs)
         req.stats.draft_s += t1 - t0
         req.stats.decode_s += time.perf_counter() - t0

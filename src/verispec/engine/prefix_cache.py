@@ -14,6 +14,13 @@ is always more recent than its children, the least recently used block is always
 and eviction (oldest first) never strands a child. Glossary: as ``models/base.py`` (slot,
 cached); reused = prompt tokens whose K/V came from this cache (``RequestStats.cached_tokens``).
 
+Hidden-state drafters (EAGLE, EAGLE-3, Medusa) read the target's features of every prompt
+token, so a block may also keep its tokens' observed features (``hidden``, under a
+``hidden_tag`` naming what the drafter asks for: the last hidden state or which layers); a
+lookup with a tag reuses only blocks that carry features of that tag. On a backend whose
+per-token outputs do not depend on the forward's split (``prefix_reuse_exact``), those are
+the features the drafter would have observed without the cache, so it drafts the same.
+
 Exactness: K/V is reused only on backends whose prefill is bitwise the same in one forward
 or in several (``prefix_reuse_exact``: the compiled CPU runtime). The native PyTorch runtime
 prefills long prompts on a fast path whose rounding depends on the forward's size, and
@@ -48,6 +55,8 @@ class _Block:
     kv: tuple[torch.Tensor, ...]  # the slots' K/V in the backend's layout (read_kv)
     nbytes: int
     children: int = 0
+    hidden: torch.Tensor | None = None  # [block_size, F] the tokens' observed features, if kept
+    hidden_tag: object = None  # what those features are (``hidden_tag``)
 
     @property
     def parent(self) -> int:
@@ -117,9 +126,15 @@ class PrefixCache:
     def restore(self, prompt_ids: Sequence[int], cache) -> int:
         """Append to the empty ``cache`` the K/V of the longest cached prefix of
         ``prompt_ids`` (at most ``len(prompt_ids) - 1`` tokens); returns its length."""
+        return self.restore_with_hidden(prompt_ids, cache, None)[0]
+
+    def restore_with_hidden(self, prompt_ids: Sequence[int], cache, hidden_tag: object
+                            ) -> tuple[int, torch.Tensor | None]:
+        """``restore``; with a ``hidden_tag``, only over blocks that keep features of that
+        tag, returned too ([reused, F]; None when nothing is reused or no tag)."""
         if cache.length != 0:
             raise ValueError(f"prefix cache: restore needs an empty cache (length {cache.length})")
-        chain = self._match(prompt_ids, (len(prompt_ids) - 1) // self.block_size)
+        chain = self._match(prompt_ids, (len(prompt_ids) - 1) // self.block_size, hidden_tag)
         for block in chain:
             cache.append_kv(block.kv, self.block_size)
         reused = len(chain) * self.block_size
@@ -127,19 +142,28 @@ class PrefixCache:
         self._hits += bool(chain)
         self._query_tokens += len(prompt_ids)
         self._reused += reused
-        return reused
+        hidden = torch.cat([b.hidden for b in chain]) if chain and hidden_tag is not None else None
+        return reused, hidden
 
-    def store(self, token_ids: Sequence[int], cache) -> None:
+    def store(self, token_ids: Sequence[int], cache, hidden: torch.Tensor | None = None,
+              hidden_tag: object = None) -> None:
         """Keep the full blocks of ``token_ids``, whose K/V are the first slots of ``cache``
-        (new blocks are copied; known ones only become recent); then evict to the budget."""
+        (new blocks are copied; known ones only become recent); ``hidden`` [n, F]: the
+        first n tokens' features (tag ``hidden_tag``), kept with the blocks they cover
+        (also for known blocks without them); then evict to the budget."""
         if len(token_ids) > cache.length:
             raise ValueError(f"prefix cache: {len(token_ids)} tokens but only {cache.length} cached slots")
+        if hidden is not None and hidden_tag is None:
+            raise ValueError("prefix cache: features need a hidden_tag")
         b, parent, chain = self.block_size, -1, []
+        covered = 0 if hidden is None else len(hidden) // b  # blocks whose features are all given
         for i in range(len(token_ids) // b):
             key = (parent, tuple(token_ids[i * b:(i + 1) * b]))
             block = self._blocks.get(key)
             if block is None:
                 block = self._insert(key, cache.read_kv(i * b, b))
+            if i < covered and (block.hidden is None or block.hidden_tag != hidden_tag):
+                self._attach(block, hidden[i * b:(i + 1) * b].clone(), hidden_tag)
             chain.append(block)
             parent = block.id
         self._touch(chain)
@@ -171,15 +195,18 @@ class PrefixCache:
             seen.add(block.id)
         assert len(self._by_id) == len(self._blocks)
         assert all(b.children == children.get(b.id, 0) for b in self._blocks.values())
+        assert all(b.nbytes == sum(t.numel() * t.element_size() for t in (*b.kv, *(() if b.hidden is None else (b.hidden,))))
+                   for b in self._blocks.values())
         assert self._bytes == sum(b.nbytes for b in self._blocks.values()) <= self.max_bytes
 
     # ---- internals ---------------------------------------------------------------------------
-    def _match(self, tokens: Sequence[int], max_blocks: int) -> list[_Block]:
-        """The longest chain of cached blocks that starts ``tokens`` (at most ``max_blocks``)."""
+    def _match(self, tokens: Sequence[int], max_blocks: int, hidden_tag: object = None) -> list[_Block]:
+        """The longest chain of cached blocks that starts ``tokens`` (at most ``max_blocks``),
+        with features of ``hidden_tag`` in every block if a tag is given."""
         b, parent, chain = self.block_size, -1, []
         for i in range(max_blocks):
             block = self._blocks.get((parent, tuple(tokens[i * b:(i + 1) * b])))
-            if block is None:
+            if block is None or (hidden_tag is not None and (block.hidden is None or block.hidden_tag != hidden_tag)):
                 break
             chain.append(block)
             parent = block.id
@@ -195,6 +222,14 @@ class PrefixCache:
         self._bytes += block.nbytes
         self._stored += 1
         return block
+
+    def _attach(self, block: _Block, hidden: torch.Tensor, tag: object) -> None:
+        """Give (or replace) a block's features."""
+        old = 0 if block.hidden is None else block.hidden.numel() * block.hidden.element_size()
+        block.hidden, block.hidden_tag = hidden, tag
+        new = hidden.numel() * hidden.element_size()
+        block.nbytes += new - old
+        self._bytes += new - old
 
     def _touch(self, chain: list[_Block]) -> None:
         for block in reversed(chain):  # deepest first: each parent ends up after its children

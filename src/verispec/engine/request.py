@@ -29,6 +29,9 @@ class Request:
     draft_limit: int | None = None  # per-request cap on drafted nodes (0 = no speculation)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if asked
     prefill_logits: torch.Tensor | None = None  # [1, V] raw target logits after the prompt (for forks)
+    # the observed target features of the tokens in the cache, in order, kept for the prefix
+    # cache when the drafter reads features (None: not kept)
+    hidden_rows: list[torch.Tensor] | None = None
     verify_generator: torch.Generator = field(init=False)
     draft_generator: torch.Generator = field(init=False)
 
