@@ -447,6 +447,8 @@ def test_train_checks_steps_and_out_first(tmp_path) -> None:
     one_line_exit_2("train", "eagle", "--out", str(tmp_path / "file"), needle="not a directory")
     one_line_exit_2("train", "eagle", "--out", str(tmp_path / "run"), "--data", str(tmp_path / "nope.jsonl"),
                     needle="does not exist")
+    one_line_exit_2("train", "draft", "--out", str(tmp_path / "run"), "--corpus-tokens", "0", needle="--corpus-tokens")
+    one_line_exit_2("train", "eagle3", "--out", str(tmp_path / "run"), "--corpus-tokens", "9", needle="--corpus-tokens")
 
 
 def test_datastore_prints_the_path_it_writes(tmp_path) -> None:

@@ -115,7 +115,7 @@ def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Pat
     if layers is not None and kind != "draft":
         raise ValueError("layers applies to the draft model only")
     if corpus_tokens is not None and kind == "eagle3":
-        raise ValueError("corpus_tokens applies to eagle, medusa and draft (eagle3 samples the whole corpus)")
+        raise ValueError("corpus_tokens (--corpus-tokens) applies to eagle, medusa and draft; eagle3 samples the whole corpus")
     if init is not None and kind not in ("draft", "eagle3"):
         raise ValueError("init applies to the draft model and EAGLE-3 only")
     if warmup is not None and not 0 <= warmup < steps:
