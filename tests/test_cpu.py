@@ -376,6 +376,7 @@ def test_reduced_head_rows_are_the_full_heads_bits(load, tiny_dirs, kind):
     rows = torch.tensor([3, 0, 17, VOCAB - 1, 40])
     small = CpuLlama.from_hf_dir(tiny_dirs[kind][0], max_length=512, quant="q8_0", head_rows=rows)
     assert small.info.vocab_size == VOCAB and small.args.vocab_size == len(rows)
+    assert small.resident_bytes > small.weight_bytes  # the full Q8_0 input embedding is resident too
     outside = torch.ones(VOCAB, dtype=torch.bool)
     outside[rows] = False
     ids = tokens(9)

@@ -106,6 +106,8 @@ def test_greedy_equals_plain(backend, trained, tmp_path, monkeypatch):
     _, _, _, weights = trained
     target = load_model("stories260k", backend=backend)
     drafter = make_drafter("draft", target, {"model": str(weights)})
+    idle = drafter.memory_bytes()
+    assert idle > 0  # the draft's weights (benchmarks report them as its extra memory)
     params = SamplingParams(max_new_tokens=60, ignore_eos=True)
     accepted = 0
     for prompt in ([1], [1, 403, 261, 153]):

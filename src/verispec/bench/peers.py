@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from ..types import SamplingParams
-from .runners import Generation, module_bytes, sync
+from ..models.base import model_bytes
+from .runners import Generation, sync
 
 
 def llamacpp_available() -> bool:
@@ -112,7 +113,7 @@ class HFGenerateRunner:
 
     def memory_bytes(self) -> int:
         """The peer's own copy of the target weights (+ the assistant's)."""
-        return module_bytes(self.model) + (module_bytes(self.assistant) if self.assistant is not None else 0)
+        return model_bytes(self.model) + (model_bytes(self.assistant) if self.assistant is not None else 0)
 
 
 def load_hf_model(hf_dir: Path, dtype: torch.dtype, num_layers: int | None = None) -> torch.nn.Module:

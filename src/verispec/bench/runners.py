@@ -54,19 +54,6 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def module_bytes(obj: object) -> int:
-    """Parameter + buffer bytes of a torch module, or of a backend exposing ``weight_bytes``
-    or wrapping a module as ``.model``; 0 for anything else."""
-    wb = getattr(obj, "weight_bytes", None)  # the native backend: a property
-    if wb is not None:
-        return int(wb() if callable(wb) else wb)
-    module = obj if isinstance(obj, torch.nn.Module) else getattr(obj, "model", None)
-    if not isinstance(module, torch.nn.Module):
-        return 0
-    tensors = [*module.parameters(), *module.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 class EngineRunner:
     """A drafter through our engine (the drafter ``none`` is the baseline), with its own
     prefix cache (``prefix_cache_mb``, 0 = off): each method reuses only its own requests."""
@@ -76,8 +63,6 @@ class EngineRunner:
         self.label, self.drafter = label, drafter
         self.engine = Engine(target, drafter, num_draft_tokens, policy, PrefixCache.from_mb(prefix_cache_mb))
         self._device = target.info.device
-        draft_model = getattr(drafter, "model", None)  # a draft LM has its own weights
-        self._static_bytes = module_bytes(draft_model) if draft_model is not None else 0
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         sync(self._device)
@@ -105,4 +90,4 @@ class EngineRunner:
             self.engine.prefix_cache.clear()
 
     def memory_bytes(self) -> int:
-        return self._static_bytes + int(self.drafter.memory_bytes())
+        return int(self.drafter.memory_bytes())

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import torch
 
-from ..models.base import CausalLM, KVCache
+from ..models.base import CausalLM, KVCache, model_bytes
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
 from .base import DraftContext, Observation, RequestTable
@@ -55,7 +55,13 @@ class DraftModelDrafter:
         pass  # the cache is re-synchronised lazily in propose()
 
     def memory_bytes(self) -> int:
-        return 0
+        """The draft model's resident weights plus every open request's pooled K/V."""
+        kv = 0
+        for st in self._states.values():
+            pool = getattr(st.cache, "pool", None)
+            kv += sum(t.numel() * t.element_size() for t in (getattr(pool, "k", None), getattr(pool, "v", None))
+                      if isinstance(t, torch.Tensor))
+        return model_bytes(self.model) + kv
 
     def _feed(self, state: _DraftState, tokens: list[int]) -> torch.Tensor:
         """Append tokens to the draft cache; returns [V] logits after the last one."""

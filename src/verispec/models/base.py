@@ -127,3 +127,17 @@ class CausalLM(Protocol):
 def causal_tree_mask(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """[n, n] lower-triangular bool mask: a chain where token i sees tokens 0..i."""
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+
+def model_bytes(obj: object) -> int:
+    """Resident weight bytes of a model: a backend's ``resident_bytes`` or ``weight_bytes``
+    (compiled / native runtimes), else the parameters and buffers of a torch module (or of
+    one wrapped as ``.model``, transformers); 0 for anything else."""
+    for name in ("resident_bytes", "weight_bytes"):
+        wb = getattr(obj, name, None)
+        if wb is not None:
+            return int(wb() if callable(wb) else wb)
+    module = obj if isinstance(obj, torch.nn.Module) else getattr(obj, "model", None)
+    if not isinstance(module, torch.nn.Module):
+        return 0
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))

@@ -261,6 +261,7 @@ class CpuLlama(PooledLM):
         if self.kv_dtype not in (torch.float32, torch.float16):
             raise ValueError(f"kv_dtype must be torch.float32 or torch.float16, got {self.kv_dtype}")
         embed = weights.get("embed")  # an untied input embedding may have more rows than the head (EAGLE heads)
+        self._embed_bytes = 0 if embed is None else int(np.asarray(embed.data).nbytes)
         self._cfg = _Config(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim,
                             args.intermediate_size, info.max_length, args.norm_eps, int(self.kv_dtype == torch.float16),
                             args.vocab_size if embed is None else embed.rows)
@@ -380,6 +381,11 @@ class CpuLlama(PooledLM):
     def weight_bytes(self) -> int:
         """Bytes of repacked weights read per decode step (embedding rows excluded)."""
         return int(library().vs_model_weight_bytes(self._h))
+
+    @property
+    def resident_bytes(self) -> int:
+        """``weight_bytes`` plus an untied input embedding (its rows are read one per token)."""
+        return self.weight_bytes + self._embed_bytes
 
     @property
     def exactness(self) -> Exactness:
