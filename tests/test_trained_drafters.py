@@ -140,6 +140,9 @@ def test_medusa_greedy_equals_plain(stories, trained, embed, tree, cost):
         accepted += stats.accepted
     assert accepted > 0
     assert len(drafter.paths(8)) <= 8
+    heads = drafter.heads
+    assert drafter.memory_bytes() == 4 * (sum(p.numel() for p in heads.parameters()) + drafter.lm_rows.numel()) + \
+        sum(b.numel() * b.element_size() for b in heads.buffers())
 
 
 def test_medusa_sequoia_tree_is_at_least_as_good_as_sparse(trained, embed):

@@ -154,7 +154,9 @@ class MedusaDrafter:
         self._states.get(obs.request_id).feature = obs.hidden[node].float()
 
     def memory_bytes(self) -> int:
-        return 0
+        """The heads and their copy of the draft vocabulary's LM-head rows (fp32)."""
+        tensors = [*self.heads.parameters(), *self.heads.buffers(), self.lm_rows]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def paths(self, budget: int) -> list[tuple[int, ...]]:
         """The tree spec (rank paths, parents first) for at most ``budget`` nodes."""
