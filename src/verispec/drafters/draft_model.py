@@ -56,12 +56,8 @@ class DraftModelDrafter:
 
     def memory_bytes(self) -> int:
         """The draft model's resident weights plus every open request's pooled K/V."""
-        kv = 0
-        for st in self._states.values():
-            pool = getattr(st.cache, "pool", None)
-            kv += sum(t.numel() * t.element_size() for t in (getattr(pool, "k", None), getattr(pool, "v", None))
-                      if isinstance(t, torch.Tensor))
-        return model_bytes(self.model) + kv
+        pools = (getattr(st.cache, "pool", None) for st in self._states.values())  # transformers: no pool
+        return model_bytes(self.model) + sum(p.nbytes for p in pools if p is not None)
 
     def _feed(self, state: _DraftState, tokens: list[int]) -> torch.Tensor:
         """Append tokens to the draft cache; returns [V] logits after the last one."""

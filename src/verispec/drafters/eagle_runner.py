@@ -201,7 +201,7 @@ class CompiledHeadRunner:
         return step_out, logits
 
     def memory_bytes(self, st: _CompiledState) -> int:
-        return st.pool.k.numel() * st.pool.k.element_size() + st.pool.v.numel() * st.pool.v.element_size()
+        return st.pool.nbytes
 
     @property
     def weight_bytes(self) -> int:

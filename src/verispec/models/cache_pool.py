@@ -32,6 +32,11 @@ class CachePool:
     def rows(self) -> int:
         return self._rows
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the K/V store (subclasses hold it as ``self.k`` and ``self.v``)."""
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v))
+
     def acquire(self) -> PooledCache:
         if not self._free:
             raise ValueError(f"cache pool: all {self.rows} rows are in use")

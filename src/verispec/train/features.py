@@ -52,24 +52,33 @@ def target_features(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def extract(model, seqs: list[list[int]], out_dir: str | Path, shard_size: int = 32,
             log: Callable[[str], None] = print) -> None:
-    """Write feature shards for ``seqs`` into ``out_dir``, skipping shards already there."""
+    """Write feature shards for ``seqs`` into ``out_dir`` (one float32 transformers forward
+    per sequence), skipping shards already there."""
+    write_shards(seqs, out_dir, lambda chunk: [target_features(model, ids) for ids in chunk], shard_size, log)
+
+
+def write_shards(seqs: list, out_dir: str | Path, features_of: Callable[[list], list[tuple[torch.Tensor, torch.Tensor]]],
+                 shard_size: int = 32, log: Callable[[str], None] = print) -> None:
+    """Shards of ``shard_size`` sequences: ``features_of(chunk)`` gives each sequence's
+    ([L, H] features, [L] greedy next tokens); shards already there are skipped (resume)."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
+    t0, done = time.time(), 0
     for s, b in enumerate(range(0, len(seqs), shard_size)):
         path = out / f"shard-{s:05d}.safetensors"
         if path.exists():
             continue
         chunk = seqs[b:b + shard_size]
-        hs, am = zip(*(target_features(model, ids) for ids in chunk))
-        offsets = torch.tensor([0, *torch.tensor([len(x) for x in chunk]).cumsum(0).tolist()])
+        hs, am = zip(*features_of(chunk))
+        offsets = torch.tensor([0, *np.cumsum([len(x) for x in chunk]).tolist()])
         tmp = path.with_suffix(".tmp")
-        save_file({"tokens": torch.tensor([t for x in chunk for t in x]), "argmax": torch.cat(am),
+        save_file({"tokens": torch.from_numpy(np.concatenate(chunk).astype(np.int64)), "argmax": torch.cat(am),
                    "feats": torch.cat(hs).to(torch.bfloat16).contiguous(), "offsets": offsets}, str(tmp))
         tmp.rename(path)
-        log(f"features: {b + len(chunk)}/{len(seqs)} sequences in {time.time() - t0:.0f}s")
+        done += sum(map(len, chunk))
+        log(f"features: {b + len(chunk)}/{len(seqs)} sequences, {done / (time.time() - t0):.0f} tokens/s")
 
 
 class Teacher:
@@ -102,32 +111,20 @@ def extract_with_backend(backend, seqs: list[np.ndarray], out_dir: str | Path, r
     features the served target computes, e.g. the compiled CPU runtime, batched ``rows``
     sequences a forward instead of one float32 transformers forward per sequence).
     Same shard format; shards already there are skipped."""
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     teacher = Teacher(backend, (), rows, max(map(len, seqs)))
-    t0, done = time.time(), 0
-    for s, b in enumerate(range(0, len(seqs), shard_size)):
-        path = out / f"shard-{s:05d}.safetensors"
-        chunk = seqs[b:b + shard_size]
-        if path.exists():
-            continue
-        hs, am = [None] * len(chunk), [None] * len(chunk)
+
+    def features_of(chunk: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        got = [None] * len(chunk)
         order = sorted(range(len(chunk)), key=lambda i: len(chunk[i]))  # similar lengths share a forward
         for g in range(0, len(order), rows):
             group = order[g:g + rows]
             hidden, logits = teacher([chunk[i] for i in group])  # [R, L, H], [R, L, V]
             for r, i in enumerate(group):
                 n = len(chunk[i])
-                hs[i], am[i] = hidden[r, :n].float(), logits[r, :n].argmax(-1)
-        offsets = torch.tensor([0, *np.cumsum([len(x) for x in chunk]).tolist()])
-        tmp = path.with_suffix(".tmp")
-        save_file({"tokens": torch.from_numpy(np.concatenate(chunk).astype(np.int64)), "argmax": torch.cat(am),
-                   "feats": torch.cat(hs).to(torch.bfloat16).contiguous(), "offsets": offsets}, str(tmp))
-        tmp.rename(path)
-        done += sum(map(len, chunk))
-        log(f"features: {b + len(chunk)}/{len(seqs)} sequences, {done / (time.time() - t0):.0f} tokens/s")
+                got[i] = hidden[r, :n].float(), logits[r, :n].argmax(-1)
+        return got
+
+    write_shards(seqs, out_dir, features_of, shard_size, log)
 
 
 def load(dirs: list[str | Path]) -> FeatureSet:
