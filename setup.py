@@ -16,8 +16,9 @@ CSRC = Path("src/verispec/csrc")
 setup(ext_modules=[Extension(
     "verispec._vscpu",
     sources=[str(CSRC / f) for f in ("runtime.cpp", "threads.cpp", "kernels_scalar.cpp", "kernels_avx2.cpp",
-                                      "kernels_avx512.cpp")],
-    depends=[str(CSRC / f) for f in ("vs.h", "threads.h", "kernels_generic.inc")],
+                                      "kernels_avx512.cpp")] + sorted(str(p) for p in (CSRC / "formats").glob("*.cpp")),
+    depends=[str(CSRC / f) for f in ("vs.h", "threads.h", "kernels_generic.inc", "formats/layout.h",
+                                      "formats/simd_avx2.h", "formats/simd_avx512.h")],
     extra_compile_args=["-std=c++17", "-O3", "-ffp-contract=off", "-fno-math-errno"],
     language="c++",
     optional=True,

@@ -468,7 +468,9 @@ def test_unsupported_shapes(tiny_dirs, tmp_path):
     assert cpu.supports(json.loads((tiny_dirs["llama"][0] / "config.json").read_text()))
     with pytest.raises(ModelError, match="config.json"):
         CpuLlama.from_hf_dir(tmp_path / "nowhere")
-    with pytest.raises(ValueError, match="quant"):
+    with pytest.raises(ValueError, match="unknown quant"):
+        CpuLlama.from_hf_dir(tiny_dirs["llama"][0], quant="q2_k")
+    with pytest.raises(ValueError, match="multiple of its block size 256"):  # K-quants need 256-wide rows
         CpuLlama.from_hf_dir(tiny_dirs["llama"][0], quant="q5_k")
 
 

@@ -11,7 +11,7 @@ namespace scalar {
 VS_ATTEND(score_tiles_ref, weigh_values_ref)
 }  // namespace scalar
 
-const Kernels kernels_scalar = {"scalar", scalar::matmul_ref, scalar::attend, scalar::silu_mul, scalar::quantize_row,
+const Kernels kernels_scalar = {"scalar", ISA_SCALAR, scalar::attend, scalar::silu_mul, scalar::quantize_row,
                                 scalar::rms_norm};
 
 }  // namespace vs

@@ -117,19 +117,6 @@ static const Kernels* select_kernels(const char* want, std::string& err) {
 
 // ---------------------------------------------------------------- weights
 
-// Source formats: GGUF block layouts (ggml's block_q4_0 / block_q4_1 / block_q8_0) or fp32.
-enum Source : int { SRC_F32 = 0, SRC_Q4_0 = 2, SRC_Q4_1 = 3, SRC_Q8_0 = 8 };
-
-static size_t src_row_bytes(int src, int cols) {
-  switch (src) {
-    case SRC_F32: return (size_t)cols * 4;
-    case SRC_Q4_0: return (size_t)cols / QK * 18;
-    case SRC_Q4_1: return (size_t)cols / QK * 20;
-    case SRC_Q8_0: return (size_t)cols / QK * 34;
-    default: return 0;
-  }
-}
-
 static void* aligned_zeroed(size_t bytes) {
   void* p = nullptr;
   if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) throw std::bad_alloc();
@@ -137,85 +124,51 @@ static void* aligned_zeroed(size_t bytes) {
   return p;
 }
 
-// Repack a row-major source matrix into 16-row panels (layouts in vs.h). Q4_0 becomes Q4
-// with min m = -8 d (exact in fp16: a power-of-two multiple).
-static void repack(Matrix& m, int src, const uint8_t* data, int rows, int cols) {
+// Repack a row-major source matrix (GGUF blocks of `f`, or fp32) into 16-row panels.
+static void repack(Matrix& m, const Format* f, const uint8_t* data, int rows, int cols) {
+  m.fmt = f;
   m.rows = rows;
   m.cols = cols;
   m.panels = (rows + PANEL - 1) / PANEL;
-  const int nb = cols / QK;
-  m.fmt = src == SRC_F32 ? F32 : (src == SRC_Q8_0 ? Q8 : Q4);
-  m.panel_bytes = m.fmt == F32 ? (size_t)cols * PANEL * 4 : (size_t)nb * (m.fmt == Q4 ? Q4_PANEL_BLOCK : Q8_PANEL_BLOCK);
+  m.panel_bytes = (size_t)(cols / f->block_cols) * f->panel_block_bytes;
   m.data = (uint8_t*)aligned_zeroed(m.panel_bytes * m.panels);
-  const size_t rb = src_row_bytes(src, cols);
-  for (int row = 0; row < rows; row++) {
-    const int p = row / PANEL, r = row % PANEL;
-    uint8_t* pw = m.data + (size_t)p * m.panel_bytes;
-    const uint8_t* s = data + (size_t)row * rb;
-    if (m.fmt == F32) {
-      const float* x = (const float*)s;
-      float* wp = (float*)pw;
-      for (int k = 0; k < cols; k++) wp[k * PANEL + r] = x[k];
-      continue;
-    }
-    for (int b = 0; b < nb; b++) {
-      if (m.fmt == Q8) {
-        const uint8_t* sb = s + (size_t)b * 34;  // fp16 d, int8 q[32]
-        uint8_t* blk = pw + (size_t)b * Q8_PANEL_BLOCK;
-        std::memcpy(blk + 2 * r, sb, 2);
-        for (int k = 0; k < QK; k++) blk[32 + (k >> 2) * 64 + r * 4 + (k & 3)] = (uint8_t)((int)(int8_t)sb[2 + k] + 128);
-        continue;
-      }
-      uint8_t* blk = pw + (size_t)b * Q4_PANEL_BLOCK;
-      const uint8_t* qs;
-      if (src == SRC_Q4_1) {  // fp16 d, fp16 m, nibbles: qs[j] = q[j] | q[j + 16] << 4
-        const uint8_t* sb = s + (size_t)b * 20;
-        std::memcpy(blk + 2 * r, sb, 2);
-        std::memcpy(blk + 32 + 2 * r, sb + 2, 2);
-        qs = sb + 4;
-      } else {  // Q4_0: fp16 d, nibbles; w = d * (q - 8)
-        const uint8_t* sb = s + (size_t)b * 18;
-        uint16_t d;
-        std::memcpy(&d, sb, 2);
-        std::memcpy(blk + 2 * r, &d, 2);
-        // m = -8 d in fp16: flip the sign and add 3 to the exponent (exact for normal d)
-        const int e = (d >> 10) & 0x1F;
-        if ((d & 0x7FFF) && (e == 0 || e > 27)) throw std::runtime_error("Q4_0 scale out of the supported fp16 range");
-        const uint16_t md = (d & 0x7FFF) ? (uint16_t)((d ^ 0x8000) + (3 << 10)) : 0;
-        std::memcpy(blk + 32 + 2 * r, &md, 2);
-        qs = sb + 2;
-      }
-      for (int j = 0; j < 16; j++) {  // nibble j (low) and j + 16 (high) share byte j
-        const int c = j >> 2, t = j & 3;
-        blk[64 + c * 64 + r * 4 + t] = qs[j];
-      }
-    }
-  }
+  const size_t rb = (size_t)(cols / f->block_cols) * f->src_block_bytes;
+  for (int row = 0; row < rows; row++)
+    f->repack_row(data + (size_t)row * rb, cols, m.data + (size_t)(row / PANEL) * m.panel_bytes, row % PANEL);
 }
 
-// One row of a repacked matrix as fp32 (the embedding lookup: tied or not).
-static void matrix_row(const Matrix& m, int row, float* out) {
-  const int p = row / PANEL, r = row % PANEL, nb = m.cols / QK;
-  const uint8_t* pw = m.data + (size_t)p * m.panel_bytes;
-  if (m.fmt == F32) {
-    for (int k = 0; k < m.cols; k++) out[k] = ((const float*)pw)[k * PANEL + r];
-    return;
-  }
-  for (int b = 0; b < nb; b++) {
-    if (m.fmt == Q8) {
-      const uint8_t* blk = pw + (size_t)b * Q8_PANEL_BLOCK;
-      const float d = half_to_float(((const uint16_t*)blk)[r]);
-      for (int k = 0; k < QK; k++) out[b * QK + k] = d * (float)((int)blk[32 + (k >> 2) * 64 + r * 4 + (k & 3)] - 128);
-    } else {
-      const uint8_t* blk = pw + (size_t)b * Q4_PANEL_BLOCK;
-      const float d = half_to_float(((const uint16_t*)blk)[r]), mn = half_to_float(((const uint16_t*)blk)[PANEL + r]);
-      for (int k = 0; k < QK; k++) {
-        const uint8_t byte = blk[64 + ((k & 15) >> 2) * 64 + r * 4 + (k & 3)];
-        out[b * QK + k] = d * (float)(k < 16 ? (byte & 15) : (byte >> 4)) + mn;
-      }
+// A linear layer: row blocks ("parts") stacked on top of each other, each in its own format
+// (a fused QKV whose V is Q6_K while Q and K are Q4_K). Part i computes output rows
+// [row0_i, row0_i + rows_i); each part's panels are its own, padded to 16 rows.
+struct Linear {
+  std::vector<Matrix> parts;
+  std::vector<int> row0;
+  int rows = 0, cols = 0, panels = 0;
+
+  bool empty() const { return parts.empty(); }
+  void clear() {
+    for (Matrix& m : parts) {
+      std::free(m.data);
+      std::free(m.bias);
     }
+    parts.clear();
+    row0.clear();
+    rows = cols = panels = 0;
   }
-}
+  size_t bytes() const {
+    size_t b = 0;
+    for (const Matrix& m : parts) b += m.panel_bytes * m.panels;
+    return b;
+  }
+  // One row as fp32 (the embedding lookup: tied or not).
+  void row(int r, float* out) const {
+    size_t i = 0;
+    while (i + 1 < parts.size() && r >= row0[i + 1]) i++;
+    const Matrix& m = parts[i];
+    const int lr = r - row0[i];
+    m.fmt->dequant_row(m.data + (size_t)(lr / PANEL) * m.panel_bytes, m.cols, lr % PANEL, out);
+  }
+};
 
 // ---------------------------------------------------------------- the model
 
@@ -228,17 +181,17 @@ struct Config {  // mirrors the Python ctypes struct (models/cpu.py)
 
 struct Layer {
   std::vector<float> attn_norm, ffn_norm;
-  Matrix wqkv, wo, w13, w2;  // w13 rows: gate (ffn) then up (ffn)
+  Linear wqkv, wo, w13, w2;  // wqkv rows: q, k, v; w13 rows: gate (ffn) then up (ffn)
 };
 
 struct Model {
   Config cfg{};
   std::vector<Layer> layers;
   std::vector<float> norm, rope_cos, rope_sin;  // rope tables [max_pos][head_dim / 2]
-  Matrix embed, head;
+  Linear embed, head;
   // Feature input (EAGLE heads): x = in_proj @ [in_norm(feat) ; embed(id)], used when a
   // batch carries features; in_norm empty = features as given.
-  Matrix in_proj;
+  Linear in_proj;
   std::vector<float> in_norm;
   bool tied = false;
   const Kernels* k = nullptr;
@@ -246,22 +199,17 @@ struct Model {
   std::mutex busy;  // one forward (or thread-count change) at a time: the pool runs one job
 
   ~Model() {
-    auto free_m = [](Matrix& m) { std::free(m.data); std::free(m.bias); m.data = nullptr; m.bias = nullptr; };
-    for (auto& l : layers) {
-      free_m(l.wqkv);
-      free_m(l.wo);
-      free_m(l.w13);
-      free_m(l.w2);
-    }
-    free_m(embed);
-    free_m(in_proj);
-    if (!tied) free_m(head);
+    for (auto& l : layers)
+      for (Linear* w : {&l.wqkv, &l.wo, &l.w13, &l.w2}) w->clear();
+    embed.clear();
+    in_proj.clear();
+    head.clear();
   }
-  const Matrix& embedding() const { return tied ? head : embed; }
+  const Linear& embedding() const { return tied ? head : embed; }
 };
 
 // A batch of new tokens over rows of one cache pool (mirrors the ctypes struct).
-//  K cache [layers][rows][kv_heads][slots / 64][head_dim][64] (64-slot tiles, transposed)
+//  K cache [layers][rows][kv_heads][slots / KV_TILE][head_dim][KV_TILE] (transposed tiles)
 //  V cache [layers][rows][kv_heads][slots][head_dim]; elements fp32, or fp16 if Config::kv16
 struct Batch {
   int32_t T;               // new tokens
@@ -291,17 +239,31 @@ struct Batch {
 struct Act {
   std::vector<float> x, d, s;
   std::vector<int8_t> q;
-  std::vector<int32_t> qsum;
+  std::vector<int32_t> qsum, qsum16;
   int cols = 0;
-  Act(int T, int c) : x((size_t)T * c), d((size_t)T * c / QK), s((size_t)T * c / QK), q((size_t)T * c), qsum((size_t)T * c / QK), cols(c) {}
-  void quantize(const Kernels* k, int t) { k->quantize_row(&x[(size_t)t * cols], cols, &q[(size_t)t * cols], &d[(size_t)t * cols / QK], &s[(size_t)t * cols / QK], &qsum[(size_t)t * cols / QK]); }
-  QAct view() const { return QAct{cols, cols / QK, x.data(), q.data(), d.data(), s.data(), qsum.data()}; }
+  Act(int T, int c)
+      : x((size_t)T * c), d((size_t)T * c / QK), s((size_t)T * c / QK), q((size_t)T * c), qsum((size_t)T * c / QK),
+        qsum16((size_t)T * c / 16), cols(c) {}
+  void quantize(const Kernels* k, int t) {
+    const size_t nb = (size_t)cols / QK;
+    k->quantize_row(&x[(size_t)t * cols], cols, &q[(size_t)t * cols], &d[t * nb], &s[t * nb], &qsum[t * nb], &qsum16[2 * t * nb]);
+  }
+  QAct view() const { return QAct{cols, cols / QK, x.data(), q.data(), d.data(), s.data(), qsum.data(), qsum16.data()}; }
 };
 
-static void matmul(Model& m, const Matrix& w, const Act& a, int T, float* out, int ldo) {
+// out[t][row] = W @ a[t] for every row of every part; threads split the parts' panels.
+static void matmul(Model& m, const Linear& w, const Act& a, int T, float* out, int ldo) {
   const QAct qa = a.view();
-  const Kernels* k = m.k;
-  m.pool->parallel_for(w.panels, [&](int p0, int p1) { k->matmul(w, p0, p1, qa, T, out, ldo); }, 2);
+  const int isa = m.k->isa;
+  m.pool->parallel_for(w.panels, [&](int p0, int p1) {
+    int first = 0;  // panels of part i: [first, first + parts[i].panels)
+    for (size_t i = 0; i < w.parts.size(); i++) {
+      const Matrix& part = w.parts[i];
+      const int lo = std::max(p0, first), hi = std::min(p1, first + part.panels);
+      if (lo < hi) part.fmt->matmul[isa](part, lo - first, hi - first, qa, T, out + w.row0[i], ldo);
+      first += part.panels;
+    }
+  }, 2);
 }
 
 static void rope(float* x, const float* cos, const float* sin, int half) {  // rotate_half convention
@@ -321,7 +283,7 @@ static void forward(Model& m, const Batch& bt) {
   const size_t esize = c.kv16 ? 2 : 4;  // bytes per cache element
   int max_slot = 0;
   for (int t = 0; t < T; t++) max_slot = bt.slot[t] > max_slot ? bt.slot[t] : max_slot;
-  const int stride = ((max_slot >> 6) + 1) * 64;  // attention scratch per head: whole tiles up to any token's slot
+  const int stride = (max_slot / KV_TILE + 1) * KV_TILE;  // attention scratch per head: whole tiles up to any token's slot
   ThreadPool& pool = *m.pool;
   // row-local phases: one chunk per thread, of at least 4 tokens (fewer do not pay a wake-up)
   const int tok_grain = std::max(4, (T + pool.size() - 1) / pool.size());
@@ -337,14 +299,14 @@ static void forward(Model& m, const Batch& bt) {
         const float* f = bt.feat + (size_t)t * dim;
         if (m.in_norm.empty()) std::memcpy(row, f, dim * sizeof(float));
         else m.k->rms_norm(f, m.in_norm.data(), dim, c.eps, row);
-        matrix_row(m.embedding(), bt.ids[t], row + dim);
+        m.embedding().row(bt.ids[t], row + dim);
         fe.quantize(m.k, t);
       }
     }, tok_grain);
     matmul(m, m.in_proj, fe, T, x.data(), dim);
   } else {
     pool.parallel_for(T, [&](int t0, int t1) {
-      for (int t = t0; t < t1; t++) matrix_row(m.embedding(), bt.ids[t], &x[(size_t)t * dim]);
+      for (int t = t0; t < t1; t++) m.embedding().row(bt.ids[t], &x[(size_t)t * dim]);
     }, tok_grain);
   }
 
@@ -369,15 +331,15 @@ static void forward(Model& m, const Batch& bt) {
         const int row = bt.seq_row[bt.seq[t]], s = bt.slot[t];
         for (int g = 0; g < KVH; g++) {
           const size_t base = ((size_t)row * KVH + g) * bt.cache_slots * D;
-          const size_t kt = base + (size_t)(s >> 6) * D * 64 + (s & 63), vt = base + (size_t)s * D;
+          const size_t kt = base + (size_t)(s / KV_TILE) * D * KV_TILE + s % KV_TILE, vt = base + (size_t)s * D;
           const float* k = q + (H + g) * D;
           const float* v = q + (H + KVH + g) * D;
           for (int d = 0; d < D; d++) {
             if (c.kv16) {
-              ((uint16_t*)kc)[kt + d * 64] = float_to_half(k[d]);
+              ((uint16_t*)kc)[kt + d * KV_TILE] = float_to_half(k[d]);
               ((uint16_t*)vc)[vt + d] = float_to_half(v[d]);
             } else {
-              ((float*)kc)[kt + d * 64] = k[d];
+              ((float*)kc)[kt + d * KV_TILE] = k[d];
               ((float*)vc)[vt + d] = v[d];
             }
           }
@@ -454,13 +416,14 @@ static std::string check_batch(const Model& m, const Batch& b) {
     return std::string(buf);
   };
   if (b.T < 1) return fail("forward needs at least one token, got %d", b.T);
-  if (b.cache_slots < 64 || b.cache_slots % 64) return fail("cache slots must be a positive multiple of 64, got %d", b.cache_slots);
+  if (b.cache_slots < KV_TILE || b.cache_slots % KV_TILE)
+    return fail("cache slots must be a positive multiple of %d, got %d", KV_TILE, b.cache_slots);
   if (b.n_seqs < 1) return fail("forward needs at least one sequence");
   for (int s = 0; s < b.n_seqs; s++) {
     if (b.seq_row[s] < 0 || b.seq_row[s] >= b.cache_rows) return fail("cache row %d out of [0, %d)", b.seq_row[s], b.cache_rows);
     if (b.seq_cached[s] < 0 || b.seq_cached[s] > b.cache_slots) return fail("cached length %d out of [0, %d]", b.seq_cached[s], b.cache_slots);
   }
-  if (b.feat && !m.in_proj.data) return fail("this model takes token ids, not features (no input projection)");
+  if (b.feat && m.in_proj.empty()) return fail("this model takes token ids, not features (no input projection)");
   for (int t = 0; t < b.T; t++) {
     if (b.ids[t] < 0 || b.ids[t] >= c.embed_rows) return fail("token ids must be in [0, %d), got %d", c.embed_rows, b.ids[t]);
     if (b.pos[t] < 0 || b.pos[t] >= c.max_pos) return fail("positions must be in [0, %d), got %d", c.max_pos, b.pos[t]);
@@ -496,7 +459,8 @@ static void cache_move(const vs::Config* c, KV* kcache, KV* vcache, int rows, in
         if (s == t) continue;
         KV* k = kcache + base;
         for (int d = 0; d < D; d++)
-          k[(size_t)(t >> 6) * D * 64 + d * 64 + (t & 63)] = k[(size_t)(s >> 6) * D * 64 + d * 64 + (s & 63)];
+          k[(size_t)(t / vs::KV_TILE) * D * vs::KV_TILE + d * vs::KV_TILE + t % vs::KV_TILE] =
+              k[(size_t)(s / vs::KV_TILE) * D * vs::KV_TILE + d * vs::KV_TILE + s % vs::KV_TILE];
         std::memmove(vcache + base + (size_t)t * D, vcache + base + (size_t)s * D, D * sizeof(KV));
       }
     }
@@ -563,43 +527,59 @@ int vs_model_set_threads(void* mp, int threads) {
   return 0;
 }
 
-// which: 0 attn_norm, 1 ffn_norm, 2 wqkv, 3 wo, 4 w13, 5 w2 (per layer); 6 final norm, 7 embed, 8 head,
-// 9 in_proj [dim, 2 dim] and 10 in_norm [dim] (feature input, optional).
-// Vectors (norms) are fp32 [cols]. A tied model sets only the head (the embedding reads it).
-int vs_model_set(void* mp, int layer, int which, int src, const void* data, int rows, int cols, const float* bias,
+// Set a tensor. Slots: enum Slot (vs.h). Norm vectors are fp32 [cols] (ggml_type 0).
+// Matrices are row-major GGUF blocks of `ggml_type` (a Format of formats/table.cpp) or fp32;
+// a second call for the same matrix slot appends rows (a fused layer whose row blocks have
+// different formats), each part with its own optional bias [rows].
+// A tied model sets only the head (the embedding reads it).
+int vs_model_set(void* mp, int layer, int slot, int ggml_type, const void* data, int rows, int cols, const float* bias,
                  char* err, int n) {
   auto* m = (Model*)mp;
   try {
-    if (which < 0 || which > 10 || (which < 6 && (layer < 0 || layer >= m->cfg.n_layers))) {
+    const bool per_layer = slot < vs::SLOT_NORM;
+    if (slot < 0 || slot >= vs::N_SLOTS || (per_layer && (layer < 0 || layer >= m->cfg.n_layers))) {
       set_err(err, n, "bad tensor slot");
       return -1;
     }
-    if (which == 0 || which == 1 || which == 6 || which == 10) {
-      if (src != vs::SRC_F32 || cols != m->cfg.dim) {
+    if (slot == vs::SLOT_ATTN_NORM || slot == vs::SLOT_FFN_NORM || slot == vs::SLOT_NORM || slot == vs::SLOT_IN_NORM) {
+      if (ggml_type != 0 || cols != m->cfg.dim) {
         set_err(err, n, "norm weights must be fp32 [dim]");
         return -1;
       }
       const float* f = (const float*)data;
-      std::vector<float>& dst = which == 0 ? m->layers[layer].attn_norm : which == 1 ? m->layers[layer].ffn_norm
-                              : which == 10 ? m->in_norm : m->norm;
+      std::vector<float>& dst = slot == vs::SLOT_ATTN_NORM ? m->layers[layer].attn_norm
+                              : slot == vs::SLOT_FFN_NORM ? m->layers[layer].ffn_norm
+                              : slot == vs::SLOT_IN_NORM  ? m->in_norm : m->norm;
       dst.assign(f, f + cols);
       return 0;
     }
-    if (vs::src_row_bytes(src, cols) == 0 || cols % vs::QK || rows < 1) {
-      set_err(err, n, "unsupported weight format or shape (formats: F32, Q4_0, Q4_1, Q8_0; columns a multiple of 32)");
+    const vs::Format* f = vs::format_by_type(ggml_type);
+    if (!f || rows < 1 || cols % vs::QK || cols % f->block_cols) {
+      std::string names;
+      for (int i = 0; i < vs::N_FORMATS; i++) names += std::string(i ? ", " : "") + vs::FORMATS[i]->name;
+      set_err(err, n, f ? "unsupported shape: columns must be a multiple of 32 and of the format's block"
+                        : "unsupported weight format (ggml type " + std::to_string(ggml_type) + "); formats: " + names);
       return -1;
     }
-    vs::Matrix* dst = which == 7 ? &m->embed : which == 8 ? &m->head : which == 9 ? &m->in_proj
-                    : which == 2 ? &m->layers[layer].wqkv : which == 3 ? &m->layers[layer].wo
-                    : which == 4 ? &m->layers[layer].w13 : &m->layers[layer].w2;
-    std::free(dst->data);
-    std::free(dst->bias);
-    *dst = vs::Matrix();
-    vs::repack(*dst, src, (const uint8_t*)data, rows, cols);
-    if (bias) {
-      dst->bias = (float*)vs::aligned_zeroed((size_t)rows * 4);
-      std::memcpy(dst->bias, bias, (size_t)rows * 4);
+    vs::Linear* dst = slot == vs::SLOT_EMBED ? &m->embed : slot == vs::SLOT_HEAD ? &m->head
+                    : slot == vs::SLOT_IN_PROJ ? &m->in_proj : slot == vs::SLOT_WQKV ? &m->layers[layer].wqkv
+                    : slot == vs::SLOT_WO ? &m->layers[layer].wo : slot == vs::SLOT_W13 ? &m->layers[layer].w13
+                    : &m->layers[layer].w2;
+    if (!dst->empty() && dst->cols != cols) {
+      set_err(err, n, "the parts of a matrix must have the same number of columns");
+      return -1;
     }
+    vs::Matrix part;
+    vs::repack(part, f, (const uint8_t*)data, rows, cols);
+    if (bias) {
+      part.bias = (float*)vs::aligned_zeroed((size_t)rows * 4);
+      std::memcpy(part.bias, bias, (size_t)rows * 4);
+    }
+    dst->row0.push_back(dst->rows);
+    dst->parts.push_back(part);
+    dst->rows += rows;
+    dst->cols = cols;
+    dst->panels += part.panels;
     return 0;
   } catch (const std::exception& ex) {
     set_err(err, n, std::string("out of memory repacking weights: ") + ex.what());
@@ -611,10 +591,10 @@ int vs_model_set(void* mp, int layer, int which, int src, const void* data, int 
 int vs_model_finish(void* mp, char* err, int n) {
   auto* m = (Model*)mp;
   const vs::Config& c = m->cfg;
-  auto bad = [&](const char* what, const vs::Matrix& w, int rows, int cols) {
-    if (w.data && w.rows == rows && w.cols == cols) return false;
+  auto bad = [&](const char* what, const vs::Linear& w, int rows, int cols) {
+    if (!w.empty() && w.rows == rows && w.cols == cols) return false;
     char buf[200];
-    std::snprintf(buf, sizeof buf, "%s: expected [%d, %d], got %s[%d, %d]", what, rows, cols, w.data ? "" : "nothing ", w.rows, w.cols);
+    std::snprintf(buf, sizeof buf, "%s: expected [%d, %d], got %s[%d, %d]", what, rows, cols, w.empty() ? "nothing " : "", w.rows, w.cols);
     set_err(err, n, buf);
     return true;
   };
@@ -633,22 +613,43 @@ int vs_model_finish(void* mp, char* err, int n) {
     return -1;
   }
   if (bad("lm_head", m->head, c.vocab, c.dim)) return -1;
-  m->tied = m->embed.data == nullptr;
+  m->tied = m->embed.empty();
   if (m->tied && c.embed_rows != c.vocab) {
     set_err(err, n, "a tied model embeds with its LM head: embed_rows must equal vocab");
     return -1;
   }
   if (!m->tied && bad("embedding", m->embed, c.embed_rows, c.dim)) return -1;
-  if (m->in_proj.data && bad("in_proj", m->in_proj, c.dim, 2 * c.dim)) return -1;
+  if (!m->in_proj.empty() && bad("in_proj", m->in_proj, c.dim, 2 * c.dim)) return -1;
   return 0;
 }
 
+// Bytes of repacked weights read per decode step (the embedding's rows are read one per token).
 size_t vs_model_weight_bytes(void* mp) {
   auto* m = (Model*)mp;
-  size_t total = m->head.panel_bytes * m->head.panels + m->in_proj.panel_bytes * m->in_proj.panels;
-  for (auto& L : m->layers)
-    for (const vs::Matrix* w : {&L.wqkv, &L.wo, &L.w13, &L.w2}) total += w->panel_bytes * w->panels;
+  size_t total = m->head.bytes() + m->in_proj.bytes();
+  for (auto& L : m->layers) total += L.wqkv.bytes() + L.wo.bytes() + L.w13.bytes() + L.w2.bytes();
   return total;
+}
+
+// ---- the ABI, checked by models/cpu.py at load: a stale or mismatched build fails loudly
+
+int vs_abi_version() { return vs::ABI_VERSION; }
+
+// sizeof of the shared structs: 0 Config, 1 Batch
+size_t vs_abi_sizeof(int which) { return which == 0 ? sizeof(vs::Config) : which == 1 ? sizeof(vs::Batch) : 0; }
+
+int vs_abi_slots() { return vs::N_SLOTS; }
+
+// "name:ggml_type:block_cols:block_bytes" of every format, comma-separated
+int vs_formats(char* out, int n) {
+  std::string s;
+  for (int i = 0; i < vs::N_FORMATS; i++) {
+    const vs::Format* f = vs::FORMATS[i];
+    s += (i ? "," : "") + std::string(f->name) + ":" + std::to_string(f->ggml_type) + ":" + std::to_string(f->block_cols) + ":" +
+         std::to_string(f->src_block_bytes);
+  }
+  set_err(out, n, s);
+  return (int)s.size() < n ? 0 : -1;
 }
 
 int vs_forward(void* mp, const vs::Batch* b, char* err, int n) {

@@ -21,11 +21,13 @@ Threads: a persistent pool, ``torch.get_num_threads()`` at load unless ``threads
 from __future__ import annotations
 
 import ctypes
+import enum
 import importlib.util
 import json
 import os
 import warnings
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +37,26 @@ from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
 from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
 from verispec.models.native import SUPPORTED_MODEL_TYPES, LlamaArgs, _read_safetensors, _take, rope_tables
 
-SLOT_TILE = 64  # K cache slots per transposed tile (csrc/vs.h)
-_SRC = {"f32": 0, "q4_0": 2, "q4_1": 3, "q8_0": 8}  # csrc/runtime.cpp: enum Source
+SLOT_TILE = 64  # K cache slots per transposed tile (csrc/vs.h: KV_TILE)
+PANEL_ROWS = 16  # rows per weight panel (csrc/vs.h: PANEL)
+ABI_VERSION = 2  # csrc/vs.h: ABI_VERSION
 _ERR = 512
+
+
+class Slot(enum.IntEnum):
+    """Tensor slots of the runtime (csrc/vs.h: enum Slot)."""
+
+    ATTN_NORM = 0
+    FFN_NORM = 1
+    WQKV = 2
+    WO = 3
+    W13 = 4
+    W2 = 5
+    NORM = 6
+    EMBED = 7
+    HEAD = 8
+    IN_PROJ = 9
+    IN_NORM = 10
 
 
 # ----------------------------------------------------------------------------- the library
@@ -90,7 +109,45 @@ def _load_library() -> ctypes.CDLL:
     lib.vs_forward.argtypes = (ctypes.c_void_p, _P(_Batch), *c_err)
     lib.vs_cache_move.argtypes = (_P(_Config), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                   ctypes.c_int, _P(ctypes.c_int32), ctypes.c_int, ctypes.c_int)
+    _check_abi(lib, spec.origin)
     return lib
+
+
+def _check_abi(lib: ctypes.CDLL, origin: str) -> None:
+    """A stale or mismatched build fails loudly: version, struct sizes, slots and formats."""
+    try:
+        lib.vs_abi_sizeof.restype = ctypes.c_size_t
+        lib.vs_abi_sizeof.argtypes = (ctypes.c_int,)
+        lib.vs_formats.argtypes = (ctypes.c_char_p, ctypes.c_int)
+        got = (lib.vs_abi_version(), lib.vs_abi_sizeof(0), lib.vs_abi_sizeof(1), lib.vs_abi_slots())
+    except AttributeError:
+        got = None
+    want = (ABI_VERSION, ctypes.sizeof(_Config), ctypes.sizeof(_Batch), len(Slot))
+    if got != want:
+        raise OSError(f"the compiled runtime {origin} does not match this verispec (ABI {got}, expected {want}): "
+                      "rebuild it with `pip install -e .`")
+    buf = ctypes.create_string_buffer(4096)
+    lib.vs_formats(buf, len(buf))
+    FORMATS.clear()
+    for item in buf.value.decode().split(","):
+        name, gtype, block, nbytes = item.split(":")
+        FORMATS[name] = WeightFormat(name, int(gtype), int(block), int(nbytes))
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """A weight format of the runtime (csrc/formats/table.cpp): GGUF type id and block size."""
+
+    name: str  # ggml's name, lower case
+    ggml_type: int
+    block: int  # weights per block
+    block_bytes: int
+
+    def row_bytes(self, cols: int) -> int:
+        return cols // self.block * self.block_bytes
+
+
+FORMATS: dict[str, WeightFormat] = {}  # filled from the library at load
 
 
 def library() -> ctypes.CDLL:
@@ -147,17 +204,31 @@ def _i32(values) -> np.ndarray:
 class RawMatrix:
     """A row-major weight matrix in a source format: fp32 values or GGUF blocks (uint8 [rows, bytes])."""
 
-    fmt: str  # f32, q4_0, q4_1, q8_0
+    fmt: str  # a runtime format name (FORMATS): f32, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k
     data: np.ndarray
     rows: int
     cols: int
+    # called once the runtime has repacked the data (a memory-mapped file's pages are dropped)
+    release: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+
+    def take_rows(self, rows) -> RawMatrix:
+        """The matrix of the given rows (a reduced LM head): rows are whole blocks in every format."""
+        data = np.asarray(self.data)[np.asarray(rows)]
+        return RawMatrix(self.fmt, data, len(data), self.cols)
 
     @staticmethod
-    def cat(parts: list[RawMatrix]) -> RawMatrix:
-        """Stack the rows of matrices of one format (fused QKV, gate/up)."""
-        if len({p.fmt for p in parts}) != 1 or len({p.cols for p in parts}) != 1:
-            raise ModelError(f"cannot fuse {[(p.fmt, p.cols) for p in parts]}: formats or widths differ")
-        return RawMatrix(parts[0].fmt, np.concatenate([p.data for p in parts]), sum(p.rows for p in parts), parts[0].cols)
+    def stack(linear: Linear) -> RawMatrix:
+        """One matrix of a layer's row blocks (all in one format)."""
+        parts = linear if isinstance(linear, list) else [linear]
+        if len({p.fmt for p in parts}) != 1:
+            raise ModelError(f"cannot stack row blocks of formats {sorted({p.fmt for p in parts})}")
+        return RawMatrix(parts[0].fmt, np.concatenate([np.asarray(p.data) for p in parts]), sum(p.rows for p in parts),
+                         parts[0].cols)
+
+
+# A layer's weights: one matrix, or row blocks stacked in order (fused QKV, gate/up), each in
+# its own format (a Q4_K_M file mixes Q4_K and Q6_K inside one fused QKV).
+Linear = RawMatrix | list[RawMatrix]
 
 
 def _f32(t: torch.Tensor) -> RawMatrix:
@@ -165,15 +236,18 @@ def _f32(t: torch.Tensor) -> RawMatrix:
     return RawMatrix("f32", t.numpy(), t.shape[0], t.shape[1])
 
 
+QUANTS = ("f32", "q8_0", "q4_1", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k")  # formats quantize_matrix writes
+
+
 def quantize_matrix(w: torch.Tensor, fmt: str) -> RawMatrix:
-    """fp32 [rows, cols] -> GGUF blocks of ``fmt`` (q4_0, q4_1, q8_0) through the gguf package."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import quantize
+    """fp32 [rows, cols] -> GGUF blocks of ``fmt`` (one of QUANTS; K formats need cols % 256 == 0)."""
+    from verispec.models.ggml_quants import quantize
 
     if fmt == "f32":
         return _f32(w)
-    qtype = {"q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}[fmt]
-    return RawMatrix(fmt, quantize(w.float().numpy(), qtype), w.shape[0], w.shape[1])
+    if fmt not in QUANTS:
+        raise ValueError(f"unknown quant {fmt!r}; use {', '.join(QUANTS)}")
+    return RawMatrix(fmt, quantize(w.float().numpy(), fmt), w.shape[0], w.shape[1])
 
 
 # ----------------------------------------------------------------------------- cache
@@ -261,10 +335,11 @@ class CpuLlama(PooledLM):
         if self.kv_dtype not in (torch.float32, torch.float16):
             raise ValueError(f"kv_dtype must be torch.float32 or torch.float16, got {self.kv_dtype}")
         embed = weights.get("embed")  # an untied input embedding may have more rows than the head (EAGLE heads)
-        self._embed_bytes = 0 if embed is None else int(np.asarray(embed.data).nbytes)
+        embed_parts = [] if embed is None else embed if isinstance(embed, list) else [embed]
+        self._embed_bytes = sum(int(np.asarray(p.data).nbytes) for p in embed_parts)
         self._cfg = _Config(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim,
                             args.intermediate_size, info.max_length, args.norm_eps, int(self.kv_dtype == torch.float16),
-                            args.vocab_size if embed is None else embed.rows)
+                            args.vocab_size if embed is None else sum(p.rows for p in embed_parts))
         cos, sin = (t.contiguous() for t in rope_tables(args, info.max_length, torch.device("cpu")))
         err = ctypes.create_string_buffer(_ERR)
         threads = threads or torch.get_num_threads()
@@ -281,32 +356,47 @@ class CpuLlama(PooledLM):
 
     def _set_all(self, weights: dict) -> None:
         for i, layer in enumerate(weights["layers"]):
-            self._set(i, 0, layer["attn_norm"])
-            self._set(i, 1, layer["ffn_norm"])
-            for which, name in ((2, "wqkv"), (3, "wo"), (4, "w13"), (5, "w2")):
-                self._set(i, which, layer[name], layer.get(name + "_bias"))
-        self._set(-1, 6, weights["norm"])
+            self._set(i, Slot.ATTN_NORM, layer["attn_norm"])
+            self._set(i, Slot.FFN_NORM, layer["ffn_norm"])
+            for slot, name in ((Slot.WQKV, "wqkv"), (Slot.WO, "wo"), (Slot.W13, "w13"), (Slot.W2, "w2")):
+                self._set(i, slot, layer[name], layer.get(name + "_bias"))
+        self._set(-1, Slot.NORM, weights["norm"])
         if weights.get("embed") is not None:
-            self._set(-1, 7, weights["embed"])
-        self._set(-1, 8, weights["head"])
+            self._set(-1, Slot.EMBED, weights["embed"])
+        self._set(-1, Slot.HEAD, weights["head"])
         if weights.get("in_proj") is not None:  # feature input (EAGLE heads): forward_slots(feats=...)
-            self._set(-1, 9, weights["in_proj"], weights.get("in_proj_bias"))
+            self._set(-1, Slot.IN_PROJ, weights["in_proj"], weights.get("in_proj_bias"))
         if weights.get("in_norm") is not None:
-            self._set(-1, 10, weights["in_norm"])
+            self._set(-1, Slot.IN_NORM, weights["in_norm"])
         err = ctypes.create_string_buffer(_ERR)
         if library().vs_model_finish(self._h, err, _ERR):
             raise ModelError(f"compiled runtime: {err.value.decode()}")
 
-    def _set(self, layer: int, which: int, w: RawMatrix | torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def _set(self, layer: int, slot: Slot, w: Linear | torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """One tensor; a list of row blocks is set part by part (the bias split by their rows)."""
         if isinstance(w, torch.Tensor):  # a norm vector
             w = RawMatrix("f32", w.float().contiguous().numpy(), 1, w.numel())
-        data = np.ascontiguousarray(w.data)
+        parts = w if isinstance(w, list) else [w]
         b = None if bias is None else bias.float().contiguous()
-        err = ctypes.create_string_buffer(_ERR)
-        rc = library().vs_model_set(self._h, layer, which, _SRC[w.fmt], data.ctypes.data, w.rows, w.cols,
-                                    None if b is None else _ptr(b, ctypes.c_float), err, _ERR)
-        if rc:
-            raise ModelError(f"compiled runtime, layer {layer} tensor {which}: {err.value.decode()}")
+        row = 0
+        for part in parts:
+            fmt = FORMATS.get(part.fmt)
+            if fmt is None:
+                raise ModelError(f"compiled runtime, layer {layer} tensor {slot.name.lower()}: format {part.fmt} is not "
+                                 f"supported (formats: {', '.join(FORMATS)})")
+            data = np.ascontiguousarray(part.data)
+            if data.nbytes != part.rows * fmt.row_bytes(part.cols) and part.cols % fmt.block == 0:
+                raise ModelError(f"compiled runtime, layer {layer} tensor {slot.name.lower()}: {data.nbytes} bytes for "
+                                 f"[{part.rows}, {part.cols}] {part.fmt}")
+            pb = None if b is None else b[row:row + part.rows].contiguous()
+            err = ctypes.create_string_buffer(_ERR)
+            rc = library().vs_model_set(self._h, layer, int(slot), fmt.ggml_type, data.ctypes.data, part.rows, part.cols,
+                                        None if pb is None else _ptr(pb, ctypes.c_float), err, _ERR)
+            if rc:
+                raise ModelError(f"compiled runtime, layer {layer} tensor {slot.name.lower()}: {err.value.decode()}")
+            if part.release is not None:
+                part.release()
+            row += part.rows
 
     def __del__(self):
         h = getattr(self, "_h", None)
@@ -345,9 +435,9 @@ class CpuLlama(PooledLM):
     @classmethod
     def from_state_dict(cls, cfg: dict, state: dict[str, torch.Tensor], max_length: int | None = None,
                         quant: str = "f32", name: str = "cpu-llama", **kw) -> CpuLlama:
-        """From an HF config dict and HF-named tensors; ``quant``: f32, q8_0, q4_1 or q4_0."""
-        if quant not in ("f32", "q8_0", "q4_1", "q4_0"):
-            raise ValueError(f"unknown quant {quant!r}; use f32, q8_0, q4_1 or q4_0")
+        """From an HF config dict and HF-named tensors; ``quant``: one of QUANTS."""
+        if quant not in QUANTS:
+            raise ValueError(f"unknown quant {quant!r}; use {', '.join(QUANTS)}")
         weights = state_dict_weights(cfg, state, quant, kw.get("head_rows"))
         return cls.from_weights(cfg, weights, max_length, name=name, quant=quant, **kw)
 
@@ -535,7 +625,8 @@ def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: str,
         p = f"model.layers.{i}."
         t = lambda n: _take(state, p + n)  # noqa: E731
         layer = {"attn_norm": t("input_layernorm.weight"), "ffn_norm": t("post_attention_layernorm.weight"),
-                 "wqkv": q(torch.cat([t("self_attn.q_proj.weight"), t("self_attn.k_proj.weight"), t("self_attn.v_proj.weight")])),
+                 "wqkv": q(torch.cat([t("self_attn.q_proj.weight"), t("self_attn.k_proj.weight"),
+                                      t("self_attn.v_proj.weight")])),
                  "wo": q(t("self_attn.o_proj.weight")),
                  "w13": q(torch.cat([t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")])),
                  "w2": q(t("mlp.down_proj.weight"))}
@@ -552,52 +643,87 @@ def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: str,
             "embed": None if tied else quantize_matrix(embed.float(), head_fmt)}
 
 
-_GGUF_FORMATS = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "F32": "f32"}
+_CHUNK_BYTES = 32 << 20  # large tensors are set in row blocks of at most this many source bytes
 
 
 def gguf_weights(path: Path, cfg: dict) -> tuple[dict, str]:
-    """The weights of a llama-architecture GGUF file as its own blocks (no dequantization).
-    Q/K rows go from GGUF's interleaved RoPE pairs to HF's rotate_half order (a row permutation)."""
-    from gguf import GGUFReader
+    """The weights of a ``llama`` or ``qwen2`` GGUF file as its own blocks (no dequantization,
+    no fp32 copy): every format of ``FORMATS`` (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, F32).
+    Data are views of one read-only memory map; each row block's pages are released once the
+    runtime has repacked it, so loading holds the repacked weights plus one block at a time.
+    Llama Q/K rows go from GGUF's interleaved RoPE pairs to HF's rotate_half order (a row
+    permutation); qwen2 files keep rotate_half order (llama.cpp's NEOX RoPE) and carry Q/K/V biases."""
+    import mmap
 
+    from verispec.models.gguf_file import read_gguf
     from verispec.models.loading import rope_interleaved_to_half
 
+    library()  # FORMATS comes from the library
     args = LlamaArgs.from_hf_config(cfg)
-    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    info = read_gguf(path)
+    by_type = {f.ggml_type: f for f in FORMATS.values()}
+    permute = cfg.get("model_type", "llama") != "qwen2"
+    with path.open("rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    page = mmap.PAGESIZE
 
-    def raw(name: str, heads: int | None = None) -> RawMatrix:
-        if name not in tensors:
+    def release(start: int, nbytes: int):
+        lo = start // page * page
+        return lambda: buf.madvise(mmap.MADV_DONTNEED, lo, start + nbytes - lo)
+
+    def tensor(name: str):
+        t = info.tensors.get(name)
+        if t is None:
             raise ModelError(f"{path}: missing tensor {name}")
-        t = tensors[name]
-        fmt = _GGUF_FORMATS.get(t.tensor_type.name)
-        if fmt is None:
-            raise ModelError(f"{path}: tensor {name} is {t.tensor_type.name}; the compiled runtime reads "
-                             f"{', '.join(_GGUF_FORMATS)} (use --backend native for other formats)")
-        data = np.asarray(t.data)
-        if fmt == "f32":
-            data = data.reshape(int(t.shape[1]), int(t.shape[0])) if len(t.shape) == 2 else data
-        rows = data.shape[0]
-        if heads is not None:
+        return t
+
+    def raw(name: str, heads: int | None = None) -> Linear:
+        t = tensor(name)
+        fmt = by_type.get(t.type_id)
+        if fmt is None or len(t.shape) != 2:
+            raise ModelError(f"{path}: tensor {name} is {t.type_name}; the compiled runtime reads "
+                             f"{', '.join(f.upper() for f in FORMATS)} (try --backend native, which dequantizes)")
+        cols, rows = t.shape
+        rb = fmt.row_bytes(cols)
+        data = np.frombuffer(buf, dtype=np.uint8, count=t.nbytes, offset=t.offset).reshape(rows, rb)
+        if fmt.name == "f32":
+            data = data.view(np.float32)
+        if heads is not None and permute:
             data = rope_interleaved_to_half(torch.from_numpy(np.array(data)), heads).numpy()
-        return RawMatrix(fmt, np.ascontiguousarray(data), rows, int(t.shape[0]))
+            return RawMatrix(fmt.name, data, rows, cols)
+        step = max(PANEL_ROWS, _CHUNK_BYTES // rb // PANEL_ROWS * PANEL_ROWS)
+        parts = [RawMatrix(fmt.name, data[r:r + step], min(step, rows - r), cols,
+                           release(t.offset + r * rb, min(step, rows - r) * rb)) for r in range(0, rows, step)]
+        return parts[0] if len(parts) == 1 else parts
 
     def vec(name: str) -> torch.Tensor:
-        if name not in tensors:
-            raise ModelError(f"{path}: missing tensor {name}")
-        return torch.from_numpy(np.array(tensors[name].data, dtype=np.float32))
+        t = tensor(name)
+        if t.type_id != 0:
+            raise ModelError(f"{path}: tensor {name} is {t.type_name}: expected F32")
+        return torch.from_numpy(np.frombuffer(buf, dtype=np.float32, count=t.nbytes // 4, offset=t.offset).copy())
+
+    def parts(*linears: Linear) -> list[RawMatrix]:
+        return [p for w in linears for p in (w if isinstance(w, list) else [w])]
 
     layers = []
     for i in range(args.n_layers):
         b = f"blk.{i}."
-        layers.append({"attn_norm": vec(b + "attn_norm.weight"), "ffn_norm": vec(b + "ffn_norm.weight"),
-                       "wqkv": RawMatrix.cat([raw(b + "attn_q.weight", args.n_heads), raw(b + "attn_k.weight", args.n_kv_heads),
-                                              raw(b + "attn_v.weight")]),
-                       "wo": raw(b + "attn_output.weight"),
-                       "w13": RawMatrix.cat([raw(b + "ffn_gate.weight"), raw(b + "ffn_up.weight")]),
-                       "w2": raw(b + "ffn_down.weight")})
-    tied = "output.weight" not in tensors
+        layer = {"attn_norm": vec(b + "attn_norm.weight"), "ffn_norm": vec(b + "ffn_norm.weight"),
+                 "wqkv": parts(raw(b + "attn_q.weight", args.n_heads), raw(b + "attn_k.weight", args.n_kv_heads),
+                               raw(b + "attn_v.weight")),
+                 "wo": raw(b + "attn_output.weight"),
+                 "w13": parts(raw(b + "ffn_gate.weight"), raw(b + "ffn_up.weight")),
+                 "w2": raw(b + "ffn_down.weight")}
+        if b + "attn_q.bias" in info.tensors:
+            bias = [vec(b + f"attn_{x}.bias") for x in "qkv"]
+            if permute:
+                bias[:2] = [rope_interleaved_to_half(v[:, None], h)[:, 0] for v, h in
+                            zip(bias[:2], (args.n_heads, args.n_kv_heads))]
+            layer["wqkv_bias"] = torch.cat(bias)
+        layers.append(layer)
+    tied = "output.weight" not in info.tensors
     head = raw("token_embd.weight" if tied else "output.weight")
-    formats = sorted({m.fmt for layer in layers for m in (layer["wqkv"], layer["wo"], layer["w13"], layer["w2"])})
+    formats = sorted({m.fmt for layer in layers for m in parts(layer["wqkv"], layer["wo"], layer["w13"], layer["w2"])})
     return ({"layers": layers, "norm": vec("output_norm.weight"), "head": head,
              "embed": None if tied else raw("token_embd.weight")}, "+".join(formats))
 

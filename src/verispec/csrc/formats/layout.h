@@ -1,0 +1,79 @@
+// Building blocks of the panel layouts (ISA-independent): how 16 rows of one 32-column
+// block sit in memory so that SIMD lane r is output row r, and the scalar reference's
+// matmul driver. Every format file composes its panel block from these pieces.
+//
+//   HALF16 (32 B)   fp16 value of each lane: [16] IEEE halves (d, dmin, Q4_1's m, ...).
+//   N4    (256 B)   low 4 bits of 16 x 32 weights: 4 chunks of 64 bytes; chunk c, lane r,
+//                   byte t holds q[r][4c+t] in its low nibble and q[r][16+4c+t] in its high
+//                   nibble. So chunk c unpacks to two registers: columns 4c..4c+3 and
+//                   16+4c..16+4c+3, each lane holding 4 consecutive weights (vpdpbusd order).
+//   H1     (64 B)   bit 4 (5-bit formats): byte 4r+t, bit c = bit 4 of q[r][4c+t], bit 4+c =
+//                   bit 4 of q[r][16+4c+t]. A 16-bit shift and a mask move bit c to bit 4.
+//   H2    (128 B)   bits 4-5 (6-bit formats): two 64-byte vectors, columns 0..15 then 16..31;
+//                   byte 4r+t, bits 2c..2c+1 = bits 4-5 of q[r][4c+t] (resp. q[r][16+4c+t]).
+//   Q8G   (512 B)   8 groups of 64 bytes: group g, lane r, byte t = q[r][4g+t] + 128 (u8).
+#pragma once
+#include <cstring>
+
+#include "../vs.h"
+
+namespace vs {
+namespace layout {
+
+constexpr int HALF16_BYTES = 2 * PANEL, N4_BYTES = 256, H1_BYTES = 64, H2_BYTES = 128, Q8G_BYTES = 512;
+
+inline uint16_t get_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline void put_half(uint8_t* h16, int r, const uint8_t* src) { std::memcpy(h16 + 2 * r, src, 2); }
+inline float get_half(const uint8_t* h16, int r) { return half_to_float(get_u16(h16 + 2 * r)); }
+
+inline int n4_byte(int r, int k) { return ((k & 15) >> 2) * 64 + r * 4 + (k & 3); }
+inline void n4_put(uint8_t* n4, int r, int k, int q) {
+  uint8_t& b = n4[n4_byte(r, k)];
+  b = k < 16 ? (uint8_t)((b & 0xF0) | (q & 15)) : (uint8_t)((b & 0x0F) | ((q & 15) << 4));
+}
+inline int n4_get(const uint8_t* n4, int r, int k) {
+  const uint8_t b = n4[n4_byte(r, k)];
+  return k < 16 ? (b & 15) : (b >> 4);
+}
+
+inline int h1_shift(int k) { return (k < 16 ? 0 : 4) + ((k & 15) >> 2); }
+inline void h1_put(uint8_t* h1, int r, int k, int q) { h1[r * 4 + (k & 3)] |= (uint8_t)(((q >> 4) & 1) << h1_shift(k)); }
+inline int h1_get(const uint8_t* h1, int r, int k) { return ((h1[r * 4 + (k & 3)] >> h1_shift(k)) & 1) << 4; }
+
+inline int h2_byte(int r, int k) { return (k < 16 ? 0 : 64) + r * 4 + (k & 3); }
+inline void h2_put(uint8_t* h2, int r, int k, int q) { h2[h2_byte(r, k)] |= (uint8_t)(((q >> 4) & 3) << (2 * ((k & 15) >> 2))); }
+inline int h2_get(const uint8_t* h2, int r, int k) { return ((h2[h2_byte(r, k)] >> (2 * ((k & 15) >> 2))) & 3) << 4; }
+
+inline int q8g_byte(int r, int k) { return (k >> 2) * 64 + r * 4 + (k & 3); }
+
+// The scalar reference driver: K::dot(panel, cols, r, a, t) is the fp32 accumulation of
+// lane r of the panel against token t, in the format's one fixed order of operations.
+template <class K>
+void matmul_ref(const Matrix& w, int p0, int p1, const QAct& a, int T, float* out, int ldo) {
+  for (int p = p0; p < p1; p++) {
+    const uint8_t* pw = w.data + (size_t)p * w.panel_bytes;
+    for (int t = 0; t < T; t++)
+      for (int r = 0; r < PANEL && p * PANEL + r < w.rows; r++) {
+        const int row = p * PANEL + r;
+        const float acc = K::dot(pw, w.cols, r, a, t);
+        out[(size_t)t * ldo + row] = w.bias ? acc + w.bias[row] : acc;
+      }
+  }
+}
+
+// The int8 activations of token t, block b.
+inline const int8_t* act_q(const QAct& a, int t, int b) { return a.q + (size_t)t * a.cols + (size_t)b * QK; }
+
+}  // namespace layout
+}  // namespace vs
+
+// Target regions of the SIMD kernels inside a format file (the file itself is compiled for
+// baseline x86-64; only these regions may use AVX2 / AVX-512 instructions).
+#define VS_BEGIN_AVX2 _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c\")")
+#define VS_BEGIN_AVX512 \
+  _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c\")")
+#define VS_END_TARGET _Pragma("GCC pop_options")

@@ -1,0 +1,136 @@
+// Q4_0 (GGUF type 2) and Q4_1 (type 3): 32-weight blocks of 4-bit weights, w = d * q + m.
+//   source Q4_0, 18 B: fp16 d, qs[16]; w = d * (q - 8)     (repacked with m = -8 d, exact)
+//   source Q4_1, 20 B: fp16 d, fp16 m, qs[16]; w = d * q + m
+//   qs[j] holds q[j] in its low nibble and q[j + 16] in its high nibble.
+// Panel block (16 rows x 32 columns, 320 B): HALF16 d | HALF16 m | N4 (layout.h).
+// Dot with int8 activations (dx, s = dx * sum(x)):  acc = fmaf(d * dx, sum(q * x), acc);
+//                                                   acc = fmaf(m, s, acc)
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "layout.h"
+
+namespace vs {
+namespace q4 {
+using namespace layout;
+
+constexpr size_t PB = 2 * HALF16_BYTES + N4_BYTES;  // 320
+
+static void put_nibbles(uint8_t* blk, int r, const uint8_t* qs) {
+  for (int j = 0; j < 16; j++) {
+    n4_put(blk + 64, r, j, qs[j] & 15);
+    n4_put(blk + 64, r, j + 16, qs[j] >> 4);
+  }
+}
+
+static void repack_q4_0(const uint8_t* src, int cols, uint8_t* panel, int r) {
+  for (int b = 0; b < cols / QK; b++) {
+    const uint8_t* s = src + (size_t)b * 18;
+    uint8_t* blk = panel + (size_t)b * PB;
+    const uint16_t d = get_u16(s);
+    // m = -8 d in fp16: flip the sign and add 3 to the exponent (exact for normal d)
+    const int e = (d >> 10) & 0x1F;
+    if ((d & 0x7FFF) && (e == 0 || e > 27)) throw std::runtime_error("Q4_0 scale out of the supported fp16 range");
+    const uint16_t md = (d & 0x7FFF) ? (uint16_t)((d ^ 0x8000) + (3 << 10)) : 0;
+    put_half(blk, r, s);
+    put_half(blk + HALF16_BYTES, r, (const uint8_t*)&md);
+    put_nibbles(blk, r, s + 2);
+  }
+}
+
+static void repack_q4_1(const uint8_t* src, int cols, uint8_t* panel, int r) {
+  for (int b = 0; b < cols / QK; b++) {
+    const uint8_t* s = src + (size_t)b * 20;
+    uint8_t* blk = panel + (size_t)b * PB;
+    put_half(blk, r, s);
+    put_half(blk + HALF16_BYTES, r, s + 2);
+    put_nibbles(blk, r, s + 4);
+  }
+}
+
+static void dequant_row(const uint8_t* panel, int cols, int r, float* out) {
+  for (int b = 0; b < cols / QK; b++) {
+    const uint8_t* blk = panel + (size_t)b * PB;
+    const float d = get_half(blk, r), m = get_half(blk + HALF16_BYTES, r);
+    for (int k = 0; k < QK; k++) out[b * QK + k] = d * (float)n4_get(blk + 64, r, k) + m;
+  }
+}
+
+struct Ref {
+  static float dot(const uint8_t* pw, int cols, int r, const QAct& a, int t) {
+    float acc = 0.0f;
+    for (int b = 0; b < cols / QK; b++) {
+      const uint8_t* blk = pw + (size_t)b * PB;
+      const int8_t* xq = act_q(a, t, b);
+      int32_t isum = 0;
+      for (int k = 0; k < QK; k++) isum += n4_get(blk + 64, r, k) * xq[k];
+      const float dw = get_half(blk, r), mw = get_half(blk + HALF16_BYTES, r);
+      acc = fmaf(dw * a.d[(size_t)t * a.nb + b], (float)isum, acc);
+      acc = fmaf(mw, a.s[(size_t)t * a.nb + b], acc);
+    }
+    return acc;
+  }
+};
+
+VS_BEGIN_AVX2
+namespace avx2 {
+#include "simd_avx2.h"
+struct K {
+  template <int TT>
+  static inline void half(const uint8_t* pw, int h, int cols, const QAct& a, int t0, __m256* acc) {
+    for (int b = 0; b < cols / QK; b++) {
+      const uint8_t* blk = pw + (size_t)b * PB;
+      prefetch(blk + 2048, 1);
+      const __m256 dw = half8(blk + 16 * h), mw = half8(blk + HALF16_BYTES + 16 * h);
+      __m256i w[8];
+      n4_unpack(blk + 64, h, w);
+      for (int t = 0; t < TT; t++) {
+        const size_t row = (size_t)(t0 + t);
+        // 8 pair sums of <= 2 * 15 * 127 per int16 lane stay below 32767: exact
+        const __m256i isum = dot_groups<0, 8, 8>(w, act_q(a, (int)row, b));
+        const __m256 dx = _mm256_set1_ps(a.d[row * a.nb + b]), sx = _mm256_set1_ps(a.s[row * a.nb + b]);
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum), acc[t]);
+        acc[t] = _mm256_fmadd_ps(mw, sx, acc[t]);
+      }
+    }
+  }
+};
+}  // namespace avx2
+VS_END_TARGET
+
+VS_BEGIN_AVX512
+namespace avx512 {
+#include "simd_avx512.h"
+struct K {
+  template <int TT>
+  static inline void panel(const uint8_t* pw, int cols, const QAct& a, int t0, __m512* acc) {
+    for (int b = 0; b < cols / QK; b++) {
+      const uint8_t* blk = pw + (size_t)b * PB;
+      prefetch(blk + 2048, 5);
+      const __m512 dw = half16(blk), mw = half16(blk + HALF16_BYTES);
+      __m512i w[8];
+      n4_unpack(blk + 64, w);
+      for (int t = 0; t < TT; t++) {
+        const size_t row = (size_t)(t0 + t);
+        const __m512i isum = dot_n4(w, act_q(a, (int)row, b));
+        const __m512 dx = _mm512_set1_ps(a.d[row * a.nb + b]), sx = _mm512_set1_ps(a.s[row * a.nb + b]);
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum), acc[t]);
+        acc[t] = _mm512_fmadd_ps(mw, sx, acc[t]);
+      }
+    }
+  }
+};
+}  // namespace avx512
+VS_END_TARGET
+
+}  // namespace q4
+
+extern const Format format_q4_0 = {"q4_0", 2, QK, 18, q4::PB, q4::repack_q4_0, q4::dequant_row,
+                                   {layout::matmul_ref<q4::Ref>, q4::avx2::matmul<q4::avx2::K>, q4::avx512::matmul<q4::avx512::K>}};
+extern const Format format_q4_1 = {"q4_1", 3, QK, 20, q4::PB, q4::repack_q4_1, q4::dequant_row,
+                                   {layout::matmul_ref<q4::Ref>, q4::avx2::matmul<q4::avx2::K>, q4::avx512::matmul<q4::avx512::K>}};
+
+}  // namespace vs

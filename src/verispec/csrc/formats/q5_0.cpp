@@ -1,0 +1,120 @@
+// Q5_0 (GGUF type 6): 32-weight blocks of 5-bit weights, w = d * (q - 16), q in 0..31.
+//   source, 22 B: fp16 d, qh (uint32 LE), qs[16]; q[j] = (qs[j] & 15) | (bit j of qh) << 4,
+//   q[j + 16] = (qs[j] >> 4) | (bit j + 16 of qh) << 4   (j < 16)
+// Panel block (16 rows x 32 columns, 352 B): HALF16 d | N4 | H1 (layout.h).
+// Dot with int8 activations:  acc = fmaf(d * dx, sum(q * x) - 16 * sum(x), acc)
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "layout.h"
+
+namespace vs {
+namespace q5_0 {
+using namespace layout;
+
+constexpr size_t PB = HALF16_BYTES + N4_BYTES + H1_BYTES;  // 352
+constexpr int N4_AT = HALF16_BYTES, H1_AT = HALF16_BYTES + N4_BYTES;
+
+static void repack_row(const uint8_t* src, int cols, uint8_t* panel, int r) {
+  for (int b = 0; b < cols / QK; b++) {
+    const uint8_t* s = src + (size_t)b * 22;
+    uint8_t* blk = panel + (size_t)b * PB;
+    uint32_t qh;
+    std::memcpy(&qh, s + 2, 4);
+    put_half(blk, r, s);
+    for (int j = 0; j < 16; j++) {
+      const int lo = (s[6 + j] & 15) | (int)((qh >> j) & 1) << 4, hi = (s[6 + j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+      n4_put(blk + N4_AT, r, j, lo);
+      h1_put(blk + H1_AT, r, j, lo);
+      n4_put(blk + N4_AT, r, j + 16, hi);
+      h1_put(blk + H1_AT, r, j + 16, hi);
+    }
+  }
+}
+
+static inline int q_at(const uint8_t* blk, int r, int k) { return n4_get(blk + N4_AT, r, k) | h1_get(blk + H1_AT, r, k); }
+
+static void dequant_row(const uint8_t* panel, int cols, int r, float* out) {
+  for (int b = 0; b < cols / QK; b++) {
+    const uint8_t* blk = panel + (size_t)b * PB;
+    const float d = get_half(blk, r);
+    for (int k = 0; k < QK; k++) out[b * QK + k] = d * (float)(q_at(blk, r, k) - 16);
+  }
+}
+
+struct Ref {
+  static float dot(const uint8_t* pw, int cols, int r, const QAct& a, int t) {
+    float acc = 0.0f;
+    for (int b = 0; b < cols / QK; b++) {
+      const uint8_t* blk = pw + (size_t)b * PB;
+      const int8_t* xq = act_q(a, t, b);
+      int32_t isum = 0;
+      for (int k = 0; k < QK; k++) isum += q_at(blk, r, k) * xq[k];
+      isum -= 16 * a.qsum[(size_t)t * a.nb + b];
+      acc = fmaf(get_half(blk, r) * a.d[(size_t)t * a.nb + b], (float)isum, acc);
+    }
+    return acc;
+  }
+};
+
+VS_BEGIN_AVX2
+namespace avx2 {
+#include "simd_avx2.h"
+struct K {
+  template <int TT>
+  static inline void half(const uint8_t* pw, int h, int cols, const QAct& a, int t0, __m256* acc) {
+    for (int b = 0; b < cols / QK; b++) {
+      const uint8_t* blk = pw + (size_t)b * PB;
+      prefetch(blk + 2048, 1);
+      const __m256 dw = half8(blk + 16 * h);
+      __m256i w[8];
+      n4_unpack(blk + N4_AT, h, w);
+      h1_add(blk + H1_AT, h, w);
+      for (int t = 0; t < TT; t++) {
+        const size_t row = (size_t)(t0 + t);
+        // 4 pair sums of <= 2 * 31 * 127 per int16 lane stay below 32767: exact
+        __m256i isum = dot_groups<0, 8, 4>(w, act_q(a, (int)row, b));
+        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(16 * a.qsum[row * a.nb + b]));
+        const __m256 dx = _mm256_set1_ps(a.d[row * a.nb + b]);
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum), acc[t]);
+      }
+    }
+  }
+};
+}  // namespace avx2
+VS_END_TARGET
+
+VS_BEGIN_AVX512
+namespace avx512 {
+#include "simd_avx512.h"
+struct K {
+  template <int TT>
+  static inline void panel(const uint8_t* pw, int cols, const QAct& a, int t0, __m512* acc) {
+    for (int b = 0; b < cols / QK; b++) {
+      const uint8_t* blk = pw + (size_t)b * PB;
+      prefetch(blk + 2048, 6);
+      const __m512 dw = half16(blk);
+      __m512i w[8];
+      n4_unpack(blk + N4_AT, w);
+      h1_add(blk + H1_AT, w);
+      for (int t = 0; t < TT; t++) {
+        const size_t row = (size_t)(t0 + t);
+        const __m512i isum = _mm512_sub_epi32(dot_n4(w, act_q(a, (int)row, b)), _mm512_set1_epi32(16 * a.qsum[row * a.nb + b]));
+        const __m512 dx = _mm512_set1_ps(a.d[row * a.nb + b]);
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum), acc[t]);
+      }
+    }
+  }
+};
+}  // namespace avx512
+VS_END_TARGET
+
+}  // namespace q5_0
+
+extern const Format format_q5_0 = {"q5_0", 6, QK, 22, q5_0::PB, q5_0::repack_row, q5_0::dequant_row,
+                                   {layout::matmul_ref<q5_0::Ref>, q5_0::avx2::matmul<q5_0::avx2::K>,
+                                    q5_0::avx512::matmul<q5_0::avx512::K>}};
+
+}  // namespace vs

@@ -1,0 +1,107 @@
+// AVX2 + FMA + F16C building blocks of the format kernels and their matmul driver.
+// Include inside `#pragma GCC target(VS_TARGET_AVX2)` and a namespace of the format's own.
+// A 16-row panel is two 8-lane halves h; lane r of a half is output row 8h + r, so one
+// output's reduction is the same fmaf sequence as the scalar reference. Integer block dots:
+// vpmaddubsw (u8 x s8 pairs into int16) then vpmaddwd into int32; each format says how many
+// int16 pair sums it may add before widening so that no int16 sum can overflow.
+
+static inline __m256 half8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+static inline __m256 u8x8(const uint8_t* p) {  // 8 unsigned bytes -> 8 floats (exact)
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+static inline __m256i i8x8_epi32(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)); }
+static inline __m256 negate(__m256 x) { return _mm256_xor_ps(x, _mm256_set1_ps(-0.0f)); }
+static inline __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+static inline void prefetch(const uint8_t* p, int lines) {
+  for (int i = 0; i < lines; i++) _mm_prefetch((const char*)p + 64 * i, _MM_HINT_T0);
+}
+
+// N4 block, half h -> w[c] = columns 4c..4c+3, w[4+c] = columns 16+4c.. (u8 0..15)
+static inline void n4_unpack(const uint8_t* n4, int h, __m256i* w) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int c = 0; c < 4; c++) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i*)(n4 + 64 * c + 32 * h));
+    w[c] = _mm256_and_si256(raw, m4);
+    w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+  }
+}
+static inline void h1_add(const uint8_t* h1, int h, __m256i* w) {
+  const __m256i b4 = _mm256_set1_epi8(0x10), x = _mm256_loadu_si256((const __m256i*)(h1 + 32 * h));
+  w[0] = _mm256_or_si256(w[0], _mm256_and_si256(_mm256_slli_epi16(x, 4), b4));
+  w[1] = _mm256_or_si256(w[1], _mm256_and_si256(_mm256_slli_epi16(x, 3), b4));
+  w[2] = _mm256_or_si256(w[2], _mm256_and_si256(_mm256_slli_epi16(x, 2), b4));
+  w[3] = _mm256_or_si256(w[3], _mm256_and_si256(_mm256_slli_epi16(x, 1), b4));
+  w[4] = _mm256_or_si256(w[4], _mm256_and_si256(x, b4));
+  w[5] = _mm256_or_si256(w[5], _mm256_and_si256(_mm256_srli_epi16(x, 1), b4));
+  w[6] = _mm256_or_si256(w[6], _mm256_and_si256(_mm256_srli_epi16(x, 2), b4));
+  w[7] = _mm256_or_si256(w[7], _mm256_and_si256(_mm256_srli_epi16(x, 3), b4));
+}
+static inline void h2_add(const uint8_t* h2, int h, __m256i* w) {
+  const __m256i b45 = _mm256_set1_epi8(0x30);
+  for (int half = 0; half < 2; half++) {
+    const __m256i x = _mm256_loadu_si256((const __m256i*)(h2 + 64 * half + 32 * h));
+    __m256i* o = w + 4 * half;
+    o[0] = _mm256_or_si256(o[0], _mm256_and_si256(_mm256_slli_epi16(x, 4), b45));
+    o[1] = _mm256_or_si256(o[1], _mm256_and_si256(_mm256_slli_epi16(x, 2), b45));
+    o[2] = _mm256_or_si256(o[2], _mm256_and_si256(x, b45));
+    o[3] = _mm256_or_si256(o[3], _mm256_and_si256(_mm256_srli_epi16(x, 2), b45));
+  }
+}
+
+// sum over groups [G0, G0 + N) of w[g] (u8) x activations 4g..4g+3 (s8), int32 per lane;
+// PER16 groups' pair sums are added in int16 before widening (the caller's overflow bound).
+template <int G0, int N, int PER16>
+static inline __m256i dot_groups(const __m256i* w, const int8_t* xq) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i isum = _mm256_setzero_si256();
+  for (int g = G0; g < G0 + N; g += PER16) {
+    __m256i s16 = _mm256_maddubs_epi16(w[g], bcast4(xq + 4 * g));
+    for (int i = 1; i < PER16; i++) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[g + i], bcast4(xq + 4 * (g + i))));
+    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(s16, ones));
+  }
+  return isum;
+}
+
+// The driver: K::half<TT>(panel, h, cols, a, t0, acc) accumulates TT tokens from t0 for
+// rows 8h..8h+7 of the panel.
+template <class K, int TT>
+static inline void tile(const Matrix& w, int p, const QAct& a, int t0, float* out, int ldo) {
+  const uint8_t* pw = w.data + (size_t)p * w.panel_bytes;
+  for (int h = 0; h < 2; h++) {
+    const int row0 = p * PANEL + 8 * h;
+    if (row0 >= w.rows) break;
+    __m256 acc[TT];
+    for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
+    K::template half<TT>(pw, h, w.cols, a, t0, acc);
+    for (int t = 0; t < TT; t++) {
+      float* o = out + (size_t)(t0 + t) * ldo + row0;
+      if (row0 + 8 <= w.rows) {
+        __m256 y = acc[t];
+        if (w.bias) y = _mm256_add_ps(y, _mm256_loadu_ps(w.bias + row0));
+        _mm256_storeu_ps(o, y);
+      } else {  // the matrix's last, partial panel
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, acc[t]);
+        for (int r = 0; r < 8 && row0 + r < w.rows; r++) o[r] = w.bias ? tmp[r] + w.bias[row0 + r] : tmp[r];
+      }
+    }
+  }
+}
+
+template <class K>
+static void matmul(const Matrix& w, int p0, int p1, const QAct& a, int T, float* out, int ldo) {
+  for (int p = p0; p < p1; p++) {
+    int t = 0;  // tiles of at most 4 tokens: 8 weight and 4 accumulator registers of 16
+    for (; t + 4 <= T; t += 4) tile<K, 4>(w, p, a, t, out, ldo);
+    switch (T - t) {
+      case 3: tile<K, 3>(w, p, a, t, out, ldo); break;
+      case 2: tile<K, 2>(w, p, a, t, out, ldo); break;
+      case 1: tile<K, 1>(w, p, a, t, out, ldo); break;
+      default: break;
+    }
+  }
+}

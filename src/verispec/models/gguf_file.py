@@ -1,0 +1,475 @@
+"""A GGUF file read directly: header, metadata, tensor table, config and tokenizer.
+
+Nothing here converts weights. ``read_gguf`` parses the header, the key/value metadata (large
+arrays only when asked for) and the tensor table, and checks every tensor's data range
+against the file's size, so a truncated file fails in well under a second, before any
+large allocation. ``gguf_hf_config`` turns llama.cpp's metadata into the HF-style config
+dict the runtimes read (``llama`` and ``qwen2``). ``gguf_tokenizer`` builds the tokenizer
+from the file's vocabulary and merges with the ``tokenizers`` library, once: the result
+is cached under the model cache keyed by the tokenizer metadata's bytes (content, not
+modification time), so a warm start reads one ``tokenizer.json``.
+
+    info = read_gguf(path)                  # GGUFInfo: metadata, tensors, data offset
+    cfg = gguf_hf_config(info)              # {"model_type": "qwen2", "hidden_size": 1536, ...}
+    tok = gguf_tokenizer(info, cache_dir)   # transformers PreTrainedTokenizerFast, chat template set
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import struct
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from verispec.models.base import ModelError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
+          12: "<f8"}  # fmt: skip
+_STRING, _ARRAY = 8, 9
+EXPECTED = "a GGUF v2/v3 file (magic 'GGUF')"
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+TOKENIZER_ARRAYS = frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"})
+_TOKENIZER_VERSION = 1  # bump when the tokenizer built from a GGUF changes (invalidates the cache)
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    shape: tuple[int, ...]  # GGUF order: shape[0] is the row length (fastest-varying)
+    type_id: int  # ggml type (gguf.GGMLQuantizationType value)
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        from gguf import GGMLQuantizationType
+
+        return GGMLQuantizationType(self.type_id).name
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    path: Path
+    size: int  # bytes of the file
+    meta: dict[str, object]
+    tensors: dict[str, GGUFTensor] = field(repr=False)
+    tokenizer_key: str = ""  # sha256 of the tokenizer.* key/value bytes (+ the builder version)
+
+    @property
+    def architecture(self) -> str:
+        return str(self.meta.get("general.architecture"))
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def read_gguf(path: Path, arrays: frozenset[str] = frozenset(), tensors: bool = True) -> GGUFInfo:
+    """Metadata (arrays named in ``arrays`` decoded, others given as their length) and, with
+    ``tensors``, the tensor table with each tensor's data range checked against the file size."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 24:
+                raise ModelError(f"{path} is {size} bytes, too short for a GGUF header: expected {EXPECTED}")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                return _parse(path, buf, size, arrays, tensors)
+    except ModelError:
+        raise
+    except OSError as err:
+        raise ModelError(f"cannot read {path} ({_one_line(err)}): expected {EXPECTED}") from None
+    except (struct.error, ValueError, UnicodeDecodeError, OverflowError, IndexError) as err:
+        raise ModelError(f"{path} is truncated or corrupt ({_one_line(err)}): expected {EXPECTED}") from None
+
+
+def _parse(path: Path, buf: mmap.mmap, size: int, arrays: frozenset[str], want_tensors: bool) -> GGUFInfo:
+    if buf[:4] != b"GGUF":
+        raise ModelError(f"{path} has no GGUF magic: expected {EXPECTED}")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+    if version not in (2, 3):
+        raise ModelError(f"{path} is GGUF version {version}: expected {EXPECTED}")
+    meta: dict[str, object] = {}
+    tok_hash = hashlib.sha256(f"verispec-gguf-tokenizer-v{_TOKENIZER_VERSION}".encode())
+    offset = 24
+    for _ in range(n_kv):
+        start = offset
+        key, offset = _string(buf, offset)
+        (vtype,) = struct.unpack_from("<I", buf, offset)
+        meta[key], offset = _value(buf, offset + 4, vtype, decode=key in arrays)
+        if key.startswith("tokenizer."):
+            tok_hash.update(buf[start:offset])
+    tensors: dict[str, GGUFTensor] = {}
+    if want_tensors:
+        infos = []
+        for _ in range(n_tensors):
+            name, offset = _string(buf, offset)
+            (n_dims,) = struct.unpack_from("<I", buf, offset)
+            if n_dims > 8:
+                raise ValueError(f"tensor {name} has {n_dims} dimensions")
+            shape = struct.unpack_from(f"<{n_dims}Q", buf, offset + 4)
+            type_id, rel = struct.unpack_from("<IQ", buf, offset + 4 + 8 * n_dims)
+            offset += 4 + 8 * n_dims + 12
+            infos.append((name, tuple(int(d) for d in shape), type_id, rel))
+        align = int(meta.get("general.alignment", 32) or 32)
+        data_start = -(-offset // align) * align
+        for name, shape, type_id, rel in infos:
+            nbytes = _tensor_nbytes(path, name, shape, type_id)
+            end = data_start + rel + nbytes
+            if end > size:
+                raise ModelError(f"{path} is truncated: tensor {name} ends at byte {end:,} but the file has "
+                                 f"{size:,} bytes (expected the complete file; download or reinstall it again)")
+            tensors[name] = GGUFTensor(name, shape, type_id, data_start + rel, nbytes)
+    return GGUFInfo(path, size, meta, tensors, tok_hash.hexdigest())
+
+
+def _tensor_nbytes(path: Path, name: str, shape: tuple[int, ...], type_id: int) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        qtype = GGMLQuantizationType(type_id)
+    except ValueError:
+        raise ModelError(f"{path}: tensor {name} has unknown ggml type {type_id}: expected a type "
+                         "the gguf package knows (F32, F16, Q4_0 ... Q8_0, K-quants)") from None
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    if shape and shape[0] % block:
+        raise ModelError(f"{path}: tensor {name} has rows of {shape[0]} values, not a multiple of "
+                         f"{qtype.name}'s block of {block}: expected a valid GGUF")
+    return int(np.prod(shape, dtype=np.int64)) // block * type_size
+
+
+def _string(buf: mmap.mmap, offset: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<Q", buf, offset)
+    if offset + 8 + n > len(buf):
+        raise ValueError(f"string of {n} bytes runs past the end of the file")
+    return buf[offset + 8 : offset + 8 + n].decode("utf-8"), offset + 8 + n
+
+
+def _value(buf: mmap.mmap, offset: int, vtype: int, decode: bool = True) -> tuple[object, int]:
+    """One value at ``offset`` -> (value, next offset); an undecoded array yields its length."""
+    if vtype in _SCALARS:
+        fmt = _SCALARS[vtype]
+        return struct.unpack_from(fmt, buf, offset)[0], offset + struct.calcsize(fmt)
+    if vtype == _STRING:
+        return _string(buf, offset)
+    if vtype != _ARRAY:
+        raise ValueError(f"unknown value type {vtype}")
+    item_type, count = struct.unpack_from("<IQ", buf, offset)
+    offset += 12
+    if item_type in _SCALARS:  # fixed-size items: one numpy read, or skip in one step
+        end = offset + count * struct.calcsize(_SCALARS[item_type])
+        if end > len(buf):
+            raise ValueError(f"array of {count} items runs past the end of the file")
+        if not decode:
+            return count, end
+        items = np.frombuffer(buf, dtype=_NUMPY[item_type], count=count, offset=offset).tolist()
+        return (items if item_type != 7 else [bool(x) for x in items]), end
+    if item_type == _STRING:
+        unpack = struct.Struct("<Q").unpack_from
+        strings, n_buf = [], len(buf)
+        for _ in range(count):
+            (n,) = unpack(buf, offset)
+            offset += 8
+            if offset + n > n_buf:
+                raise ValueError(f"string of {n} bytes runs past the end of the file")
+            if decode:
+                strings.append(buf[offset : offset + n].decode("utf-8"))
+            offset += n
+        return (strings if decode else count), offset
+    items = []
+    for _ in range(count):
+        item, offset = _value(buf, offset, item_type, decode)
+        items.append(item)
+    return (items if decode else count), offset
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _f32(value: object) -> float:
+    """Shortest decimal that rounds to the same float32 (GGUF stores 1e-5 as 9.99999974e-06)."""
+    return float(str(np.float32(value)))
+
+
+# Texts llama.cpp treats as end-of-generation besides EOS (llama-vocab.cpp, special_eog_ids).
+EOG_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>")
+_CONTROL = 3  # tokenizer.ggml.token_type: control
+_USER_DEFINED = 4
+
+
+def check_architecture(info: GGUFInfo) -> str:
+    arch = info.meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelError(f"{info.path} has architecture {arch!r}: expected one of "
+                         f"{', '.join(map(repr, SUPPORTED_ARCHITECTURES))}")
+    return str(arch)
+
+
+def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
+    """An HF-style config dict (``LlamaConfig`` / ``Qwen2Config`` fields) from llama.cpp's
+    ``<arch>.*`` metadata; ``eos_token_id`` lists every end-of-generation token when
+    ``eos_ids`` is given (else the GGUF's EOS)."""
+    arch = check_architecture(info)
+    meta, path = info.meta, info.path
+    key = lambda name: f"{arch}.{name}"  # noqa: E731
+    if meta.get(key("rope.scaling.type"), "none") not in ("none", None) or "rope_freqs.weight" in info.tensors:
+        raise ModelError(f"{path} uses RoPE scaling: expected plain RoPE (scaling is not supported yet)")
+    try:
+        hidden, heads = int(meta[key("embedding_length")]), int(meta[key("attention.head_count")])
+        head_dim = int(meta.get(key("attention.key_length"), hidden // heads))
+        if int(meta.get(key("rope.dimension_count"), head_dim)) != head_dim:
+            raise ModelError(f"{path} applies RoPE to part of each head: expected full-head RoPE")
+        vocab = meta.get(key("vocab_size")) or meta.get("tokenizer.ggml.tokens")
+        if not vocab and "token_embd.weight" in info.tensors:
+            vocab = info.tensors["token_embd.weight"].shape[1]
+        eos = meta.get("tokenizer.ggml.eos_token_id")
+        cfg = {
+            "model_type": arch,
+            "architectures": ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"],
+            "vocab_size": int(vocab),
+            "hidden_size": hidden,
+            "intermediate_size": int(meta[key("feed_forward_length")]),
+            "num_hidden_layers": int(meta[key("block_count")]),
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(meta.get(key("attention.head_count_kv"), heads)),
+            "head_dim": head_dim,
+            "max_position_embeddings": int(meta[key("context_length")]),
+            "rms_norm_eps": _f32(meta[key("attention.layer_norm_rms_epsilon")]),
+            "rope_theta": _f32(meta.get(key("rope.freq_base"), 1000000.0 if arch == "qwen2" else 10000.0)),
+            "tie_word_embeddings": "output.weight" not in info.tensors,
+            "attention_bias": "blk.0.attn_q.bias" in info.tensors,
+            "hidden_act": "silu",
+            "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+            "eos_token_id": list(eos_ids) if eos_ids else eos,
+            "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
+            "torch_dtype": "float32",
+        }
+    except KeyError as err:
+        raise ModelError(f"{path} lacks metadata {err.args[0]!r}: expected a complete {arch} GGUF") from None
+    if arch == "qwen2":
+        cfg["use_sliding_window"] = False
+    if info.tensors:
+        _check_tensors(info, cfg)
+    return cfg
+
+
+def _check_tensors(info: GGUFInfo, cfg: dict) -> None:
+    """Every tensor a decoder layer needs is there, before any weight is read."""
+    names = ["token_embd.weight", "output_norm.weight"]
+    for i in range(cfg["num_hidden_layers"]):
+        names += [f"blk.{i}.{n}.weight" for n in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                                                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")]
+    missing = [n for n in names if n not in info.tensors]
+    if missing:
+        raise ModelError(f"{info.path} lacks tensor {missing[0]} ({len(missing)} missing): expected a complete "
+                         f"{cfg['model_type']} model")
+
+
+def gguf_eos_ids(tokens: list[str], types: list[int] | None, eos: int | None) -> list[int]:
+    """EOS plus the control tokens llama.cpp also ends generation on (e.g. ``<|im_end|>``, ``<|endoftext|>``)."""
+    ids = [int(eos)] if eos is not None else []
+    for i, text in enumerate(tokens):
+        if text in EOG_TEXTS and (types is None or types[i] == _CONTROL) and i not in ids:
+            ids.append(i)
+    return ids
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+# llama.cpp's pre-tokenizer regexes (llama-vocab.cpp) as HF splits
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                r"|\s+(?!\S)|\s+")  # fmt: skip
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")  # fmt: skip
+_SPLITS = {"qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT, "llama3": _LLAMA3_SPLIT,
+           "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT}  # fmt: skip
+_GPT2_STYLE = ("default", "gpt2", "gpt-2", "smollm", "starcoder", "refact", "", None)
+
+
+def _pre_tokenizer(pre: object):
+    from tokenizers import Regex, pre_tokenizers
+
+    if pre in _SPLITS:
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated"),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)  # GPT-2's regex
+    if pre in ("smollm", "starcoder", "refact"):  # llama.cpp: \p{N} alone first, then GPT-2's regex
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    if pre not in _GPT2_STYLE:
+        warnings.warn(f"GGUF pre-tokenizer {pre!r} is not known to verispec; splitting text as GPT-2 does "
+                      "(token ids may differ from llama.cpp's)", RuntimeWarning, stacklevel=3)
+    return byte_level
+
+
+@dataclass(frozen=True)
+class _TokenizerFacts:
+    """What the runtime needs besides tokenizer.json, cached beside it."""
+
+    eos_ids: list[int]
+    special: dict[str, str | None]  # bos_token, eos_token, pad_token, unk_token
+    chat_template: str | None
+
+    def to_json(self) -> str:
+        return json.dumps({"eos_ids": self.eos_ids, "special": self.special, "chat_template": self.chat_template})
+
+    @classmethod
+    def from_json(cls, text: str) -> _TokenizerFacts:
+        d = json.loads(text)
+        return cls(list(d["eos_ids"]), dict(d["special"]), d.get("chat_template"))
+
+
+def tokenizer_cache_dir(info: GGUFInfo, cache_dir: Path) -> Path:
+    return Path(cache_dir) / "tokenizers" / f"gguf-{info.tokenizer_key[:24]}"
+
+
+def gguf_tokenizer(info: GGUFInfo, cache_dir: Path | None = None) -> tuple[PreTrainedTokenizerBase, list[int]]:
+    """(tokenizer, end-of-generation ids) of a GGUF. Built once from the file's vocabulary and
+    merges, then read from ``<cache_dir>/tokenizers/gguf-<key>/`` (``cache_dir=None``: not cached)."""
+    entry = tokenizer_cache_dir(info, cache_dir) if cache_dir is not None else None
+    if entry is not None and (entry / "tokenizer.json").is_file() and (entry / "verispec.json").is_file():
+        try:
+            facts = _TokenizerFacts.from_json((entry / "verispec.json").read_text(encoding="utf-8"))
+            return _wrap(str(entry / "tokenizer.json"), facts, info), facts.eos_ids
+        except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt below
+            pass
+    full = read_gguf(info.path, TOKENIZER_ARRAYS, tensors=False) if not isinstance(
+        info.meta.get("tokenizer.ggml.tokens"), list) else info  # fmt: skip
+    backend, facts = _build_backend(full)
+    if entry is not None:
+        try:
+            _save_entry(entry, backend, facts)
+            return _wrap(str(entry / "tokenizer.json"), facts, info), facts.eos_ids
+        except OSError as err:  # an unwritable cache only costs the next start the build again
+            warnings.warn(f"cannot cache the tokenizer in {entry} ({_one_line(err)})", RuntimeWarning, stacklevel=2)
+    return _wrap_object(backend, facts, info), facts.eos_ids
+
+
+def _save_entry(entry: Path, backend, facts: _TokenizerFacts) -> None:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
+    try:
+        backend.save(str(tmp / "tokenizer.json"))
+        (tmp / "verispec.json").write_text(facts.to_json(), encoding="utf-8")
+        tmp.chmod(0o755)
+        try:
+            os.rename(tmp, entry)
+        except OSError:
+            if not (entry / "verispec.json").is_file():
+                raise
+    finally:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build_backend(info: GGUFInfo):
+    """A ``tokenizers.Tokenizer`` for the GGUF's ``gpt2`` (byte-level BPE) vocabulary; other
+    tokenizer models go through transformers' own GGUF tokenizer conversion."""
+    meta = info.meta
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens:
+        raise ModelError(f"{info.path} has no tokenizer.ggml.tokens: expected a GGUF with its tokenizer")
+    types = meta.get("tokenizer.ggml.token_type")
+    types = types if isinstance(types, list) and len(types) == len(tokens) else None
+    eos_ids = gguf_eos_ids(tokens, types, meta.get("tokenizer.ggml.eos_token_id"))
+
+    def token(key: str) -> str | None:
+        i = meta.get(f"tokenizer.ggml.{key}_token_id")
+        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+
+    special = {"bos_token": token("bos"), "eos_token": token("eos"), "pad_token": token("padding"),
+               "unk_token": token("unknown")}  # fmt: skip
+    template = meta.get("tokenizer.chat_template")
+    facts = _TokenizerFacts(eos_ids, special, template if isinstance(template, str) else None)
+    model = meta.get("tokenizer.ggml.model")
+    if model == "gpt2":
+        return _byte_level_bpe(info, tokens, types), facts
+    return _transformers_backend(info), facts
+
+
+def _byte_level_bpe(info: GGUFInfo, tokens: list[str], types: list[int] | None):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    meta = info.meta
+    merges = meta.get("tokenizer.ggml.merges")
+    if not isinstance(merges, list):
+        raise ModelError(f"{info.path} has a gpt2 tokenizer without tokenizer.ggml.merges: expected BPE merges")
+    spelling = bytes_to_unicode()
+    alphabet = set(spelling.values())
+    # every byte-level token is spelled in GPT-2's byte alphabet; respell any that is not
+    strings = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")) for t in tokens]
+    vocab: dict[str, int] = {}
+    for i, s in enumerate(strings):
+        vocab.setdefault(s, i)
+    pairs = []
+    for m in merges:
+        left, sep, right = m.partition(" ")
+        if not sep:
+            raise ModelError(f"{info.path} has a malformed merge {m!r}: expected 'left right'")
+        pairs.append((left, right))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False, ignore_merges=False))
+    tok.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre"))
+    tok.decoder = decoders.ByteLevel()
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    bos_id = meta.get("tokenizer.ggml.bos_token_id")
+    if add_bos and bos_id is not None:
+        bos = tokens[int(bos_id)]
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                           special_tokens=[(bos, int(bos_id))])
+    else:
+        tok.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B", special_tokens=[])
+    if types is not None:
+        # control tokens (<|im_end|>, ...) are special; user-defined ones (<tool_call>) plain added
+        # tokens: llama.cpp matches both whole in text. A "control" token spelled outside the byte
+        # alphabet is a llama.cpp mislabel (as transformers' GGUF loader also skips it).
+        control = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types)
+                   if ty == _CONTROL and set(t) <= alphabet]
+        user = [AddedToken(t, special=False, normalized=False) for t, s, ty in zip(tokens, strings, types)
+                if ty == _USER_DEFINED and t == s]
+        tok.add_special_tokens(control)
+        tok.add_tokens(user)
+    return tok
+
+
+def _transformers_backend(info: GGUFInfo):
+    """transformers' GGUF tokenizer conversion (sentencepiece-style ``llama`` vocabularies)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(info.path.parent), gguf_file=info.path.name).backend_tokenizer
+    except (ValueError, KeyError, OSError) as err:
+        raise ModelError(f"cannot build a tokenizer from {info.path} ({_one_line(err)}): "
+                         "expected a GGUF tokenizer") from None
+
+
+def _kwargs(facts: _TokenizerFacts, info: GGUFInfo) -> dict:
+    kw = {k: v for k, v in facts.special.items() if v is not None}
+    ctx = info.meta.get(f"{info.architecture}.context_length")
+    return kw | {"clean_up_tokenization_spaces": False, "chat_template": facts.chat_template,
+                 "model_max_length": int(ctx) if ctx else int(1e30)}  # fmt: skip
+
+
+def _wrap(tokenizer_file: str, facts: _TokenizerFacts, info: GGUFInfo):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, **_kwargs(facts, info))
+
+
+def _wrap_object(backend, facts: _TokenizerFacts, info: GGUFInfo):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **_kwargs(facts, info))
