@@ -631,6 +631,50 @@ size_t vs_model_weight_bytes(void* mp) {
   return total;
 }
 
+// One matrix product out[T][rows] = W @ x[t] through a format's kernels on one ISA, outside
+// any model (tests: every ISA against the scalar reference, every format against a
+// dequantized fp32 reference). x is fp32 [T][cols], quantized here as a forward does.
+int vs_test_matmul(int ggml_type, const void* data, int rows, int cols, const float* x, int T, float* out,
+                   const char* isa, char* err, int n) {
+  std::string e;
+  const vs::Kernels* k = vs::select_kernels(isa, e);
+  const vs::Format* f = vs::format_by_type(ggml_type);
+  if (!k || !f || rows < 1 || T < 1 || cols % vs::QK || cols % f->block_cols) {
+    set_err(err, n, !k ? e : !f ? "unsupported format" : "bad shape");
+    return -1;
+  }
+  try {
+    vs::Matrix m;
+    vs::repack(m, f, (const uint8_t*)data, rows, cols);
+    vs::Act a(T, cols);
+    std::memcpy(a.x.data(), x, (size_t)T * cols * sizeof(float));
+    for (int t = 0; t < T; t++) a.quantize(k, t);
+    f->matmul[k->isa](m, 0, m.panels, a.view(), T, out, rows);
+    std::free(m.data);
+  } catch (const std::exception& ex) {
+    set_err(err, n, ex.what());
+    return -1;
+  }
+  return 0;
+}
+
+// Rows of a matrix dequantized from its panels (the embedding lookup), fp32 [rows][cols].
+int vs_test_dequant(int ggml_type, const void* data, int rows, int cols, float* out, char* err, int n) {
+  const vs::Format* f = vs::format_by_type(ggml_type);
+  if (!f || rows < 1 || cols % vs::QK || cols % f->block_cols) {
+    set_err(err, n, "unsupported format or shape");
+    return -1;
+  }
+  vs::Linear l;
+  vs::Matrix m;
+  vs::repack(m, f, (const uint8_t*)data, rows, cols);
+  l.parts.push_back(m);
+  l.row0.push_back(0);
+  for (int r = 0; r < rows; r++) l.row(r, out + (size_t)r * cols);
+  l.clear();
+  return 0;
+}
+
 // ---- the ABI, checked by models/cpu.py at load: a stale or mismatched build fails loudly
 
 int vs_abi_version() { return vs::ABI_VERSION; }
