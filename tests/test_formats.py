@@ -156,7 +156,7 @@ MIXES = {
 }
 
 
-def mixed_model(mix: str, isa: str | None = None, threads: int = 2) -> CpuLlama:
+def mixed_model(mix: str, isa: str | None = None, threads: int = 2, max_length: int = 512) -> CpuLlama:
     heads, kv, hd, ffn, fmts = MIXES[mix]
     cfg = _config(heads, kv, hd, ffn)
     dim = heads * hd
@@ -170,7 +170,7 @@ def mixed_model(mix: str, isa: str | None = None, threads: int = 2) -> CpuLlama:
                        "w13": [gate, up], "w2": down, "wqkv_bias": rand(dim + 2 * kv * hd) * 5})
     weights = {"layers": layers, "norm": 1 + rand(dim), "head": quantize_matrix(rand(VOCAB, dim) * 4, fmts[7]),
                "embed": quantize_matrix(rand(VOCAB, dim) * 10, fmts[8])}
-    return CpuLlama.from_weights(cfg, weights, 512, name=mix, quant="mixed", isa=isa, threads=threads)
+    return CpuLlama.from_weights({**cfg, "max_position_embeddings": max_length}, weights, max_length, name=mix, quant="mixed", isa=isa, threads=threads)
 
 
 @pytest.mark.parametrize("mix", MIXES)
@@ -187,3 +187,18 @@ def test_mixed_formats_chain_tree_batch_bitwise(mix):
     for isa in ISAS:
         for threads in (1, 2):
             assert_same_bits(ref, scenario(mixed_model(mix, isa, threads), VOCAB), f"{isa}, {threads} threads")
+
+
+def test_long_prompt_bitwise_against_one_at_a_time():
+    """A 4,160-token prompt prefilled in one forward gives bitwise the hidden states and the
+    last logits of decoding it one token at a time (attention over 65 K tiles, fp16 K/V)."""
+    model = mixed_model("k-quants, 6 heads per kv head", max_length=4224)
+    n = 4160
+    ids = torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(3))
+    whole = model.forward(ids, torch.arange(n)[None], model.new_cache(n + 64), want_hidden=True)
+    cache = model.new_cache(n + 64)
+    for i in range(n):
+        step = model.forward(ids[:, i:i + 1], torch.tensor([[i]]), cache, want_hidden=True)
+        if i % 997 == 0 or i == n - 1:
+            assert torch.equal(step.hidden[0, 0], whole.hidden[0, i]), f"token {i}"
+    assert torch.equal(step.logits[0, 0], whole.logits[0, -1])
