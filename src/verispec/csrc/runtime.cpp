@@ -195,7 +195,7 @@ struct Model {
   std::vector<float> in_norm;
   bool tied = false;
   const Kernels* k = nullptr;
-  std::unique_ptr<ThreadPool> pool;
+  std::shared_ptr<ThreadPool> pool;  // ThreadPool::shared: one pool per thread count in the process
   std::mutex busy;  // one forward (or thread-count change) at a time: the pool runs one job
 
   ~Model() {
@@ -505,7 +505,7 @@ void* vs_model_new(const vs::Config* cfg, const float* rope_cos, const float* ro
     const size_t table = (size_t)cfg->max_pos * (cfg->head_dim / 2);
     m->rope_cos.assign(rope_cos, rope_cos + table);
     m->rope_sin.assign(rope_sin, rope_sin + table);
-    m->pool = std::make_unique<vs::ThreadPool>(threads);
+    m->pool = vs::ThreadPool::shared(threads);
     return m;
   } catch (const std::exception& ex) {
     set_err(err, n, std::string("cannot create the model: ") + ex.what());
@@ -523,7 +523,7 @@ int vs_model_set_threads(void* mp, int threads) {
   auto* m = (Model*)mp;
   if (threads < 1) return -1;
   std::lock_guard<std::mutex> lock(m->busy);
-  if (threads != m->pool->size()) m->pool = std::make_unique<vs::ThreadPool>(threads);
+  if (threads != m->pool->size()) m->pool = vs::ThreadPool::shared(threads);
   return 0;
 }
 

@@ -69,6 +69,17 @@ bool ThreadPool::run_one_chunk(uint64_t job) {
   return true;
 }
 
+std::shared_ptr<ThreadPool> ThreadPool::shared(int n_threads) {
+  static std::mutex mu;
+  static std::vector<std::weak_ptr<ThreadPool>> pools;  // by size; a pool lives while a model holds it
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& w : pools)
+    if (auto p = w.lock(); p && p->size() == n_threads) return p;
+  auto p = std::make_shared<ThreadPool>(n_threads);
+  pools.push_back(p);
+  return p;
+}
+
 void ThreadPool::parallel_for(int n_items, const std::function<void(int, int)>& fn, int grain) {
   if (n_items <= 0) return;
   int chunks = n_items / (grain < 1 ? 1 : grain);
@@ -77,6 +88,7 @@ void ThreadPool::parallel_for(int n_items, const std::function<void(int, int)>& 
     fn(0, n_items);
     return;
   }
+  std::lock_guard<std::mutex> job_lock(job_mu_);
   fn_ = &fn;
   n_items_ = n_items;
   done_.store(0, std::memory_order_relaxed);

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -23,6 +24,10 @@ class ThreadPool {
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
+
+  // The process-wide pool of n threads: every model (target, draft, EAGLE head) asking for
+  // n threads shares it, so models never oversubscribe the cores; jobs run one at a time.
+  static std::shared_ptr<ThreadPool> shared(int n_threads);
 
   int size() const { return n_; }
   // Run fn(begin, end) over [0, n_items) in chunks of at least `grain` items.
@@ -40,6 +45,7 @@ class ThreadPool {
   std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};
   std::mutex mu_;
+  std::mutex job_mu_;  // one job at a time (models sharing the pool may be driven from different threads)
   std::condition_variable cv_;
   const std::function<void(int, int)>* fn_ = nullptr;
   int n_items_ = 0;
