@@ -11,6 +11,20 @@ from verispec.models.hf import HFCausalLM
 torch.set_num_threads(2)
 
 
+def pytest_sessionstart(session):
+    """With VERISPEC_REQUIRE_COMPILED=1 (CI), a compiled runtime that failed to build or load
+    fails the run instead of letting its tests skip."""
+    import os
+
+    if os.environ.get("VERISPEC_REQUIRE_COMPILED") == "1":
+        from verispec.models import cpu
+
+        try:
+            cpu.library()
+        except OSError as err:
+            pytest.exit(f"VERISPEC_REQUIRE_COMPILED=1 but the compiled runtime is unavailable: {err}", returncode=1)
+
+
 def tiny_llama(seed: int, vocab: int = 96, layers: int = 2) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,

@@ -124,8 +124,9 @@ static void* aligned_zeroed(size_t bytes) {
   return p;
 }
 
-// Repack a row-major source matrix (GGUF blocks of `f`, or fp32) into 16-row panels.
-static void repack(Matrix& m, const Format* f, const uint8_t* data, int rows, int cols) {
+// Repack a row-major source matrix (GGUF blocks of `f`, or fp32) into 16-row panels; with a
+// pool, threads split the panels (each panel's bytes are written by one thread).
+static void repack(Matrix& m, const Format* f, const uint8_t* data, int rows, int cols, ThreadPool* pool = nullptr) {
   m.fmt = f;
   m.rows = rows;
   m.cols = cols;
@@ -133,8 +134,24 @@ static void repack(Matrix& m, const Format* f, const uint8_t* data, int rows, in
   m.panel_bytes = (size_t)(cols / f->block_cols) * f->panel_block_bytes;
   m.data = (uint8_t*)aligned_zeroed(m.panel_bytes * m.panels);
   const size_t rb = (size_t)(cols / f->block_cols) * f->src_block_bytes;
-  for (int row = 0; row < rows; row++)
-    f->repack_row(data + (size_t)row * rb, cols, m.data + (size_t)(row / PANEL) * m.panel_bytes, row % PANEL);
+  std::mutex mu;
+  std::string error;  // a format's repack may refuse a block (Q4_0 scales out of range): never throw in a worker
+  auto panels = [&](int p0, int p1) {
+    try {
+      for (int row = p0 * PANEL; row < std::min(rows, p1 * PANEL); row++)
+        f->repack_row(data + (size_t)row * rb, cols, m.data + (size_t)(row / PANEL) * m.panel_bytes, row % PANEL);
+    } catch (const std::exception& ex) {
+      std::lock_guard<std::mutex> lock(mu);
+      error = ex.what();
+    }
+  };
+  if (pool) pool->parallel_for(m.panels, panels, 4);
+  else panels(0, m.panels);
+  if (!error.empty()) {
+    std::free(m.data);
+    m.data = nullptr;
+    throw std::runtime_error(error);
+  }
 }
 
 // A linear layer: row blocks ("parts") stacked on top of each other, each in its own format
@@ -570,7 +587,10 @@ int vs_model_set(void* mp, int layer, int slot, int ggml_type, const void* data,
       return -1;
     }
     vs::Matrix part;
-    vs::repack(part, f, (const uint8_t*)data, rows, cols);
+    {
+      std::lock_guard<std::mutex> lock(m->busy);
+      vs::repack(part, f, (const uint8_t*)data, rows, cols, m->pool.get());
+    }
     if (bias) {
       part.bias = (float*)vs::aligned_zeroed((size_t)rows * 4);
       std::memcpy(part.bias, bias, (size_t)rows * 4);
@@ -581,8 +601,11 @@ int vs_model_set(void* mp, int layer, int slot, int ggml_type, const void* data,
     dst->cols = cols;
     dst->panels += part.panels;
     return 0;
-  } catch (const std::exception& ex) {
+  } catch (const std::bad_alloc& ex) {
     set_err(err, n, std::string("out of memory repacking weights: ") + ex.what());
+    return -1;
+  } catch (const std::exception& ex) {
+    set_err(err, n, std::string("cannot repack weights: ") + ex.what());
     return -1;
   }
 }
