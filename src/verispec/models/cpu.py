@@ -646,13 +646,15 @@ def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: str,
 _CHUNK_BYTES = 32 << 20  # large tensors are set in row blocks of at most this many source bytes
 
 
-def gguf_weights(path: Path, cfg: dict) -> tuple[dict, str]:
+def gguf_weights(path: Path, cfg: dict, head_rows: torch.Tensor | None = None) -> tuple[dict, str]:
     """The weights of a ``llama`` or ``qwen2`` GGUF file as its own blocks (no dequantization,
     no fp32 copy): every format of ``FORMATS`` (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, F32).
     Data are views of one read-only memory map; each row block's pages are released once the
     runtime has repacked it, so loading holds the repacked weights plus one block at a time.
     Llama Q/K rows go from GGUF's interleaved RoPE pairs to HF's rotate_half order (a row
-    permutation); qwen2 files keep rotate_half order (llama.cpp's NEOX RoPE) and carry Q/K/V biases."""
+    permutation); qwen2 files keep rotate_half order (llama.cpp's NEOX RoPE) and carry Q/K/V biases.
+    ``head_rows``: the LM head keeps only those token ids' rows, in that order (a draft's
+    reduced head, FR-Spec); the input embedding keeps every row."""
     import mmap
 
     from verispec.models.gguf_file import read_gguf
@@ -677,7 +679,7 @@ def gguf_weights(path: Path, cfg: dict) -> tuple[dict, str]:
             raise ModelError(f"{path}: missing tensor {name}")
         return t
 
-    def raw(name: str, heads: int | None = None) -> Linear:
+    def raw(name: str, heads: int | None = None, rows_wanted: torch.Tensor | None = None) -> Linear:
         t = tensor(name)
         fmt = by_type.get(t.type_id)
         if fmt is None or len(t.shape) != 2:
@@ -688,6 +690,8 @@ def gguf_weights(path: Path, cfg: dict) -> tuple[dict, str]:
         data = np.frombuffer(buf, dtype=np.uint8, count=t.nbytes, offset=t.offset).reshape(rows, rb)
         if fmt.name == "f32":
             data = data.view(np.float32)
+        if rows_wanted is not None:  # a copy of the chosen rows only
+            return RawMatrix(fmt.name, data[rows_wanted.numpy()], len(rows_wanted), cols)
         if heads is not None and permute:
             data = rope_interleaved_to_half(torch.from_numpy(np.array(data)), heads).numpy()
             return RawMatrix(fmt.name, data, rows, cols)
@@ -722,10 +726,12 @@ def gguf_weights(path: Path, cfg: dict) -> tuple[dict, str]:
             layer["wqkv_bias"] = torch.cat(bias)
         layers.append(layer)
     tied = "output.weight" not in info.tensors
-    head = raw("token_embd.weight" if tied else "output.weight")
+    if head_rows is not None:
+        head_rows = check_head_rows(head_rows, tensor("token_embd.weight" if tied else "output.weight").shape[1])
+    head = raw("token_embd.weight" if tied else "output.weight", rows_wanted=head_rows)
     formats = sorted({m.fmt for layer in layers for m in parts(layer["wqkv"], layer["wo"], layer["w13"], layer["w2"])})
     return ({"layers": layers, "norm": vec("output_norm.weight"), "head": head,
-             "embed": None if tied else raw("token_embd.weight")}, "+".join(formats))
+             "embed": None if tied and head_rows is None else raw("token_embd.weight")}, "+".join(formats))
 
 
 def supports(cfg: dict) -> bool:
