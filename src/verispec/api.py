@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ from .engine import Engine
 from .engine.prefix_cache import DEFAULT_MAX_MB, PrefixCache
 from .models.base import CausalLM, ModelError
 from .models.catalog import DEFAULT_MODEL
-from .models.loading import default_quant, materialize, resolve_model
+from .models.loading import ModelSource, default_quant, materialize, resolve_model
 from .registry import make_drafter
 from .types import FinishReason, GenerationOutput, RequestStats, SamplingParams, TokenLogprob
 
@@ -35,10 +36,17 @@ class LoadedModel:
     name: str
     backend: CausalLM
     tokenizer: Any  # a transformers PreTrainedTokenizerBase
-    hf_dir: Path
+    source: ModelSource  # what was loaded: an HF dir, a GGUF file, a llama2.c checkpoint
     has_chat_template: bool
     backend_kind: str
     quant: str = "none"  # weight format of the native backend (none, int8, int4)
+
+    @cached_property
+    def hf_dir(self) -> Path:
+        """A transformers directory of this model, for what needs one (``--backend hf``,
+        training, transformers peers). A GGUF loads without it; asking for it converts the
+        file to float32 once (cached)."""
+        return materialize(self.source)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -126,21 +134,25 @@ def _load_backend(hf_dir: Path, name: str, dtype: torch.dtype, backend: str, dev
 
 def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32",
                backend: str = "auto", device: str = "cpu", quant: str = "auto") -> LoadedModel:
-    """Resolve a catalog name or path, materialize it once as an HF dir, load a backend.
+    """Resolve a catalog name or path and load a backend.
 
     ``backend="auto"`` runs Llama-family models on CPU on the compiled runtime (``cpu``:
     bit-exact speculation by construction), elsewhere on the native PyTorch runtime, and
     others on transformers. ``quant="auto"`` keeps the checkpoint's own precision (a GGUF's
     own blocks on ``cpu``; int4 groups for a Q4 GGUF on ``native``: ``default_quant``);
-    ``dtype`` is the activation dtype (and the weights' when unquantized; ``cpu`` is float32)."""
-    from transformers import AutoTokenizer
-
+    ``dtype`` is the activation dtype (and the weights' when unquantized; ``cpu`` is float32).
+    A GGUF loads directly (config, tokenizer, chat template and weights from the file); only
+    ``backend="hf"`` converts it to a float32 transformers directory (once, cached)."""
     if quant not in QUANTS:
         raise ValueError(f"unknown quant {quant!r}; use {', '.join(QUANTS)}")
-    source = resolve_model(name_or_path)
-    hf_dir = materialize(source)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
+    source = resolve_model(name_or_path)
+    if source.kind == "gguf" and backend != "hf":
+        return _load_gguf(source, _dtype(dtype), backend, device, quant)
+    from transformers import AutoTokenizer
+
+    hf_dir = materialize(source)
     if backend == "auto":  # resolved once here: _load_backend then need not read the config again
         cpu_ok = _dtype(dtype) == torch.float32 and _cpu_supports(hf_dir, device)  # bf16 asks for PyTorch
         backend = "cpu" if cpu_ok else "native" if _native_supports(hf_dir) else "hf"
@@ -154,7 +166,94 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32",
         quant = default_quant(source)
     tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
     chat = bool(getattr(tokenizer, "chat_template", None))
-    return LoadedModel(source.name, model, tokenizer, hf_dir, chat, kind, quant)
+    loaded = LoadedModel(source.name, model, tokenizer, source, chat, kind, quant)
+    loaded.__dict__["hf_dir"] = hf_dir  # already there: the property need not look again
+    return loaded
+
+
+def _load_gguf(source: ModelSource, dtype: torch.dtype, backend: str, device: str, quant: str) -> LoadedModel:
+    """A GGUF straight from the file: nothing float32 is written. ``cpu`` reads the file's own
+    blocks; ``native`` dequantizes them in memory (and says so)."""
+    from .models import cpu
+    from .models.loading import load_gguf_tokenizer, open_gguf, prune_stale_entries
+
+    info, cfg = open_gguf(source)  # architecture, metadata, tensors and their data ranges: before any weight
+    if backend == "auto":
+        on_cpu = torch.device(device).type == "cpu"
+        backend = "cpu" if dtype == torch.float32 and on_cpu and cpu.supports(cfg) and cpu.available() else "native"
+    tokenizer = load_gguf_tokenizer(info)
+    model = _gguf_backend(source, info, cfg, source.name, dtype, backend, device, quant=quant)
+    if quant == "auto":  # a draft on another backend keeps the checkpoint's precision
+        quant = default_quant(source)
+    prune_stale_entries(source)  # float32 directories earlier versions wrote for this file
+    return LoadedModel(source.name, model, tokenizer, source, bool(tokenizer.chat_template), backend, quant)
+
+
+_DEQUANT_WARNED: set[Path] = set()
+
+
+def _gguf_backend(source: ModelSource, info, cfg: dict, name: str, dtype: torch.dtype, backend: str, device: str,
+                  num_layers: int | None = None, quant: str = "auto",
+                  head_rows: torch.Tensor | None = None) -> CausalLM:
+    """A GGUF on the ``cpu`` or ``native`` runtime (``num_layers``: the first layers only)."""
+    from .models.loading import gguf_state_dict
+
+    if num_layers is not None:
+        if not 1 <= num_layers <= cfg["num_hidden_layers"]:
+            raise ValueError(f"num_layers must be in [1, {cfg['num_hidden_layers']}], got {num_layers}")
+        cfg, name = {**cfg, "num_hidden_layers": num_layers}, f"{name}[:{num_layers}]"
+    if backend == "cpu":
+        from .models.cpu import CpuLlama, gguf_weights
+
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"backend cpu runs on the CPU, not {device}; use --backend native")
+        if dtype != torch.float32:
+            raise ValueError("backend cpu computes in float32 (quantized weights, int8 activations); drop --dtype")
+        if quant == "auto":  # the file's own blocks (head_rows: only those LM-head rows)
+            weights, fmt = gguf_weights(source.path, cfg) if head_rows is None else \
+                gguf_weights(source.path, cfg, head_rows=head_rows)
+            model = CpuLlama.from_weights(cfg, weights, None, name=name, quant=fmt, head_rows=head_rows)
+            model.gguf_path = source.path
+            return model
+        fmt = _CPU_QUANT.get(quant, "q8_0" if quant == "auto" else quant)
+        _say_dequantized(source, info, f"the compiled runtime requantizes it to {fmt}")
+        state = gguf_state_dict(info, cfg)
+        return CpuLlama.from_state_dict(cfg, state, None, quant=fmt, name=name, head_rows=head_rows)
+    if backend == "native":
+        from .models.native import NativeLlama, NativeOptions
+
+        if quant == "auto":
+            quant = default_quant(source)
+        _say_dequantized(source, info, f"the PyTorch runtime runs it as {quant}")
+        state = gguf_state_dict(info, cfg)
+        return NativeLlama.from_state_dict(cfg, state, NativeOptions(dtype=dtype, quant=quant), device, None,
+                                           name=name, head_rows=head_rows)
+    raise ValueError(f"backend {backend!r} does not read a GGUF directly")
+
+
+def _say_dequantized(source: ModelSource, info, how: str) -> None:
+    """Once per file: a GGUF's blocks were dequantized to float32 in memory (nothing is written)."""
+    import warnings
+
+    from .models.loading import gguf_dequant_bytes
+
+    if source.path in _DEQUANT_WARNED:
+        return
+    _DEQUANT_WARNED.add(source.path)
+    warnings.warn(f"{source.path.name}: dequantizing its blocks to float32 in memory "
+                  f"({gguf_dequant_bytes(info) / 2**30:.1f} GiB, nothing written); {how}", RuntimeWarning, stacklevel=3)
+
+
+def target_embedding(model: LoadedModel) -> torch.Tensor:
+    """[V, H] float32 input embedding of the target (what EAGLE and Medusa heads read): from a
+    GGUF's ``token_embd`` (dequantized in memory, the rest of the file untouched), else the HF dir."""
+    if model.source.kind == "gguf":
+        from .models.loading import gguf_tensor, read_gguf
+
+        return gguf_tensor(read_gguf(model.source.path), "token_embd.weight")
+    from .drafters.eagle import load_target_embedding
+
+    return load_target_embedding(model.hf_dir)
 
 
 def distilled_draft_dir(target: LoadedModel, weights: str = "shipped") -> Path:
@@ -168,6 +267,12 @@ def distilled_draft_dir(target: LoadedModel, weights: str = "shipped") -> Path:
     path = shipped_weights("draft", target.name) if weights == "shipped" else Path(weights)
     if not is_draft_weights(path):
         raise ValueError(f"{path} is not a distilled draft's weights directory (verispec train draft output)")
+    if target.source.kind == "gguf":  # the embedding and tokenizer come from the file: no float32 target copy
+        out = materialized_dir(path, target.source.path, default_cache_dir())
+        if (out / "config.json").is_file():
+            return out
+        return materialize(path, target.source.path, out, embedding=target_embedding(target),
+                           tokenizer=target.tokenizer, eos_token_ids=list(target.backend.info.eos_token_ids))
     return materialize(path, target.hf_dir, materialized_dir(path, target.hf_dir, default_cache_dir()))
 
 
@@ -185,6 +290,14 @@ def load_draft_model(target: LoadedModel, spec: str) -> CausalLM:
         n = int(spec.split(":", 1)[1])
         if n < 1:
             raise ValueError("truncated:N needs N >= 1")
+        if target.source.kind == "gguf" and target.backend_kind in ("cpu", "native"):
+            from .models.loading import open_gguf
+
+            gguf_info, cfg = open_gguf(target.source)
+            quant = "auto" if target.backend_kind == "cpu" and getattr(target.backend, "gguf_path", None) \
+                else target.quant
+            return _gguf_backend(target.source, gguf_info, cfg, target.name, info.dtype, target.backend_kind,
+                                 str(info.device), n, quant=quant)
         gguf = getattr(target.backend, "gguf_path", None)
         return _load_backend(target.hf_dir, target.name, info.dtype, target.backend_kind, str(info.device), n,
                              quant="auto" if gguf else target.quant, gguf=gguf)[0]

