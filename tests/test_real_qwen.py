@@ -127,3 +127,31 @@ def test_speculative_greedy_equals_plain(target, drafter, opts):
         accepted += req.stats.accepted
     if drafter == "draft":
         assert accepted > 20  # the 0.5B agrees with the 1.5B most of the time
+
+
+def test_fr_spec_draft_head_is_the_full_heads_rows(target, draft):
+    """The draft's FR-Spec head (vocab=N: the N most frequent ids plus control tokens) gives
+    bitwise the full head's logits on its rows and -inf elsewhere, and reads fewer bytes."""
+    from verispec.api import load_draft_model
+
+    small = load_draft_model(target, DRAFT, vocab=4096)
+    rows = small.head_rows
+    assert 4096 <= len(rows) <= 4096 + 30 and 151645 in rows.tolist()  # <|im_end|> always drafted
+    ids = torch.tensor([draft.tokenizer.encode("def quicksort(xs):\n    if len(xs) <= 1:")])
+    pos = torch.arange(ids.shape[1])[None]
+    full = draft.backend.forward(ids, pos, draft.backend.new_cache(64)).logits[0]
+    part = small.forward(ids, pos, small.new_cache(64)).logits[0]
+    assert torch.equal(part[:, rows], full[:, rows])
+    others = torch.ones(VOCAB, dtype=torch.bool)
+    others[rows] = False
+    assert torch.isinf(part[:, others]).all()
+    assert small.weight_bytes < draft.backend.weight_bytes - 100e6  # the 145 MB Q8_0 head -> ~4 MB
+
+
+def test_draft_options_are_checked(target):
+    from verispec.registry import make_drafter
+
+    with pytest.raises(ValueError, match="vocab must be"):
+        make_drafter("draft", target, {"vocab": "many"})
+    with pytest.raises(ValueError, match="vocab must be >= 1"):
+        make_drafter("draft", target, {"vocab": "0"})

@@ -25,7 +25,7 @@ from .models.base import CausalLM, ModelError
 from .models.catalog import DEFAULT_MODEL
 from .models.loading import ModelSource, default_quant, materialize, resolve_model
 from .registry import make_drafter
-from .types import FinishReason, GenerationOutput, RequestStats, SamplingParams, TokenLogprob
+from .types import FinishReason, GenerationOutput, RequestStats, SamplingParams, TokenLogprob, sample_seed
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 Prompt = str | list[dict[str, str]]
@@ -276,12 +276,15 @@ def distilled_draft_dir(target: LoadedModel, weights: str = "shipped") -> Path:
     return materialize(path, target.hf_dir, materialized_dir(path, target.hf_dir, default_cache_dir()))
 
 
-def load_draft_model(target: LoadedModel, spec: str) -> CausalLM:
+def load_draft_model(target: LoadedModel, spec: str, vocab: int | None = None) -> CausalLM:
     """``shipped`` = the distilled draft shipped for the target (``verispec.weights``);
     ``truncated:N`` = the target's first N layers with its norm and head (an untrained
     layer-skip draft); a draft weights directory (``verispec train draft`` output); anything
     else is a model name or path sharing the target's vocab. The draft runs on the
-    target's backend, dtype and weight format."""
+    target's backend, dtype and weight format. ``vocab`` (a GGUF draft on the compiled
+    runtime): an FR-Spec head of the draft's ``vocab`` most frequent tokens plus its control
+    tokens (``weights.frequent_tokens``); the draft reads ~8x fewer head bytes per token and
+    the target still verifies every token, so output is unchanged."""
     from .models.draft_checkpoint import draft_vocab, is_draft_weights
     from .weights import shipped_weights
 
@@ -309,11 +312,30 @@ def load_draft_model(target: LoadedModel, spec: str) -> CausalLM:
         quant = "q8_0" if kind == "cpu" else target.quant
         return _load_backend(hf_dir, f"draft-{target.name}", info.dtype, kind, str(info.device),
                              quant=quant, head_rows=rows)[0]
+    if vocab is not None:
+        return _load_frequent_head_draft(target, spec, vocab)
     draft = load_model(spec, dtype=str(info.dtype).removeprefix("torch."), backend=target.backend_kind,
                        device=str(info.device), quant="auto" if target.backend_kind == "cpu" else target.quant)
     if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
         raise ValueError(f"draft model {spec} does not share the target's tokenizer")
     return draft.backend
+
+
+def _load_frequent_head_draft(target: LoadedModel, spec: str, vocab: int) -> CausalLM:
+    """A GGUF draft on the compiled runtime with an FR-Spec head (load_draft_model)."""
+    from .models.loading import load_gguf_tokenizer, open_gguf
+    from .weights import frequent_tokens
+
+    source = resolve_model(spec)
+    if source.kind != "gguf" or target.backend_kind != "cpu":
+        raise ValueError("vocab=N needs a GGUF draft on the compiled runtime (backend cpu); use vocab=full")
+    info, cfg = open_gguf(source)
+    tokenizer = load_gguf_tokenizer(info)
+    if tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise ValueError(f"draft model {spec} does not share the target's tokenizer")
+    rows = frequent_tokens(source.name, vocab, sorted(tokenizer.added_tokens_decoder))
+    return _gguf_backend(source, info, cfg, f"{source.name}[vocab {len(rows)}]", target.backend.info.dtype, "cpu",
+                         "cpu", head_rows=rows)
 
 
 def encode_prompt(model: LoadedModel, prompt: Prompt, chat: bool | None = None) -> list[int]:
@@ -395,13 +417,15 @@ class SpecDecoder:
     def generate_n(self, prompt: Prompt, n: int, params: SamplingParams | None = None,
                    chat: bool | None = None) -> list[GenerationOutput]:
         """``n`` samples of one prompt sharing its prefill (``Engine.fork``). Sample i is
-        seeded ``params.seed + i`` (as vLLM seeds the children of an n > 1 request), so it
+        seeded ``params.seed + i`` (wrapping past 2^63 - 1 to 0: ``types.sample_seed``; as vLLM
+        seeds the children of an n > 1 request), so it
         equals ``generate`` with that seed, and the whole set is reproducible."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         params = params or SamplingParams()
         first = self.engine.add_request(encode_prompt(self.model, prompt, chat), params)
-        reqs = [first] + [self.engine.fork(first, replace(params, seed=params.seed + i)) for i in range(1, n)]
+        reqs = [first] + [self.engine.fork(first, replace(params, seed=sample_seed(params.seed, i)))
+                          for i in range(1, n)]
         return [self._collect(self._stream(r), r.params) for r in reqs]
 
     def _collect(self, chunks: Iterator[Chunk], params: SamplingParams) -> GenerationOutput:
@@ -430,7 +454,10 @@ class _Detokenizer:
         start = len(self.ids)
         self.ids.extend(new_ids)
         text = self.tok.decode(self.ids, skip_special_tokens=True)
-        hits = [text.find(s, max(0, self.emitted - len(s))) for s in self.stop]
+        # stop strings are searched in complete text only: a trailing U+FFFD is a character
+        # still being decoded (an emoji's first bytes) and must not match a stop string holding one
+        complete = len(text) if final else len(text.rstrip("\ufffd"))
+        hits = [text.find(s, max(0, self.emitted - len(s)), complete) for s in self.stop]
         hits = [h for h in hits if h >= 0]
         if hits:
             cut = min(hits)

@@ -18,17 +18,28 @@ DrafterFactory = Callable[["LoadedModel", dict[str, Any]], Drafter]
 
 def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     from .api import load_draft_model
-    from .weights import has_shipped
+    from .models.catalog import CATALOG
+    from .weights import VOCAB_FREQ, has_shipped
 
     min_conf = float(opts.pop("min_confidence", 0.0))
-    default = "shipped" if has_shipped("draft", target.name) else "truncated:4"
-    draft = load_draft_model(target, str(opts.pop("model", default)))
+    entry = CATALOG.get(target.name)
+    default = "shipped" if has_shipped("draft", target.name) else entry.draft if entry and entry.draft else "truncated:4"
+    model = str(opts.pop("model", default))
+    vocab = str(opts.pop("vocab", "auto"))
+    if vocab == "auto":  # an FR-Spec head where a ranking is shipped for a GGUF draft on the compiled runtime
+        vocab = str(DEFAULT_DRAFT_VOCAB) if model in VOCAB_FREQ and target.backend_kind == "cpu" else "full"
+    if vocab != "full" and not vocab.isdigit():
+        raise ValueError(f"vocab must be auto, full or a token count, got {vocab!r}")
+    draft = load_draft_model(target, model, None if vocab == "full" else int(vocab))
     return DraftModelDrafter(draft, min_confidence=min_conf)
+
+
+DEFAULT_DRAFT_VOCAB = 32768  # FR-Spec head rows of a catalog draft (plus its control tokens)
 
 
 def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> Drafter:
     from .api import target_embedding
-    from .drafters.eagle import EagleDrafter, EagleHead
+    from .drafters.eagle import EagleDrafter, EagleHead, check_tree_options
     from .weights import shipped_weights
 
     path = opts.pop("weights", None) or shipped_weights(kind, target.name)
@@ -40,6 +51,7 @@ def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> 
     budget = str(opts.pop("budget", "measured"))
     if budget not in ("measured", "fixed"):
         raise ValueError(f"budget must be measured or fixed, got {budget!r}")
+    check_tree_options(head.cfg, mode, depth, top_k, target.backend.info.max_length)  # before sizing the runner
     runner = None
     if runtime == "compiled" or (runtime == "auto" and _compiled_head_fits(target, head)):
         from .drafters.eagle_runner import CompiledHeadRunner
@@ -179,7 +191,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
     "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, budget=measured|fixed, learned_<option> passed to the learned drafter)"),
-    "draft": (_draft_model, "a small LM with the target's tokenizer: the shipped distilled draft, else the target's first 4 layers (options: model=shipped|truncated:N|<name|path>, min_confidence)"),
+    "draft": (_draft_model, "a small LM with the target's tokenizer: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), min_confidence)"),
 }
 
 

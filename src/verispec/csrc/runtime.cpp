@@ -8,6 +8,7 @@
 // row-local or reduces in a fixed order (vs.h), so a token's logits do not depend on the
 // other tokens of the forward, the thread count or the ISA.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -679,6 +680,32 @@ int vs_test_matmul(int ggml_type, const void* data, int rows, int cols, const fl
     return -1;
   }
   return 0;
+}
+
+// Seconds per matrix product of T tokens (best of `reps`) on `threads` threads: a kernel
+// micro-benchmark for scripts/bench_kernels.py (weights repacked once, random activations).
+double vs_bench_matmul(int ggml_type, const void* data, int rows, int cols, int T, int reps, const char* isa,
+                       int threads) {
+  std::string e;
+  const vs::Kernels* k = vs::select_kernels(isa, e);
+  const vs::Format* f = vs::format_by_type(ggml_type);
+  if (!k || !f || rows < 1 || T < 1 || reps < 1 || threads < 1 || cols % vs::QK || cols % f->block_cols) return -1.0;
+  auto pool = vs::ThreadPool::shared(threads);
+  vs::Matrix m;
+  vs::repack(m, f, (const uint8_t*)data, rows, cols, pool.get());
+  vs::Act a(T, cols);
+  for (size_t i = 0; i < a.x.size(); i++) a.x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+  for (int t = 0; t < T; t++) a.quantize(k, t);
+  std::vector<float> out((size_t)T * rows);
+  const vs::QAct qa = a.view();
+  double best = 1e30;
+  for (int r = 0; r < reps; r++) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool->parallel_for(m.panels, [&](int p0, int p1) { f->matmul[k->isa](m, p0, p1, qa, T, out.data(), rows); }, 2);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::free(m.data);
+  return best;
 }
 
 // Rows of a matrix dequantized from its panels (the embedding lookup), fp32 [rows][cols].

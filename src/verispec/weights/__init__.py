@@ -17,6 +17,31 @@ SHIPPED: dict[tuple[str, str], str] = {
 }
 
 
+# model name -> its vocabulary ranked by frequency on the tuning text (scripts/vocab_frequencies.py):
+# int32 token ids, most frequent first. A draft with this file can run an FR-Spec head.
+VOCAB_FREQ: dict[str, str] = {
+    "qwen2.5-coder-1.5b-instruct": "vocab-freq-qwen2.5-coder.npy",
+    "qwen2.5-coder-0.5b-instruct": "vocab-freq-qwen2.5-coder.npy",
+}
+
+
+def frequent_tokens(model: str, n: int, always: list[int]) -> "torch.Tensor":
+    """The ``n`` most frequent token ids of ``model``'s vocabulary plus ``always`` (its
+    control tokens), sorted: the rows of an FR-Spec draft head (Zhao et al. 2025). ValueError
+    when no ranking is shipped for the model."""
+    import numpy as np
+    import torch
+
+    if model not in VOCAB_FREQ:
+        raise ValueError(f"no vocabulary ranking shipped for {model!r} (have: {', '.join(VOCAB_FREQ) or 'none'}); "
+                         "use vocab=full")
+    ranked = np.load(ROOT / VOCAB_FREQ[model])
+    if n < 1:
+        raise ValueError(f"vocab must be >= 1 or 'full', got {n}")
+    rows = np.union1d(ranked[:n], np.asarray(always, dtype=np.int64))
+    return torch.from_numpy(rows.astype(np.int64))
+
+
 def has_shipped(kind: str, target: str) -> bool:
     name = SHIPPED.get((kind, target))
     return name is not None and (ROOT / name / "config.json").exists()

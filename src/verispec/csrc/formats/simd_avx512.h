@@ -98,10 +98,13 @@ static inline void tile(const Matrix& w, int p, const QAct& a, int t0, float* ou
 template <class K>
 static void matmul(const Matrix& w, int p0, int p1, const QAct& a, int T, float* out, int ldo) {
   for (int p = p0; p < p1; p++) {
-    int t = 0;
+    int t = 0;  // tiles of 8 tokens, then one tile of the rest: a verify of k + 1 <= 8 tokens unpacks once
     for (; t + 8 <= T; t += 8) tile<K, 8>(w, p, a, t, out, ldo);
-    for (; t + 4 <= T; t += 4) tile<K, 4>(w, p, a, t, out, ldo);
     switch (T - t) {
+      case 7: tile<K, 7>(w, p, a, t, out, ldo); break;
+      case 6: tile<K, 6>(w, p, a, t, out, ldo); break;
+      case 5: tile<K, 5>(w, p, a, t, out, ldo); break;
+      case 4: tile<K, 4>(w, p, a, t, out, ldo); break;
       case 3: tile<K, 3>(w, p, a, t, out, ldo); break;
       case 2: tile<K, 2>(w, p, a, t, out, ldo); break;
       case 1: tile<K, 1>(w, p, a, t, out, ldo); break;
