@@ -162,8 +162,13 @@ struct Linear {
   std::vector<Matrix> parts;
   std::vector<int> row0;
   int rows = 0, cols = 0, panels = 0;
+  // By reference (an input embedding read one row per token): the caller's source blocks,
+  // e.g. a memory-mapped GGUF, instead of panels; rows are repacked one at a time on lookup.
+  const Format* ref_fmt = nullptr;
+  const uint8_t* ref = nullptr;
+  size_t ref_row_bytes = 0;
 
-  bool empty() const { return parts.empty(); }
+  bool empty() const { return parts.empty() && !ref; }
   void clear() {
     for (Matrix& m : parts) {
       std::free(m.data);
@@ -172,14 +177,24 @@ struct Linear {
     parts.clear();
     row0.clear();
     rows = cols = panels = 0;
+    ref = nullptr;
   }
   size_t bytes() const {
     size_t b = 0;
     for (const Matrix& m : parts) b += m.panel_bytes * m.panels;
     return b;
   }
-  // One row as fp32 (the embedding lookup: tied or not).
+  // One row as fp32 (the embedding lookup: tied or not). A row by reference goes through a
+  // one-row panel, so its values are bitwise those of the repacked matrix.
   void row(int r, float* out) const {
+    if (ref) {
+      static thread_local std::vector<uint8_t> panel;
+      const size_t bytes = (size_t)(cols / ref_fmt->block_cols) * ref_fmt->panel_block_bytes;
+      panel.assign(bytes, 0);
+      ref_fmt->repack_row(ref + (size_t)r * ref_row_bytes, cols, panel.data(), 0);
+      ref_fmt->dequant_row(panel.data(), cols, 0, out);
+      return;
+    }
     size_t i = 0;
     while (i + 1 < parts.size() && r >= row0[i + 1]) i++;
     const Matrix& m = parts[i];
@@ -609,6 +624,24 @@ int vs_model_set(void* mp, int layer, int slot, int ggml_type, const void* data,
     set_err(err, n, std::string("cannot repack weights: ") + ex.what());
     return -1;
   }
+}
+
+// The input embedding by reference: `data` (row-major source blocks, rows x cols) must stay
+// valid and unchanged for the model's lifetime; nothing is copied (models/cpu.py keeps it alive).
+int vs_model_set_embed_ref(void* mp, int ggml_type, const void* data, int rows, int cols, char* err, int n) {
+  auto* m = (Model*)mp;
+  const vs::Format* f = vs::format_by_type(ggml_type);
+  if (!f || !data || rows < 1 || cols % vs::QK || cols % f->block_cols) {
+    set_err(err, n, "unsupported embedding format or shape");
+    return -1;
+  }
+  m->embed.clear();
+  m->embed.ref_fmt = f;
+  m->embed.ref = (const uint8_t*)data;
+  m->embed.ref_row_bytes = (size_t)(cols / f->block_cols) * f->src_block_bytes;
+  m->embed.rows = rows;
+  m->embed.cols = cols;
+  return 0;
 }
 
 // Check that every tensor has the shape the config says; tie the embedding to the head if unset.

@@ -104,6 +104,8 @@ def _load_library() -> ctypes.CDLL:
     lib.vs_model_set.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                  ctypes.c_int, _P(ctypes.c_float), *c_err)
     lib.vs_model_finish.argtypes = (ctypes.c_void_p, *c_err)
+    lib.vs_model_set_embed_ref.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                           *c_err)
     lib.vs_model_weight_bytes.restype = ctypes.c_size_t
     lib.vs_model_weight_bytes.argtypes = (ctypes.c_void_p,)
     lib.vs_forward.argtypes = (ctypes.c_void_p, _P(_Batch), *c_err)
@@ -335,8 +337,11 @@ class CpuLlama(PooledLM):
         if self.kv_dtype not in (torch.float32, torch.float16):
             raise ValueError(f"kv_dtype must be torch.float32 or torch.float16, got {self.kv_dtype}")
         embed = weights.get("embed")  # an untied input embedding may have more rows than the head (EAGLE heads)
+        self._embed_ref = weights.get("embed_ref")  # by reference (a mapped GGUF): kept alive with the model
+        embed = embed if self._embed_ref is None else self._embed_ref
         embed_parts = [] if embed is None else embed if isinstance(embed, list) else [embed]
-        self._embed_bytes = sum(int(np.asarray(p.data).nbytes) for p in embed_parts)
+        # resident bytes of the input embedding (by reference: only the looked-up rows' pages)
+        self._embed_bytes = 0 if self._embed_ref is not None else sum(int(np.asarray(p.data).nbytes) for p in embed_parts)
         self._cfg = _Config(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim,
                             args.intermediate_size, info.max_length, args.norm_eps, int(self.kv_dtype == torch.float16),
                             args.vocab_size if embed is None else sum(p.rows for p in embed_parts))
@@ -363,6 +368,11 @@ class CpuLlama(PooledLM):
         self._set(-1, Slot.NORM, weights["norm"])
         if weights.get("embed") is not None:
             self._set(-1, Slot.EMBED, weights["embed"])
+        if self._embed_ref is not None:
+            ref, err = self._embed_ref, ctypes.create_string_buffer(_ERR)
+            if library().vs_model_set_embed_ref(self._h, FORMATS[ref.fmt].ggml_type, ref.data.ctypes.data, ref.rows,
+                                                ref.cols, err, _ERR):
+                raise ModelError(f"compiled runtime, embedding: {err.value.decode()}")
         self._set(-1, Slot.HEAD, weights["head"])
         if weights.get("in_proj") is not None:  # feature input (EAGLE heads): forward_slots(feats=...)
             self._set(-1, Slot.IN_PROJ, weights["in_proj"], weights.get("in_proj_bias"))
@@ -730,8 +740,16 @@ def gguf_weights(path: Path, cfg: dict, head_rows: torch.Tensor | None = None) -
         head_rows = check_head_rows(head_rows, tensor("token_embd.weight" if tied else "output.weight").shape[1])
     head = raw("token_embd.weight" if tied else "output.weight", rows_wanted=head_rows)
     formats = sorted({m.fmt for layer in layers for m in parts(layer["wqkv"], layer["wo"], layer["w13"], layer["w2"])})
-    return ({"layers": layers, "norm": vec("output_norm.weight"), "head": head,
-             "embed": None if tied and head_rows is None else raw("token_embd.weight")}, "+".join(formats))
+    weights = {"layers": layers, "norm": vec("output_norm.weight"), "head": head, "embed": None}
+    if not tied or head_rows is not None:  # the input embedding stays in the mapped file: one row per token
+        t = tensor("token_embd.weight")
+        fmt = by_type.get(t.type_id)
+        if fmt is None:
+            raise ModelError(f"{path}: tensor token_embd.weight is {t.type_name}; the compiled runtime reads "
+                             f"{', '.join(f.upper() for f in FORMATS)}")
+        rows = np.frombuffer(buf, dtype=np.uint8, count=t.nbytes, offset=t.offset).reshape(t.shape[1], -1)
+        weights["embed_ref"] = RawMatrix(fmt.name, rows, t.shape[1], t.shape[0])
+    return weights, "+".join(formats)
 
 
 def supports(cfg: dict) -> bool:
