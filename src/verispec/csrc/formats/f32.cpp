@@ -43,6 +43,7 @@ struct K {
     const float* wp = (const float*)pw + 8 * h;
     for (int k = 0; k < cols; k++) {
       const __m256 wk = _mm256_loadu_ps(wp + (size_t)k * PANEL);
+      #pragma GCC unroll 8
       for (int t = 0; t < TT; t++) acc[t] = _mm256_fmadd_ps(wk, _mm256_set1_ps(a.x[(size_t)(t0 + t) * a.cols + k]), acc[t]);
     }
   }
@@ -59,6 +60,7 @@ struct K {
     const float* wp = (const float*)pw;
     for (int k = 0; k < cols; k++) {
       const __m512 wk = _mm512_loadu_ps(wp + (size_t)k * PANEL);
+      #pragma GCC unroll 8
       for (int t = 0; t < TT; t++) acc[t] = _mm512_fmadd_ps(wk, _mm512_set1_ps(a.x[(size_t)(t0 + t) * a.cols + k]), acc[t]);
     }
   }

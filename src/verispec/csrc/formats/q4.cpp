@@ -87,6 +87,7 @@ struct K {
       const __m256 dw = half8(blk + 16 * h), mw = half8(blk + HALF16_BYTES + 16 * h);
       __m256i w[8];
       n4_unpack(blk + 64, h, w);
+      #pragma GCC unroll 8
       for (int t = 0; t < TT; t++) {
         const size_t row = (size_t)(t0 + t);
         // 8 pair sums of <= 2 * 15 * 127 per int16 lane stay below 32767: exact
@@ -113,6 +114,7 @@ struct K {
       const __m512 dw = half16(blk), mw = half16(blk + HALF16_BYTES);
       __m512i w[8];
       n4_unpack(blk + 64, w);
+      #pragma GCC unroll 8
       for (int t = 0; t < TT; t++) {
         const size_t row = (size_t)(t0 + t);
         const __m512i isum = dot_n4(w, act_q(a, (int)row, b));

@@ -131,6 +131,7 @@ struct K {
         __m256i w[8];
         n4_unpack(sub, h, w);
         if (HIGH) h1_add(sub + N4_BYTES, h, w);
+        #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
           const size_t row = (size_t)(t0 + t);
           // int16 pair sums: 8 of <= 2 * 15 * 127 (Q4_K), 4 of <= 2 * 31 * 127 (Q5_K): exact
@@ -166,6 +167,7 @@ struct K {
         __m512i w[8];
         n4_unpack(sub, w);
         if (HIGH) h1_add(sub + N4_BYTES, w);
+        #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
           const size_t row = (size_t)(t0 + t);
           const __m512i isum = dot_n4(w, act_q(a, (int)row, b));

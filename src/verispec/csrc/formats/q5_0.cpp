@@ -72,6 +72,7 @@ struct K {
       __m256i w[8];
       n4_unpack(blk + N4_AT, h, w);
       h1_add(blk + H1_AT, h, w);
+      #pragma GCC unroll 8
       for (int t = 0; t < TT; t++) {
         const size_t row = (size_t)(t0 + t);
         // 4 pair sums of <= 2 * 31 * 127 per int16 lane stay below 32767: exact
@@ -99,6 +100,7 @@ struct K {
       __m512i w[8];
       n4_unpack(blk + N4_AT, w);
       h1_add(blk + H1_AT, w);
+      #pragma GCC unroll 8
       for (int t = 0; t < TT; t++) {
         const size_t row = (size_t)(t0 + t);
         const __m512i isum = _mm512_sub_epi32(dot_n4(w, act_q(a, (int)row, b)), _mm512_set1_epi32(16 * a.qsum[row * a.nb + b]));

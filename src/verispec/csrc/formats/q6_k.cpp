@@ -97,6 +97,7 @@ struct K {
         __m256i w[8];
         n4_unpack(blk32, h, w);
         h2_add(blk32 + N4_BYTES, h, w);
+        #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
           const size_t row = (size_t)(t0 + t);
           const int8_t* xq = act_q(a, (int)row, b);
@@ -133,6 +134,7 @@ struct K {
         __m512i w[8];
         n4_unpack(blk32, w);
         h2_add(blk32 + N4_BYTES, w);
+        #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
           const size_t row = (size_t)(t0 + t);
           __m512i lo, hi;

@@ -65,6 +65,7 @@ struct K {
         ws[g] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(blk + HALF16_BYTES + 64 * g + 32 * h)), flip);
         wa[g] = _mm256_abs_epi8(ws[g]);
       }
+      #pragma GCC unroll 8
       for (int t = 0; t < TT; t++) {
         const size_t row = (size_t)(t0 + t);
         const int8_t* xq = act_q(a, (int)row, b);
@@ -94,6 +95,7 @@ struct K {
       const __m512 dw = half16(blk);
       __m512i w[8];
       for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void*)(blk + HALF16_BYTES + 64 * g));
+      #pragma GCC unroll 8
       for (int t = 0; t < TT; t++) {
         const size_t row = (size_t)(t0 + t);
         const int8_t* xq = act_q(a, (int)row, b);
