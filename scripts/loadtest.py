@@ -222,6 +222,19 @@ def hostile_requests(model: str) -> list[tuple[str, bytes, dict, int]]:
                   "max_tokens": 2}), {}, 200),
         (chat, j({"messages": [{"role": "user", "content": "word " * 200_000}]}), {}, 400),
         ("completions", j({"prompt": "a"}), {"authorization": "Bearer wrong"}, 401),
+        # issue 25, class 1: a chat of many tiny messages is refused before any work
+        (chat, j({"messages": [{"role": "user", "content": "x"}] * 20_000}), {}, 400),
+        # class 3: derived seeds stay in range; huge JSON numbers and non-ASCII logit_bias keys are 400
+        ("completions", j({"prompt": "a", "seed": 2**63 - 1, "n": 2, "temperature": 1.0, "max_tokens": 2}), {}, 200),
+        ("completions", j({"prompt": "a"})[:-1] + b', "min_p": 1' + b"0" * 400 + b"}", {}, 400),
+        ("completions", j({"prompt": "a", "logit_bias": {"\u00b2": 1}}), {}, 400),
+        ("completions", j({"prompt": "a", "logit_bias": {"\uff11\uff12": 1}}), {}, 400),
+        # class 4: the tiniest top_p and repetition penalty answer
+        ("completions", j({"prompt": "a", "top_p": 5e-324, "temperature": 1.0, "max_tokens": 2}), {}, 200),
+        ("completions", j({"prompt": "a", "repetition_penalty": 1e-38, "temperature": 1.0, "max_tokens": 2}), {}, 200),
+        # classes 5 and 6: a U+FFFD stop string and logprobs with bytes answer
+        (chat, j({"messages": [{"role": "user", "content": "emoji please"}], "stop": ["\ufffd"], "max_tokens": 4,
+                  "logprobs": True, "top_logprobs": 3}), {}, 200),
     ]
 
 

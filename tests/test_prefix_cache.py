@@ -394,7 +394,9 @@ def tiny_cpu_model(tmp_path_factory):
     LlamaForCausalLM(cfg).save_pretrained(path)
     stories = load_model("stories260k", backend="native")
     backend = cpu.CpuLlama.from_hf_dir(path, max_length=512, threads=2)
-    return dataclasses.replace(stories, name="tiny-cpu", backend=backend, hf_dir=path, backend_kind="cpu")
+    model = dataclasses.replace(stories, name="tiny-cpu", backend=backend, backend_kind="cpu")
+    model.__dict__["hf_dir"] = path  # LoadedModel.hf_dir is a cached property
+    return model
 
 
 def test_server_reuses_prefixes_reports_them_and_returns_to_idle(tiny_cpu_model):

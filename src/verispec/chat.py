@@ -13,16 +13,28 @@ holds a control-token string is refused instead of guessed at.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Any
 
 _SENTINEL = "\ue000{}\ue001"  # private-use characters: never in a template, never in tokenizers' specials
 
 
-def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+class ChatTooLong(ValueError):
+    """The rendered chat is longer than the caller's character bound (nothing was tokenized)."""
+
+
+def encode_chat(tokenizer: Any, messages: list[dict[str, str]], max_chars: int | None = None) -> list[int]:
     """Token ids of ``messages`` through the chat template (generation prompt added), with
     every message content literal. Without control-token strings in the contents the result
-    is exactly the template's usual tokenization."""
+    is exactly the template's usual tokenization.
+
+    Linear in the rendered text: spans are found in one pass and each token is checked
+    against them by bisection. ``max_chars``: refuse (``ChatTooLong``) a rendering longer
+    than this before tokenizing it (the template's own text counts, not only the contents)."""
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    if max_chars is not None and len(text) > max_chars:
+        raise ChatTooLong(f"the chat renders to {len(text)} characters through the template, more than the "
+                          f"{max_chars} this context can hold")
     control = control_strings(tokenizer)
     spans = content_spans(tokenizer, messages, text)
     if spans is None:
@@ -33,10 +45,20 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
     control_ids = set(tokenizer.added_tokens_decoder)
-    template_specials = [(s, e, i) for i, (s, e) in zip(ids, offsets) if i in control_ids and not _inside(s, e, spans)]
+    ends = [e for _, e in spans]  # spans are disjoint and in order: sorted by start and by end
+    template_specials = [(s, e, i) for i, (s, e) in zip(ids, offsets)
+                         if i in control_ids and not _inside(s, e, spans, ends)]
     if len(template_specials) == sum(i in control_ids for i in ids):
         return ids  # no forged control token: the usual tokenization
     return _literal_between(tokenizer, text, template_specials)
+
+
+def max_text_chars(tokenizer: Any, max_tokens: int) -> int:
+    """Characters beyond which a text cannot fit ``max_tokens`` tokens: a text of C characters
+    has at least C / (the longest vocabulary entry's characters) tokens (x2 for normalizers
+    that shrink text). Longer texts are refused before tokenizing (which costs time and, for
+    hundreds of MB, the tokenizer's memory)."""
+    return max_tokens * 2 * max(map(len, tokenizer.get_vocab()), default=1)
 
 
 def control_strings(tokenizer: Any) -> list[str]:
@@ -53,22 +75,25 @@ def content_spans(tokenizer: Any, messages: list[dict[str, str]], text: str) -> 
     """
     marked = [m | {"content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
     template = tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
-    spans, out, pos = [], [], 0
+    spans, out, pos, length = [], [], 0, 0  # length: characters of "".join(out), kept as it grows
     for i, m in enumerate(messages):
         k = template.find(_SENTINEL.format(i), pos)
         if k < 0:
             return None
         out.append(template[pos:k])
-        start = sum(len(x) for x in out)
+        start = length + k - pos
         out.append(m["content"])
-        spans.append((start, start + len(m["content"])))
+        length = start + len(m["content"])
+        spans.append((start, length))
         pos = k + len(_SENTINEL.format(i))
     out.append(template[pos:])
     return spans if "".join(out) == text else None
 
 
-def _inside(start: int, end: int, spans: list[tuple[int, int]]) -> bool:
-    return any(start < e and s < end for s, e in spans)
+def _inside(start: int, end: int, spans: list[tuple[int, int]], ends: list[int]) -> bool:
+    """Does [start, end) overlap a span? ``ends``: the spans' ends (sorted, as the spans are)."""
+    j = bisect_right(ends, start)  # the first span ending after ``start``
+    return j < len(spans) and spans[j][0] < end
 
 
 def _literal_between(tokenizer: Any, text: str, specials: list[tuple[int, int, int]]) -> list[int]:

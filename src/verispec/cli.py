@@ -36,21 +36,69 @@ def parse_options(pairs: list[str]) -> dict[str, str]:
     return opts
 
 
+MAX_PROMPT_BYTES = 16 * 2**20  # read no more: far above any context here (the model's own bound comes later)
+
+
 def read_prompt(prompt: Optional[str], file: Optional[Path]) -> str:
-    """The prompt from --file, stdin or the argument; unreadable or non-UTF-8 input fails."""
-    from .paths import decode_utf8, read_text_file
+    """The prompt from --file, stdin or the argument; unreadable, non-UTF-8 or unbounded input
+    (``- < /dev/zero``) fails with one line. At most ``MAX_PROMPT_BYTES`` are read."""
+    from .paths import decode_utf8, is_text, read_text_file
 
     try:
         if file is not None:
+            check(not file.is_file() or file.stat().st_size <= MAX_PROMPT_BYTES,
+                  f"prompt file {file} is larger than {MAX_PROMPT_BYTES >> 20} MiB")
             return read_text_file(file, "prompt file")
         if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
             stdin = getattr(sys.stdin, "buffer", None)
-            return decode_utf8(stdin.read(), "stdin") if stdin is not None else sys.stdin.read()
+            data = stdin.read(MAX_PROMPT_BYTES + 1) if stdin is not None else sys.stdin.read(MAX_PROMPT_BYTES + 1)
+            check(len(data) <= MAX_PROMPT_BYTES, f"stdin holds more than {MAX_PROMPT_BYTES >> 20} MiB of prompt")
+            return decode_utf8(data, "stdin") if isinstance(data, bytes) else data
     except ValueError as e:
         fail(str(e))
+    except OSError as e:
+        fail(f"cannot read the prompt: {e.strerror or e}")
     if prompt is None:
         fail("give a prompt argument, --file, or text on stdin")
+    check(is_text(prompt), "the prompt argument is not UTF-8 text")  # argv bytes like \xff arrive as surrogates
     return prompt
+
+
+def check_text_args(values: list[str], flag: str) -> None:
+    """Command-line strings used as text (stop strings, ...) must be UTF-8."""
+    from .paths import is_text
+
+    for v in values:
+        check(is_text(v), f"{flag} {v.encode('utf-8', 'backslashreplace').decode()!r} is not UTF-8 text")
+
+
+def check_model_arg(model: str) -> None:
+    """A --model that names an existing path must be a regular file or a directory: a FIFO or
+    a device named ``*.gguf`` would block (or never end) when read."""
+    path = Path(model)
+    try:
+        exists = path.exists()
+    except (OSError, ValueError):
+        return  # not a usable path: the catalog lookup reports it
+    if exists and not (path.is_file() or path.is_dir()):
+        fail(f"--model {model} is not a regular file or a directory")
+
+
+def emit(text: str, end: str = "\n") -> None:
+    """Print to stdout now; a failing stdout (a full disk, /dev/full, a closed pipe) is one
+    line and exit 2, not a traceback (then or at exit, when Python flushes it again)."""
+    import os
+
+    try:
+        sys.stdout.write(text + end)
+        sys.stdout.flush()
+    except OSError as e:
+        try:  # nothing more can reach stdout: point it at /dev/null so the exit flush is quiet
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        fail(f"cannot write the output: {e.strerror or e}")
 
 
 def check(condition: bool, message: str) -> None:
@@ -108,20 +156,27 @@ def generate(
 
     from .registry import ALIASES, DRAFTERS
 
+    from .chat import max_text_chars
+
     if drafter not in DRAFTERS and drafter not in ALIASES:
         fail(f"unknown drafter {drafter!r}; choose one of: {', '.join(DRAFTERS)}")
+    check_text_args(stop, "--stop")
+    check_model_arg(model)
     text = read_prompt(prompt, file)
     try:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                                 max_new_tokens=max_new_tokens, seed=seed, stop=tuple(stop))
         lm = load_model(model, dtype=dtype, backend=backend, quant=quant)
+        limit = max_text_chars(lm.tokenizer, lm.backend.info.max_length)
+        check(len(text) <= limit, f"the prompt has {len(text)} characters, more than the "
+              f"{lm.backend.info.max_length}-token context of {lm.name} can hold (at most {limit})")
         dec = SpecDecoder(lm, drafter, parse_options(drafter_option), num_draft_tokens, policy,
                           prefix_cache_mb=prefix_cache_mb)
         chunks = []
         for chunk in dec.stream(text, params, chat):
             chunks.append(chunk)
             if stream and not as_json:
-                print(chunk.delta, end="", flush=True)
+                emit(chunk.delta, end="")
     except (ValueError, ModelError) as e:
         fail(str(e))
     out_text = "".join(c.delta for c in chunks)
@@ -134,10 +189,10 @@ def generate(
     no_reuse = prefix_cache_support(lm.backend)
     stats["prefix_cache"] = "off" if not prefix_cache_mb else "on" if no_reuse is None else f"off: {no_reuse}"
     if as_json:
-        print(json.dumps({"text": out_text, "token_ids": ids, "finish_reason": chunks[-1].finished,
-                          "model": lm.name, "drafter": dec.drafter.name, "stats": stats}))
+        emit(json.dumps({"text": out_text, "token_ids": ids, "finish_reason": chunks[-1].finished,
+                         "model": lm.name, "drafter": dec.drafter.name, "stats": stats}))
         return
-    print("" if stream else out_text)
+    emit("" if stream else out_text)
     err.print(stats_table(stats))
 
 
@@ -187,7 +242,7 @@ def demo(
     except (ValueError, ModelError) as e:
         fail(str(e))
     (plain, t_plain), (spec, t_spec) = runs.values()
-    print(spec.text)
+    emit(spec.text)
     table = Table("decoding", "tokens", "seconds", "tokens/s", "tau", "speed-up", title=f"{lm.name} on "
                   f"{getattr(lm.backend, 'description', lm.backend_kind)}")
     for name, (out, t) in runs.items():
@@ -257,6 +312,8 @@ def train(
     check(tokens >= 1 and batch >= 1 and threads >= 1 and magpie >= 0,
           "--tokens, --batch and --threads must be >= 1 and --magpie >= 0")
     check(corpus_tokens is None or corpus_tokens >= 1, f"--corpus-tokens must be >= 1, got {corpus_tokens}")
+    check(0 <= seed <= 2**63 - 1, f"--seed must be in [0, 2^63 - 1], got {seed}")
+    check_model_arg(model)
     try:
         check_output_dir(out, "--out")
         for path in data or []:
@@ -264,8 +321,8 @@ def train(
         if kind == "data":
             from .train.corpus import main_corpus
 
-            print(json.dumps(main_corpus(out, model, tokens=tokens, batch=batch, threads=threads, n_magpie=magpie,
-                                         seed=seed, max_minutes=max_minutes)))
+            emit(json.dumps(main_corpus(out, model, tokens=tokens, batch=batch, threads=threads, n_magpie=magpie,
+                                        seed=seed, max_minutes=max_minutes)))
             return
         init_layers = None
         if layers:
@@ -278,7 +335,7 @@ def train(
                            corpus_tokens=corpus_tokens)
     except (ValueError, ModelError) as e:
         fail(str(e))
-    print(json.dumps(result))
+    emit(json.dumps(result))
 
 
 datastore_app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -302,6 +359,7 @@ def datastore_build(
     from .paths import check_output_file
 
     check(max_tokens >= 1 and depth >= 1, "--max-tokens and --depth must be >= 1")
+    check_model_arg(model)
     output = output if output.suffix == ".npz" else output.with_name(output.name + ".npz")  # numpy adds it
     try:
         check_output_file(output, "--output")
@@ -317,7 +375,7 @@ def datastore_build(
         ds.save(output)
     except OSError as e:
         fail(f"cannot write {output}: {e.strerror or e}")
-    print(json.dumps({"output": str(output), "tokens": int(ds.suffix_array.size), "bytes": ds.nbytes}))
+    emit(json.dumps({"output": str(output), "tokens": int(ds.suffix_array.size), "bytes": ds.nbytes}))
 
 
 # `verispec bench`: options and logic live in verispec.bench.command (typer/rich imports only).
@@ -366,6 +424,7 @@ def serve(
     check(graceful_timeout >= 0, f"--graceful-timeout must be >= 0 seconds, got {graceful_timeout}")
     check(max_batch >= 1 and max_queue >= 1 and max_model_len >= 2 and num_draft_tokens >= 1,
           "--max-batch, --max-queue and --num-draft-tokens must be >= 1, --max-model-len >= 2")
+    check_model_arg(model)
     if threads:
         import torch
 

@@ -11,7 +11,8 @@ one plain decoding would use there, so greedy verification and rejection samplin
 Order and definitions (those of vLLM's sampler and the OpenAI API):
 1. ``logit_bias``: add the bias to the token's logit.
 2. ``repetition_penalty`` r (CTRL, Keskar et al. 2019, arXiv 1909.05858): for every token seen
-   in prompt + history, logit / r when the logit is positive, logit * r otherwise.
+   in prompt + history, logit / r when the logit is positive, logit * r otherwise; r below
+   ``MIN_REPETITION_PENALTY`` (1e-20) saturates to it.
 3. ``frequency_penalty`` f and ``presence_penalty`` a (OpenAI): logit - f * count - a * [count > 0],
    counting generated tokens only (prompt tokens are not penalised, as in vLLM).
 Temperature, min-p, top-k and top-p come afterwards (``sampling.process_logits``).
@@ -26,6 +27,11 @@ import torch
 
 from .tree import DraftTree
 from .types import SamplingParams
+
+# A smaller repetition penalty acts as this one. logit / 1e-38 overflows float32 to inf (NaN
+# probabilities when sampling, ties among infs when greedy); logit / 1e-20 stays finite, in
+# order, and with room for temperature (>= 1e-5) to divide it again.
+MIN_REPETITION_PENALTY = 1e-20
 
 
 def path_counts(tree: DraftTree, generated: Sequence[int], vocab: int) -> torch.Tensor:
@@ -59,7 +65,7 @@ def adjust_logits(logits: torch.Tensor, params: SamplingParams, prompt: Sequence
     if params.repetition_penalty != 1.0:
         seen = counts > 0  # [N, V]
         seen[:, torch.tensor(list(prompt), dtype=torch.long, device=out.device)] = True
-        r = params.repetition_penalty
+        r = max(params.repetition_penalty, MIN_REPETITION_PENALTY)  # saturates: never overflows float32
         out = torch.where(seen, torch.where(out > 0, out / r, out * r), out)
     if params.frequency_penalty != 0.0:
         out -= params.frequency_penalty * counts

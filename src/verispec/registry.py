@@ -30,8 +30,42 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         vocab = str(DEFAULT_DRAFT_VOCAB) if model in VOCAB_FREQ and target.backend_kind == "cpu" else "full"
     if vocab != "full" and not vocab.isdigit():
         raise ValueError(f"vocab must be auto, full or a token count, got {vocab!r}")
+    stop = str(opts.pop("stop", "auto"))
+    if stop not in ("auto", "cost", "fixed"):
+        raise ValueError(f"stop must be auto, cost or fixed, got {stop!r}")
     draft = load_draft_model(target, model, None if vocab == "full" else int(vocab))
-    return DraftModelDrafter(draft, min_confidence=min_conf)
+    if stop == "auto":  # a separate draft model sizes its drafts by cost; layer-skip and distilled drafts keep k
+        stop = "cost" if model not in ("shipped",) and not model.startswith("truncated:") else "fixed"
+    cost = None
+    if stop == "cost":
+        from .drafters.draft_model import DraftCost
+        from .policies.tree_shape import cached_cost_curve, measure_cost_curve
+
+        key = _cost_key(target)
+        curve = cached_cost_curve(target.backend, key)
+        ratio = cached_cost_curve(draft, f"{key}-draftstep-{draft.info.name}", sizes=(1,), repeats=5,
+                                  measure=lambda m, sizes, repeats: _draft_step_cost(target.backend, m))
+        cost = DraftCost(ratio[1], curve)
+    return DraftModelDrafter(draft, min_confidence=min_conf, cost=cost)
+
+
+def _draft_step_cost(target, draft) -> dict[int, float]:
+    """{1: one draft decode step / one target decode step} (best of 5 each, 128-token context)."""
+    import torch
+
+    from .policies.tree_shape import _probe_context, _seconds
+
+    times = []
+    for model in (target, draft):
+        cache, ids, out = _probe_context(model, 128, 1)
+        root = out.logits[0, -1:].argmax(-1)[None]
+        pos = torch.tensor([[128]])
+
+        def step(model=model, cache=cache):
+            model.forward(root, pos, cache)
+            cache.truncate(128)
+        times.append(_seconds(step, 5, torch.device("cpu")))
+    return {1: times[1] / times[0]}
 
 
 DEFAULT_DRAFT_VOCAB = 32768  # FR-Spec head rows of a catalog draft (plus its control tokens)
@@ -191,7 +225,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
     "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, budget=measured|fixed, learned_<option> passed to the learned drafter)"),
-    "draft": (_draft_model, "a small LM with the target's tokenizer: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), min_confidence)"),
+    "draft": (_draft_model, "a small LM with the target's tokenizer: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence)"),
 }
 
 

@@ -32,6 +32,9 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         cum = sorted_logits.softmax(-1).cumsum(-1)  # [N, V]
         # drop a token when the mass before it already reaches top_p (keeps at least one)
         drop_sorted = (cum - sorted_logits.softmax(-1)) >= params.top_p
+        # the most likely token always stays: a top_p below float32's smallest value (~1.4e-45)
+        # compares as 0.0, and the mass before the first token (0) would drop it too
+        drop_sorted[..., 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits

@@ -13,6 +13,12 @@ GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature is greedy dec
 MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; larger ones would wrap onto others
 
 
+def sample_seed(seed: int, k: int) -> int:
+    """The seed of sample ``k`` of an ``n > 1`` request seeded ``seed``: ``seed + k``, wrapping
+    past ``MAX_SEED`` to 0 (so seed 2^63 - 1 gives samples seeded 2^63 - 1, 0, 1, ...)."""
+    return (seed + k) % (MAX_SEED + 1)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens. ``temperature == 0`` (or below ``GREEDY_BELOW``) is greedy decoding.

@@ -380,12 +380,13 @@ def bench(
 
 
 def _print_summary(result: dict) -> None:
+    from ..cli import emit  # a failing stdout is one line and exit 2
     from .lossless import exactness_counts
     from .report import speedup_table
 
-    print("\n".join(speedup_table(result["summaries"])))
+    emit("\n".join(speedup_table(result["summaries"])))
     for m, c in exactness_counts(result["rows"]).items():
-        print(f"exactness {m}: {c['equal']} equal, {c['near-tie']} near-tie, {c['mismatch']} mismatch, "
-              f"{c['skipped']} skipped")
+        emit(f"exactness {m}: {c['equal']} equal, {c['near-tie']} near-tie, {c['mismatch']} mismatch, "
+             f"{c['skipped']} skipped")
     for name, path in result["paths"].items():
-        print(f"{name}: {path}")
+        emit(f"{name}: {path}")

@@ -9,7 +9,6 @@ every turn of a conversation in order with the method's own earlier answers in c
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -51,12 +50,14 @@ def agentic_path() -> Path:
 def _row(path: Path, number: int, line: str) -> dict:
     """One question.jsonl row, checked: an object with ``question_id``, a ``category``
     string and ``turns``, a non-empty list of strings (ValueError naming file and line)."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} line {number}: not JSON ({e.msg})") from None
+    from ..paths import parse_json_line
+
+    row = parse_json_line(line, f"{path} line {number}")
     if not isinstance(row, dict) or "question_id" not in row or not isinstance(row.get("category"), str):
         raise ValueError(f"{path} line {number}: expected an object with question_id, category and turns")
+    qid = row["question_id"]
+    if isinstance(qid, bool) or not isinstance(qid, (int, str)):
+        raise ValueError(f"{path} line {number}: question_id must be an integer or a string, got {qid!r:.40}")
     turns = row.get("turns")
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
         raise ValueError(f"{path} line {number}: turns must be a non-empty list of non-empty strings")
@@ -66,11 +67,15 @@ def _row(path: Path, number: int, line: str) -> dict:
 def _read(path: Path, counts: dict[str, int], limit: int | None) -> list[BenchPrompt]:
     from ..paths import read_text_file
 
-    out = []
+    out, seen = [], {}
     for number, line in enumerate(read_text_file(path, "benchmark file").splitlines(), 1):
         if not line.strip():
             continue
         row = _row(path, number, line)
+        if row["question_id"] in seen:  # records are keyed by it: a duplicate would mix two conversations
+            raise ValueError(f"{path} line {number}: question_id {row['question_id']!r} repeats line "
+                             f"{seen[row['question_id']]}")
+        seen[row["question_id"]] = number
         group = group_of(row["category"])
         if group not in counts or (limit is not None and counts[group] >= limit):
             continue

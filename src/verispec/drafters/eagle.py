@@ -285,9 +285,8 @@ class EagleDrafter:
                  cost: dict[int, float] | None = None):
         if mode not in ("chain", "tree"):
             raise ValueError(f"mode must be chain or tree, not {mode!r}")
-        if depth < 1 or top_k < 1:
-            raise ValueError("depth and top_k must be >= 1")
         cfg = head.cfg
+        check_tree_options(cfg, mode, depth, top_k)
         if tuple(embed.shape) != (cfg.vocab_size, cfg.hidden_size):
             raise ValueError(f"target embedding has shape {tuple(embed.shape)}; the EAGLE head expects "
                              f"({cfg.vocab_size}, {cfg.hidden_size})")
@@ -417,6 +416,36 @@ class EagleDrafter:
         if self.cost is not None:
             chosen = size_by_cost(scores, chosen, self.cost)
         return tree_from_candidates(ctx.tokens[-1], tokens, parents, scores, chosen)
+
+
+def check_tree_options(cfg: EagleConfig, mode: str, depth: int, top_k: int, max_length: int | None = None) -> None:
+    """Refuse (ValueError, one line) options that mean nothing or that the machine cannot
+    hold, before anything is allocated: ``top_k`` beyond the head's draft vocabulary (there
+    are no more tokens to pick from), ``depth`` beyond the context (``max_length``), and a
+    tree whose bytes (``tree_bytes``) exceed the memory available."""
+    from ..memory import check_fits
+
+    if not 1 <= top_k <= cfg.draft_vocab_size:
+        raise ValueError(f"top_k must be in [1, {cfg.draft_vocab_size}] (the EAGLE head's draft vocabulary), "
+                         f"got {top_k}")
+    limit = max_length if max_length is not None else 2**31
+    if not 1 <= depth <= limit:
+        raise ValueError(f"depth must be in [1, {limit}]" + (" (the context)" if max_length else "") + f", got {depth}")
+    if mode == "tree":
+        check_fits(tree_bytes(cfg, depth, top_k), f"an EAGLE tree of depth {depth} x top_k {top_k}",
+                   "lower depth or top_k")
+
+
+def tree_bytes(cfg: EagleConfig, depth: int, top_k: int) -> int:
+    """Bytes one EAGLE-2 proposal needs: ``top_k + (depth - 1) * top_k**2`` candidates (three Python lists:
+    token, parent, score; ~64 bytes each), the frontier's draft logits ([top_k, Vd] float32 and
+    the numpy copies ``_top_logprobs`` makes) and the head's draft positions (K/V, RoPE, one
+    row of attention per expanded node)."""
+    candidates = (top_k + (depth - 1) * top_k * top_k) * 64
+    logits = top_k * cfg.draft_vocab_size * 4 * 4
+    expanded = max(64, depth * top_k)
+    per_position = 4 * (2 * cfg.num_kv_heads * cfg.head_dim + 2 * cfg.head_dim + cfg.hidden_size + expanded)
+    return candidates + logits + expanded * per_position
 
 
 def _top_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

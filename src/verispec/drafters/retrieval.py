@@ -155,24 +155,30 @@ def build_datastore(documents: Iterable[list[int]], max_tokens: int = 10_000_000
 def read_documents(path: str | Path, field: str | None = None) -> Iterable[str]:
     """Texts of a corpus file: ``.jsonl`` rows (``field``, else "text", else every string
     value joined by newlines) or a ``.txt`` file (paragraphs split at blank lines)."""
+    from ..paths import parse_json_line, read_text_file
+
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"corpus {path} does not exist")
+    if path.suffix not in (".jsonl", ".txt"):
+        raise ValueError(f"corpus {path} must be .txt or .jsonl")
+    text = read_text_file(path, "corpus")  # UTF-8 text, or one line naming the file
     if path.suffix == ".jsonl":
-        for n, line in enumerate(path.read_text().splitlines(), start=1):
+        for n, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
-            row = json.loads(line)
+            row = parse_json_line(line, f"{path}:{n}")  # malformed, too deep or not text: one line
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{n} is not a JSON object (each line must be an object, e.g. "
+                                 '{"text": "..."})')
             if field is not None and field not in row:
                 raise ValueError(f"{path}:{n} has no field {field!r}")
             key = field or ("text" if "text" in row else None)
             yield str(row[key]) if key else "\n".join(v for v in row.values() if isinstance(v, str))
-    elif path.suffix == ".txt":
-        for para in path.read_text().split("\n\n"):
+    else:
+        for para in text.split("\n\n"):
             if para.strip():
                 yield para.strip()
-    else:
-        raise ValueError(f"corpus {path} must be .txt or .jsonl")
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

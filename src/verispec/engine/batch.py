@@ -30,6 +30,7 @@ from typing import Literal
 
 import torch
 
+from ..memory import cache_pool_bytes, check_fits, logits_bytes
 from ..models.base import CausalLM, KVCache
 from ..tree import DraftTree
 from ..types import FinishReason, SamplingParams
@@ -183,6 +184,13 @@ class BatchStep:
     forward_s: float
 
 
+def batch_bytes(target: CausalLM, engines: dict[str, Engine], max_batch: int, max_length: int) -> int:
+    """Bytes a full batch needs: its cache-pool rows (measured on one row) and the logits of
+    one verify forward (every row's draft plus its root, and their probabilities)."""
+    k = max((getattr(e, "num_draft_tokens", 1) for e in engines.values()), default=1)
+    return cache_pool_bytes(target, max_batch, max_length) + logits_bytes(max_batch * (k + 1), target.info.vocab_size)
+
+
 class BatchEngine:
     """Continuous batching over a shared target. ``engines`` maps a drafter name to an
     ``Engine`` (one per drafter, all on ``target``); every request picks one by name.
@@ -209,6 +217,9 @@ class BatchEngine:
         self.target, self.engines, self.schedule = target, dict(engines), schedule
         self.max_batch, self.max_length = max_batch, max_length
         self.batched = can_batch if batched is None else batched
+        if self.batched:  # refuse a batch the machine cannot hold before allocating it (one line)
+            check_fits(batch_bytes(target, engines, max_batch, max_length), f"a batch of {max_batch} requests x "
+                       f"{max_length} tokens", "lower --max-batch or --max-model-len")
         self._pool = target.new_cache_pool(max_batch, max_length) if self.batched else None
         self._active: dict[str, tuple[Request, Engine]] = {}
 

@@ -13,7 +13,10 @@ full; 503 while shutting down, also for requests still running when the grace pe
 500 when one request fails inside the engine (the others carry on).
 
 Tokenization runs on one tokenizer thread, never on the event loop: a long prompt does not
-stall other clients or /health.
+stall other clients or /health. What one request may cost is bounded before its work starts
+(characters per prompt, messages per chat, the rendered chat's length), and its work goes to
+that thread in slices of one prompt each, so another request's tokenization waits at most one
+slice (a fraction of a second), never a whole request.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..api import LoadedModel, encode_prompt, load_model
+from ..chat import ChatTooLong, encode_chat, max_text_chars
 from ..drafters.base import Drafter
 from ..engine import Engine
 from ..engine.batch import BatchEngine, SpecSchedule
@@ -43,10 +47,10 @@ from ..engine.prefix_cache import DEFAULT_MAX_MB as DEFAULT_PREFIX_CACHE_MB
 from ..engine.prefix_cache import PrefixCache
 from ..models.catalog import DEFAULT_MODEL
 from ..registry import make_drafter
-from ..types import SamplingParams, TokenLogprob
+from ..types import SamplingParams, TokenLogprob, sample_seed
 from .guard import Limits, RequestGuard, header_timeout_protocol
 from .metrics import ServerMetrics
-from .openai_logprobs import chat_logprobs, completion_logprobs
+from .openai_logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from .schemas import ChatCompletionRequest, CompletionRequest, error_body
 from .worker import EngineWorker, Event, Job, QueueFull, ShuttingDown
 
@@ -129,13 +133,7 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
     worker = EngineWorker(batch, model.tokenizer, metrics, config.max_queue)
     pool = ThreadPoolExecutor(1, thread_name_prefix="verispec-tokenize")
     return ServerState(config, model, worker, metrics, name, max_len, int(time.time()),
-                       max_len * 2 * longest_token_chars(model.tokenizer), pool)
-
-
-def longest_token_chars(tokenizer: Any) -> int:
-    """Characters of the longest vocabulary entry: a text of C characters has at least
-    C / this many tokens (x2 in ``max_prompt_chars`` for normalizers that shrink text)."""
-    return max(map(len, tokenizer.get_vocab()), default=1)
+                       max_text_chars(model.tokenizer, max_len), pool)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -174,14 +172,17 @@ def sampling_params(body: CompletionRequest | ChatCompletionRequest, max_tokens:
 
 
 def _logit_bias(bias: dict[str, float] | None, vocab: int) -> tuple[tuple[int, float], ...]:
-    """OpenAI's {"token id": bias} -> ((id, bias), ...); ids must be in the vocabulary."""
+    """OpenAI's {"token id": bias} -> ((id, bias), ...); ids must be ASCII digits naming a token
+    of the vocabulary (``str.isdigit`` also takes "²", "١٢" or "１２"; a key is checked for
+    length before ``int`` so a 5,000-digit one costs nothing)."""
     out = []
     for key, value in (bias or {}).items():
-        if not key.strip().isdigit() or not 0 <= int(key) < vocab:
+        digits = key.strip()
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= len(str(vocab))) or int(digits) >= vocab:
             raise ApiError(400, f"logit_bias keys must be token ids in [0, {vocab}), got {key!r}", "logit_bias")
         if not -100.0 <= value <= 100.0:
             raise ApiError(400, f"logit_bias values must be in [-100, 100], got {value}", "logit_bias")
-        out.append((int(key), float(value)))
+        out.append((int(digits), float(value)))
     return tuple(out)
 
 
@@ -233,6 +234,31 @@ def check_prompt_sizes(state: ServerState, texts: list[str], token_lists: list[l
                        f"server's context of {state.max_len} tokens can hold", param, "context_length_exceeded")
 
 
+def check_chat_size(state: ServerState, messages: list[dict[str, str]]) -> None:
+    """Refuse a chat that cannot fit before rendering it: every message has a non-empty
+    content (at least one token), so more messages than context tokens never fit; nor
+    do contents longer than ``max_prompt_chars`` in all."""
+    if len(messages) >= state.max_len:
+        raise ApiError(400, f"{len(messages)} messages cannot fit this server's context of {state.max_len} tokens",
+                       "messages", "context_length_exceeded")
+    check_prompt_sizes(state, ["".join(m["content"] for m in messages)], [], "messages")
+
+
+def encode_chat_prompt(state: ServerState, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of a chat (``api.encode_prompt``'s checks), refusing a rendering longer than
+    ``max_prompt_chars`` (the template's own text counts) before tokenizing it."""
+    if any(not m["content"].strip() for m in messages):
+        raise ApiError(400, "chat messages must be non-empty", "messages")
+    if not state.model.has_chat_template:
+        raise ApiError(400, f"model {state.model.name} has no chat template; use /v1/completions", "messages")
+    try:
+        return encode_chat(state.model.tokenizer, messages, max_chars=state.max_prompt_chars)
+    except ChatTooLong as e:
+        raise ApiError(400, str(e), "messages", "context_length_exceeded") from None
+    except ValueError as e:
+        raise ApiError(400, str(e), "messages") from None
+
+
 def encode_completion_prompt(state: ServerState, prompt: str | list[int]) -> list[int]:
     vocab = state.model.backend.info.vocab_size
     if isinstance(prompt, list):
@@ -259,7 +285,8 @@ class Generation:
     def __init__(self, state: ServerState, base_id: str, prompts: list[list[int]], params: SamplingParams,
                  drafter: str, n: int = 1, draft_limit: int | None = None):
         """``n`` samples per prompt: choice ``i * n + j`` is sample j of prompt i, seeded
-        ``seed + j`` (as vLLM seeds n > 1 children), sharing prompt i's prefill."""
+        ``sample_seed(seed, j)`` = ``seed + j`` wrapping past 2^63 - 1 to 0 (as vLLM seeds n > 1
+        children), sharing prompt i's prefill."""
         loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         self.state, self.prompts, self.base_id = state, prompts, base_id
@@ -270,8 +297,8 @@ class Generation:
         def sink(index: int) -> Callable[[Event], None]:
             return lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, (index, ev))
 
-        self.jobs = [Job(self.ids[k], prompts[k // n], replace(params, seed=params.seed + k % n), drafter, sink(k),
-                         draft_limit=draft_limit, fork_of=self.ids[k - k % n] if k % n else None)
+        self.jobs = [Job(self.ids[k], prompts[k // n], replace(params, seed=sample_seed(params.seed, k % n)), drafter,
+                         sink(k), draft_limit=draft_limit, fork_of=self.ids[k - k % n] if k % n else None)
                      for k in range(total)]
 
     def submit(self) -> None:
@@ -460,7 +487,7 @@ async def handle_completion(state: ServerState, body: CompletionRequest, request
                        f"server queues at most {state.worker.max_queue}", "prompt", "too_many_prompts")
     check_prompt_sizes(state, [p for p in raw_prompts if isinstance(p, str)],
                        [p for p in raw_prompts if isinstance(p, list)], "prompt")
-    prompts = await off_loop(state, lambda: [encode_completion_prompt(state, p) for p in raw_prompts])
+    prompts = [await off_loop(state, encode_completion_prompt, state, p) for p in raw_prompts]  # one slice each
     lens = [max_new_tokens(body.max_tokens, 16, len(p), state.max_len, "prompt") for p in prompts]
     best_of = body.best_of or body.n  # > n: generate best_of, return the n most likely (needs logprobs)
     logprobs = body.logprobs if best_of == body.n or body.logprobs is not None else 0
@@ -471,15 +498,14 @@ async def handle_completion(state: ServerState, body: CompletionRequest, request
     echoes = [(p if isinstance(p, str) else tok.decode(p)) if body.echo else "" for p in raw_prompts]
     head = {"id": gen.base_id, "object": "text_completion", "created": int(time.time()), "model": state.name}
     if body.stream:
-        offsets = [len(echoes[k // best_of]) for k in range(len(gen.ids))]  # text_offset per choice
+        offsets = [TextOffsets(len(echoes[k // best_of])) for k in range(len(gen.ids))]  # text_offset per choice
 
         def chunk(i: int, ev: Event) -> dict | None:
             if not (ev.text or ev.finished or (ev.token_ids and (body.return_token_ids or body.logprobs is not None))):
                 return None
             choice = {"index": i, "text": ev.text, "logprobs": None, "finish_reason": FINISH.get(ev.finished or "")}
             if body.logprobs is not None:
-                choice["logprobs"] = completion_logprobs(tok, ev.logprobs or [], offsets[i])
-                offsets[i] += sum(len(t) for t in choice["logprobs"]["tokens"])
+                choice["logprobs"] = completion_logprobs(tok, ev.logprobs or [], offsets[i])  # advances offsets[i]
             if body.return_token_ids:
                 choice["token_ids"] = ev.token_ids
             return head | {"choices": [choice]} | ({"verispec": ev.stats} if ev.stats else {})
@@ -509,11 +535,8 @@ async def handle_chat(state: ServerState, body: ChatCompletionRequest, request: 
         raise ApiError(400, f"n = {body.n} samples in one request; this server queues at most "
                        f"{state.worker.max_queue}", "n", "too_many_prompts")
     messages = body.chat_messages()
-    check_prompt_sizes(state, ["".join(m["content"] for m in messages)], [], "messages")
-    try:
-        prompt = await off_loop(state, encode_prompt, state.model, messages)
-    except ValueError as e:
-        raise ApiError(400, str(e), "messages") from None
+    check_chat_size(state, messages)
+    prompt = await off_loop(state, encode_chat_prompt, state, messages)
     budget = max_new_tokens(body.max_completion_tokens or body.max_tokens, state.config.default_max_tokens,
                             len(prompt), state.max_len, "messages")
     want_lp = (body.top_logprobs or 0) if body.logprobs else None
@@ -589,7 +612,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, e: Exception) -> JSONResponse:
-        return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), status_code=500)
+        # Starlette re-raises the error after this response and uvicorn then drops the
+        # connection: say so, or a pooled client's next request on it fails with a reset
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), status_code=500,
+                            headers={"Connection": "close"})
 
 
 SHUTDOWN_FLUSH_S = 2.0  # after the grace period: time for the final 503s / error events to reach clients

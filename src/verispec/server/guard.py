@@ -18,6 +18,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .schemas import error_body
 
+OPEN_PATHS = ("/health", "/metrics")  # with an API key, every other path (/v1/*, /docs, /openapi.json) needs it
 DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024  # 2 MiB: about 500K tokens of text, far above any context here
 
 
@@ -25,8 +26,9 @@ DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024  # 2 MiB: about 500K tokens of text, fa
 class Limits:
     """``max_body_bytes``: the largest request body (413 above it). ``header_timeout_s``:
     seconds a connection may take to send its request headers. ``body_timeout_s``: seconds
-    the whole body may take after the headers (408 after). ``api_key``: when set, /v1/*
-    needs ``Authorization: Bearer <api_key>`` (401 otherwise); /health and /metrics stay open."""
+    the whole body may take after the headers (408 after). ``api_key`` (printable ASCII): when
+    set, every path but /health and /metrics (so /v1/*, /docs, /openapi.json) needs
+    ``Authorization: Bearer <api_key>`` (401 otherwise)."""
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     header_timeout_s: float = 10.0
@@ -40,6 +42,9 @@ class Limits:
             raise ValueError("header and body timeouts must be > 0 seconds")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("the API key must not be empty")
+        if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()):
+            # HTTP headers carry bytes; clients encode a non-ASCII key as UTF-8 or latin-1 at will
+            raise ValueError("the API key must be printable ASCII (clients encode other characters differently)")
 
 
 class _Reject(Exception):
@@ -78,7 +83,7 @@ class RequestGuard:
 
     def _check_key(self, scope: dict) -> None:
         key = self.limits.api_key
-        if key is None or not scope["path"].startswith("/v1/"):
+        if key is None or scope["path"] in OPEN_PATHS:
             return
         auth = _header(scope, b"authorization") or ""
         scheme, _, token = auth.partition(" ")

@@ -13,11 +13,13 @@ the server loaded), ``num_draft_tokens`` (cap on this request's draft budget; 0 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      field_validator, model_validator)
 
+from ..paths import lone_surrogate
 from ..types import MAX_SEED, MAX_TEMPERATURE  # one range for the server, the CLI and bench
 
 
@@ -25,6 +27,21 @@ from ..types import MAX_LOGPROBS
 
 MAX_N = 16  # samples per request (each takes a batch slot)
 MAX_DRAFT_TOKENS = 64  # per-request draft budget cap a client may ask for
+
+
+def _as_float(value: float | int) -> float:
+    """A JSON number as a finite float: an integer too large for a float (10^400) is a 400
+    naming the field, not an OverflowError later."""
+    try:
+        out = float(value)
+    except OverflowError:
+        raise ValueError("the number is too large") from None
+    if not math.isfinite(out):
+        raise ValueError("the number must be finite")
+    return out
+
+
+Number = Annotated[StrictFloat | StrictInt, AfterValidator(_as_float)]  # int or float JSON number -> float
 
 
 class StreamOptions(BaseModel):
@@ -46,13 +63,13 @@ class _Sampling(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: StrictInt = Field(default=1, ge=1, le=MAX_N)
-    presence_penalty: StrictFloat | StrictInt = 0.0
-    frequency_penalty: StrictFloat | StrictInt = 0.0
-    logit_bias: dict[str, StrictFloat | StrictInt] | None = None
+    presence_penalty: Number = 0.0
+    frequency_penalty: Number = 0.0
+    logit_bias: dict[str, Number] | None = None
     user: StrictStr | None = None
     # extensions
-    min_p: StrictFloat | StrictInt = 0.0
-    repetition_penalty: StrictFloat | StrictInt = 1.0
+    min_p: Number = 0.0
+    repetition_penalty: Number = 1.0
     stop_token_ids: list[StrictInt] | None = None
     drafter: StrictStr | None = None
     num_draft_tokens: StrictInt | None = Field(default=None, ge=0, le=MAX_DRAFT_TOKENS)
@@ -160,37 +177,6 @@ class ChatCompletionRequest(_Sampling):
     def chat_messages(self) -> list[dict[str, str]]:
         # "developer" is OpenAI's newer name for "system"; chat templates know "system"
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
-
-
-def lone_surrogate(value: Any) -> str | None:
-    """The dotted path of the first string holding a lone surrogate (valid JSON, e.g.
-    ``"\\ud800"``, but not encodable text), or None. ``lone_surrogate({"a": ["x", "\\ud800"]})
-    == "a.1"``. Iterative: a deeply nested body cannot exhaust the recursion limit."""
-    stack: list[tuple[str, Any]] = [("", value)]
-    while stack:
-        path, item = stack.pop()
-        if isinstance(item, str):
-            if not _encodable(item):
-                return path
-            continue
-        pairs = item.items() if isinstance(item, dict) else enumerate(item) if isinstance(item, list) else ()
-        children = []
-        for key, child in pairs:
-            name = str(key).encode("utf-8", "backslashreplace").decode()  # printable in the error message
-            key_path = f"{path}.{name}" if path else name
-            if isinstance(key, str) and not _encodable(key):
-                return key_path
-            children.append((key_path, child))
-        stack.extend(reversed(children))  # depth-first, in document order
-    return None
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,

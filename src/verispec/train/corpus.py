@@ -258,6 +258,10 @@ def generate_corpus(backend, tok, specs: list[ConvSpec], out_dir: str | Path, cf
     fmt = ChatFormat.from_tokenizer(tok)
     writer = _Writer(Path(out_dir), cfg.shard_size)
     todo = [s for s in specs if s.id not in writer.done]
+    from ..memory import cache_pool_bytes, check_fits, logits_bytes
+
+    check_fits(cache_pool_bytes(backend, cfg.batch, cfg.max_length) + logits_bytes(cfg.batch, backend.info.vocab_size),
+               f"--batch {cfg.batch} (rows of {cfg.max_length} tokens)", "lower --batch")
     pool = backend.new_cache_pool(cfg.batch, cfg.max_length)
     caches = [pool.acquire() for _ in range(cfg.batch)]
     rows: list[_Row | None] = [None] * cfg.batch

@@ -98,6 +98,8 @@ def sequences_from_jsonl(path: str | Path, max_len: int = 512, vocab_size: int |
             if number == len(lines):
                 continue  # generate_responses was interrupted mid-line
             raise ValueError(f"{path} line {number}: not JSON") from None
+        except RecursionError:
+            raise ValueError(f"{path} line {number}: JSON nested too deeply") from None
         seqs.append(_token_sequence(row, f"{path} line {number}", vocab_size)[:max_len])
     if not seqs:
         raise ValueError(f"training data {path} has no sequences")
