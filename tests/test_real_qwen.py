@@ -155,3 +155,18 @@ def test_draft_options_are_checked(target):
         make_drafter("draft", target, {"vocab": "many"})
     with pytest.raises(ValueError, match="vocab must be >= 1"):
         make_drafter("draft", target, {"vocab": "0"})
+
+
+def test_serve_context_defaults_to_what_fits(target, monkeypatch):
+    """--max-model-len 0: the model's 32,768 tokens when 16 requests' K/V (28 KB a token) fit
+    in 60% of available memory, else the longest 64-multiple that does (at least 2048)."""
+    from verispec import memory
+    from verispec.server.app import fits_context
+
+    per_token = memory.cache_pool_bytes(target.backend, 1, 64) / 64
+    assert 27_000 < per_token < 30_000  # 28 layers x 2 kv heads x 128 x (K + V) x fp16
+    monkeypatch.setattr(memory, "available_bytes", lambda: int(64 * 2**30))
+    assert fits_context(target.backend, 16) == 32768
+    monkeypatch.setattr(memory, "available_bytes", lambda: int(4 * 2**30))
+    got = fits_context(target.backend, 16)
+    assert got % 64 == 0 and 2048 <= got < 32768 and got * 16 * per_token <= 0.6 * 4 * 2**30

@@ -395,7 +395,7 @@ def serve(
     policy: str = typer.Option("fixed", help="draft length policy: fixed or heuristic"),
     max_batch: int = typer.Option(16, help="most requests decoding together (cache-pool rows)"),
     max_queue: int = typer.Option(64, help="most requests waiting; more get HTTP 429"),
-    max_model_len: int = typer.Option(2048, help="context per request (prompt + new tokens)"),
+    max_model_len: int = typer.Option(0, help="context per request (prompt + new tokens); 0 = what fits: up to the model's context (Qwen2.5: 32768) while --max-batch requests' K/V take at most 60% of available memory"),
     default_max_tokens: int = typer.Option(256, help="chat max_tokens when the request gives none"),
     spec_schedule: str = typer.Option("goodput", help="draft cap per batched step: goodput (acceptance- and cost-aware) or budget"),
     fixed_cost_rows: float = typer.Option(18.0, help="goodput cost model: a forward's fixed cost, in token rows"),
@@ -422,8 +422,8 @@ def serve(
     check(0 <= port <= 65535, f"--port must be in [0, 65535], got {port}")
     check(threads >= 0, f"--threads must be >= 0 (0 = torch default), got {threads}")
     check(graceful_timeout >= 0, f"--graceful-timeout must be >= 0 seconds, got {graceful_timeout}")
-    check(max_batch >= 1 and max_queue >= 1 and max_model_len >= 2 and num_draft_tokens >= 1,
-          "--max-batch, --max-queue and --num-draft-tokens must be >= 1, --max-model-len >= 2")
+    check(max_batch >= 1 and max_queue >= 1 and (max_model_len == 0 or max_model_len >= 2) and num_draft_tokens >= 1,
+          "--max-batch, --max-queue and --num-draft-tokens must be >= 1, --max-model-len 0 (what fits) or >= 2")
     check_model_arg(model)
     if threads:
         import torch

@@ -72,7 +72,7 @@ class ServerConfig:
     policy: str = "fixed"
     max_batch: int = 16
     max_queue: int = 64
-    max_model_len: int = 2048
+    max_model_len: int = 2048  # 0: what fits (fits_context)
     default_max_tokens: int = 256
     spec_schedule: str = "goodput"
     fixed_cost_rows: float = 18.0
@@ -124,7 +124,8 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
                                prefix)
     for name, drafter in (extra_drafters or {}).items():
         engines[name] = Engine(target, drafter, config.num_draft_tokens, config.policy, prefix)
-    max_len = min(config.max_model_len, target.info.max_length)
+    max_len = (fits_context(target, config.max_batch) if config.max_model_len == 0
+               else min(config.max_model_len, target.info.max_length))
     batch = BatchEngine(target, engines, config.max_batch, max_len,
                         SpecSchedule(config.spec_schedule, config.token_budget, config.disable_spec_at,
                                      config.fixed_cost_rows))
@@ -134,6 +135,18 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
     pool = ThreadPoolExecutor(1, thread_name_prefix="verispec-tokenize")
     return ServerState(config, model, worker, metrics, name, max_len, int(time.time()),
                        max_text_chars(model.tokenizer, max_len), pool)
+
+
+def fits_context(target, max_batch: int, share: float = 0.6) -> int:
+    """The longest context (a multiple of 64, at most the model's) whose K/V for ``max_batch``
+    requests takes at most ``share`` of the memory available now; at least 2048 (or the
+    model's context), which the batch engine then refuses in one line if it cannot hold."""
+    from ..memory import available_bytes, cache_pool_bytes
+
+    per_token = cache_pool_bytes(target, 1, 64) / 64
+    fit = int(available_bytes() * share / (max_batch * per_token)) // 64 * 64
+    ctx = target.info.max_length
+    return min(ctx, max(fit, 2048))
 
 
 # ----------------------------------------------------------------------------- validation
