@@ -73,10 +73,10 @@ def main() -> None:
     ap.add_argument("--ks", default="2,3,4,5,6,8")
     ap.add_argument("--markdown", type=Path)
     args = ap.parse_args()
-    torch.set_num_threads(1)  # the compiled runtime's own pool does the work
-    target = load_model(args.target)
+    target = load_model(args.target)  # the runtime's pool takes torch's thread count at load
     vocab = None if args.vocab == "full" else int(args.vocab)
     draft = load_draft_model(target, args.draft, vocab)
+    torch.set_num_threads(1)  # then torch's own ops stay off the pool's cores (as the engine does per step)
     ks = [int(k) for k in args.ks.split(",")]
     lines = []
     say = lambda s="": (print(s), lines.append(s))  # noqa: E731
