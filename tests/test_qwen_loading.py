@@ -442,3 +442,42 @@ def test_smollm2_gguf_tokenizer_matches_transformers(smollm2_path: Path, tmp_pat
     messages = [{"role": "user", "content": "What is 2+2?"}]
     assert ours.apply_chat_template(messages, add_generation_prompt=True) == \
         theirs.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def _gguf_with(tmp_path, name: str, kv: list[tuple[str, int]]):
+    import gguf
+    import numpy as np
+
+    path = tmp_path / name
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in kv:
+        w.add_uint32(key, value)
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_malformed_gguf_metadata_is_one_line(tmp_path):
+    """No llama.* keys (KeyError), head_count 0 (ZeroDivisionError), metadata nested 5,000
+    deep (RecursionError): each a one-line ModelError, never a traceback."""
+    import struct
+
+    from verispec.models.base import ModelError
+    from verispec.models.gguf_file import gguf_hf_config, read_gguf
+
+    with pytest.raises(ModelError, match="lacks metadata 'llama.embedding_length'"):
+        gguf_hf_config(read_gguf(_gguf_with(tmp_path, "nokeys.gguf", [])))
+    zero = _gguf_with(tmp_path, "zero.gguf", [("llama.embedding_length", 64), ("llama.attention.head_count", 0),
+                                              ("llama.feed_forward_length", 64), ("llama.block_count", 1),
+                                              ("llama.context_length", 64)])
+    with pytest.raises(ModelError, match="invalid llama metadata"):
+        gguf_hf_config(read_gguf(zero))
+    key = b"deep"
+    body = struct.pack("<Q", len(key)) + key + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 5000 + struct.pack("<IQ", 4, 0)
+    deep = tmp_path / "deep.gguf"
+    deep.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + body)
+    with pytest.raises(ModelError, match="truncated or corrupt"):
+        read_gguf(deep)

@@ -92,7 +92,7 @@ def read_gguf(path: Path, arrays: frozenset[str] = frozenset(), tensors: bool = 
         raise
     except OSError as err:
         raise ModelError(f"cannot read {path} ({_one_line(err)}): expected {EXPECTED}") from None
-    except (struct.error, ValueError, UnicodeDecodeError, OverflowError, IndexError) as err:
+    except (struct.error, ValueError, UnicodeDecodeError, OverflowError, IndexError, RecursionError) as err:
         raise ModelError(f"{path} is truncated or corrupt ({_one_line(err)}): expected {EXPECTED}") from None
 
 
@@ -259,6 +259,12 @@ def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
         }
     except KeyError as err:
         raise ModelError(f"{path} lacks metadata {err.args[0]!r}: expected a complete {arch} GGUF") from None
+    except (ZeroDivisionError, TypeError, ValueError) as err:
+        raise ModelError(f"{path} has invalid {arch} metadata ({_one_line(err)}): expected a complete {arch} GGUF") from None
+    for name in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "vocab_size",
+                 "intermediate_size", "max_position_embeddings"):
+        if not 0 < cfg[name] <= 1 << 24:
+            raise ModelError(f"{path} has {name} = {cfg[name]}: expected a positive size")
     if arch == "qwen2":
         cfg["use_sliding_window"] = False
     if info.tensors:
