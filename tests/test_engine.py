@@ -10,13 +10,14 @@ from scipy.stats import chisquare
 
 from helpers import OracleDrafter, RandomDrafter, run
 from verispec.drafters.base import NoDrafter
-from verispec.drafters.draft_model import DraftModelDrafter
+from verispec.drafters.draft_model import DraftCost, DraftModelDrafter
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
 from verispec.sampling import target_probs
 from verispec.types import SamplingParams
 
 PROMPT = [1, 5, 6, 7, 8, 5, 6, 7, 9, 10, 11]
 GREEDY = SamplingParams(max_new_tokens=48, ignore_eos=True)
+COST = DraftCost(0.3, {1: 1.1, 2: 1.2, 4: 1.5, 8: 2.2})  # draft forward and t(n), in target decode steps
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +35,10 @@ def test_plain_decoding_one_forward_per_token(plain):
     lambda t, d: PromptLookupDrafter(max_ngram=4, num_candidates=4),
     lambda t, d: DraftModelDrafter(d),
     lambda t, d: DraftModelDrafter(d, min_confidence=0.5),
+    lambda t, d: DraftModelDrafter(d, cost=COST),
     lambda t, d: RandomDrafter(t.info.vocab_size),
     lambda t, d: RandomDrafter(t.info.vocab_size, tree=True),
-], ids=["pld", "pld-tree", "draft", "draft-conf", "random", "random-tree"])
+], ids=["pld", "pld-tree", "draft", "draft-conf", "draft-cost", "random", "random-tree"])
 @pytest.mark.parametrize("policy", ["fixed", "heuristic"])
 def test_greedy_equals_plain(toy_target, toy_draft, plain, make, policy):
     ids, stats = run(toy_target, make(toy_target, toy_draft), PROMPT, GREEDY, policy=policy)
@@ -90,11 +92,29 @@ class TemperedSelfDraft(DraftModelDrafter):
         return super().propose(replace(ctx, params=replace(ctx.params, temperature=0.6)))
 
 
-@pytest.mark.parametrize("which", ["draft", "pld"])
+def test_cost_sized_drafts(toy_target):
+    """t(n) interpolates the measured curve (t(0) = 1); a dear draft drafts less than a cheap one,
+    and never more than the budget."""
+    assert COST.verify(0) == 1.0 and COST.verify(3) == pytest.approx(1.35) and COST.verify(16) == pytest.approx(3.6)
+    from verispec.drafters.base import DraftContext
+    from verispec.sampling import make_generator
+
+    def drafted(cost):
+        d = DraftModelDrafter(toy_target, cost=cost)
+        d.start("r", PROMPT)
+        n = len(d.propose(DraftContext("r", PROMPT, 8, GREEDY, make_generator(0, 1))).tokens) - 1
+        d.finish("r")
+        return n
+    cheap, dear = drafted(DraftCost(0.0, {1: 1.0, 8: 1.0})), drafted(DraftCost(5.0, COST.curve))
+    assert cheap == 8 and dear < cheap
+
+
+@pytest.mark.parametrize("which", ["draft", "draft-cost", "pld"])
 def test_sampling_distribution_matches_target(toy_target, which):
     """Token 2 is committed by the first speculative step; given token 1 its law must be
     exactly the target's p(. | prompt, token 1) at the request's temperature."""
-    drafter = TemperedSelfDraft(toy_target) if which == "draft" else PromptLookupDrafter(max_ngram=1)
+    drafter = (TemperedSelfDraft(toy_target) if which == "draft" else TemperedSelfDraft(toy_target, cost=COST)
+               if which == "draft-cost" else PromptLookupDrafter(max_ngram=1))
     params = [SamplingParams(temperature=1.5, max_new_tokens=4, seed=s, ignore_eos=True)
               for s in range(700)]
     pairs = [tuple(run(toy_target, drafter, PROMPT, p, k=3)[0]) for p in params]
