@@ -213,20 +213,6 @@ class RawMatrix:
     # called once the runtime has repacked the data (a memory-mapped file's pages are dropped)
     release: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
-    def take_rows(self, rows) -> RawMatrix:
-        """The matrix of the given rows (a reduced LM head): rows are whole blocks in every format."""
-        data = np.asarray(self.data)[np.asarray(rows)]
-        return RawMatrix(self.fmt, data, len(data), self.cols)
-
-    @staticmethod
-    def stack(linear: Linear) -> RawMatrix:
-        """One matrix of a layer's row blocks (all in one format)."""
-        parts = linear if isinstance(linear, list) else [linear]
-        if len({p.fmt for p in parts}) != 1:
-            raise ModelError(f"cannot stack row blocks of formats {sorted({p.fmt for p in parts})}")
-        return RawMatrix(parts[0].fmt, np.concatenate([np.asarray(p.data) for p in parts]), sum(p.rows for p in parts),
-                         parts[0].cols)
-
 
 # A layer's weights: one matrix, or row blocks stacked in order (fused QKV, gate/up), each in
 # its own format (a Q4_K_M file mixes Q4_K and Q6_K inside one fused QKV).
@@ -689,26 +675,29 @@ def gguf_weights(path: Path, cfg: dict, head_rows: torch.Tensor | None = None) -
             raise ModelError(f"{path}: missing tensor {name}")
         return t
 
-    def raw(name: str, heads: int | None = None, rows_wanted: torch.Tensor | None = None) -> Linear:
+    def matrix(name: str) -> RawMatrix:
+        """The whole tensor as a view of the mapped file, in a format of the runtime."""
         t = tensor(name)
         fmt = by_type.get(t.type_id)
         if fmt is None or len(t.shape) != 2:
             raise ModelError(f"{path}: tensor {name} is {t.type_name}; the compiled runtime reads "
                              f"{', '.join(f.upper() for f in FORMATS)} (try --backend native, which dequantizes)")
         cols, rows = t.shape
-        rb = fmt.row_bytes(cols)
-        data = np.frombuffer(buf, dtype=np.uint8, count=t.nbytes, offset=t.offset).reshape(rows, rb)
-        if fmt.name == "f32":
-            data = data.view(np.float32)
+        data = np.frombuffer(buf, dtype=np.uint8, count=t.nbytes, offset=t.offset).reshape(rows, fmt.row_bytes(cols))
+        return RawMatrix(fmt.name, data.view(np.float32) if fmt.name == "f32" else data, rows, cols)
+
+    def raw(name: str, heads: int | None = None, rows_wanted: torch.Tensor | None = None) -> Linear:
+        m = matrix(name)
         if rows_wanted is not None:  # a copy of the chosen rows only
-            return RawMatrix(fmt.name, data[rows_wanted.numpy()], len(rows_wanted), cols)
+            return RawMatrix(m.fmt, m.data[rows_wanted.numpy()], len(rows_wanted), m.cols)
         if heads is not None and permute:
-            data = rope_interleaved_to_half(torch.from_numpy(np.array(data)), heads).numpy()
-            return RawMatrix(fmt.name, data, rows, cols)
+            return RawMatrix(m.fmt, rope_interleaved_to_half(torch.from_numpy(np.array(m.data)), heads).numpy(),
+                             m.rows, m.cols)
+        rb, offset = m.data.nbytes // m.rows, tensor(name).offset
         step = max(PANEL_ROWS, _CHUNK_BYTES // rb // PANEL_ROWS * PANEL_ROWS)
-        parts = [RawMatrix(fmt.name, data[r:r + step], min(step, rows - r), cols,
-                           release(t.offset + r * rb, min(step, rows - r) * rb)) for r in range(0, rows, step)]
-        return parts[0] if len(parts) == 1 else parts
+        chunks = [RawMatrix(m.fmt, m.data[r:r + step], min(step, m.rows - r), m.cols,
+                            release(offset + r * rb, min(step, m.rows - r) * rb)) for r in range(0, m.rows, step)]
+        return chunks[0] if len(chunks) == 1 else chunks
 
     def vec(name: str) -> torch.Tensor:
         t = tensor(name)
@@ -742,13 +731,7 @@ def gguf_weights(path: Path, cfg: dict, head_rows: torch.Tensor | None = None) -
     formats = sorted({m.fmt for layer in layers for m in parts(layer["wqkv"], layer["wo"], layer["w13"], layer["w2"])})
     weights = {"layers": layers, "norm": vec("output_norm.weight"), "head": head, "embed": None}
     if not tied or head_rows is not None:  # the input embedding stays in the mapped file: one row per token
-        t = tensor("token_embd.weight")
-        fmt = by_type.get(t.type_id)
-        if fmt is None:
-            raise ModelError(f"{path}: tensor token_embd.weight is {t.type_name}; the compiled runtime reads "
-                             f"{', '.join(f.upper() for f in FORMATS)}")
-        rows = np.frombuffer(buf, dtype=np.uint8, count=t.nbytes, offset=t.offset).reshape(t.shape[1], -1)
-        weights["embed_ref"] = RawMatrix(fmt.name, rows, t.shape[1], t.shape[0])
+        weights["embed_ref"] = matrix("token_embd.weight")
     return weights, "+".join(formats)
 
 
