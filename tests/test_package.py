@@ -1,0 +1,44 @@
+"""What a pip user meets first: the public API, cheap imports, the generate path's dependencies."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata
+
+
+def run_python(code: str) -> str:
+    """``code`` in a fresh interpreter (sys.modules starts empty); its stdout."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_public_api_and_version():
+    import verispec
+    from verispec import SamplingParams, SpecDecoder, load_model
+    from verispec.api import SpecDecoder as Dec, load_model as load
+    from verispec.types import SamplingParams as Params
+
+    assert (load_model, SpecDecoder, SamplingParams) == (load, Dec, Params)
+    assert verispec.__version__ == metadata.version("verispec")
+    assert set(verispec.__all__) <= set(dir(verispec))
+
+
+def test_import_verispec_is_cheap():
+    """``import verispec`` loads no torch; the API's names load it on first use."""
+    out = run_python("import sys, verispec; a = 'torch' in sys.modules; verispec.SpecDecoder; "
+                     "print(a, 'torch' in sys.modules)")
+    assert out == "False True"
+
+
+def test_generate_path_imports_no_bench_or_server_dependencies():
+    """matplotlib (plots) and fastapi/uvicorn (serve) are imported by their commands only."""
+    out = run_python(
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from verispec.cli import app\n"
+        "r = CliRunner().invoke(app, ['generate', '--model', 'stories260k', '-n', '4', '--json', ''])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "print(sorted(m for m in ('matplotlib', 'fastapi', 'uvicorn', 'starlette') if m in sys.modules))")
+    assert out == "[]"
