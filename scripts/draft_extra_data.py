@@ -21,11 +21,12 @@ from verispec.api import load_model
 from verispec.drafters.base import NoDrafter
 from verispec.engine import Engine
 from verispec.engine.batch import BatchEngine
-from verispec.models.loading import _find_shared_file
 from verispec.models.native import NativeLlama
 from verispec.train.data import chat_ids, done_ids
 from verispec.train.prompts import build_prompts, read_gsm8k_questions
 from verispec.types import SamplingParams
+
+GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
 
 
 def extra_prompts() -> list[dict]:
@@ -37,7 +38,7 @@ def extra_prompts() -> list[dict]:
             if p["content"] not in seen:
                 seen.add(p["content"])
                 inst.append({**p, "id": f"s{seed}-{p['id']}"})
-    qs = read_gsm8k_questions(_find_shared_file("data/gsm8k/train.jsonl"), limit=1000)[250:]
+    qs = read_gsm8k_questions(GSM8K, limit=1000)[250:]
     gsm = iter({"id": f"gsm8k-{250 + i}", "source": "gsm8k", "content": q} for i, q in enumerate(qs))
     out = []
     for i, p in enumerate(inst):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -13,6 +14,15 @@ from verispec.engine import Engine
 from verispec.sampling import target_probs
 from verispec.tree import DraftTree
 from verispec.types import SamplingParams
+
+
+def shared_file(rel: str) -> Path:
+    """``shared/<rel>``, the developers' read-only data beside the checkout (tests only: the
+    package ships what it needs itself, ``verispec.data``)."""
+    for directory in Path(__file__).resolve().parents:
+        if (directory / "shared" / rel).is_file():
+            return directory / "shared" / rel
+    raise FileNotFoundError(f"shared/{rel} not found above {Path(__file__).parent}")
 
 
 class OracleDrafter(StatelessDrafter):

@@ -12,7 +12,7 @@ import torch
 from scipy.stats import chisquare
 
 from exactness import compare_greedy
-from helpers import run
+from helpers import run, shared_file
 from verispec.drafters.base import DraftContext, NoDrafter, Observation
 from verispec.drafters.lookahead import LookaheadDrafter
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
@@ -179,14 +179,13 @@ def smol_case(tmp_path_factory):
     from verispec.api import encode_prompt, load_model
     from verispec.bench.datasets import load_spec_bench
     from verispec.drafters.retrieval import read_documents, tokenizer_fingerprint
-    from verispec.models.loading import _find_shared_file
 
     lm = load_model("smollm2-135m-instruct", dtype="float32", backend="hf")
     rows = load_spec_bench(categories=("summarization", "qa"), limit_per_category=1)
     prompts = [encode_prompt(lm, r.turns[0][:1200]) for r in rows]
     params = SamplingParams(max_new_tokens=48, ignore_eos=True)
     plain = [run(lm.backend, NoDrafter(), p, params)[0] for p in prompts]
-    texts = list(read_documents(_find_shared_file("data/gsm8k/train.jsonl"), "answer"))[:300]
+    texts = list(read_documents(shared_file("data/gsm8k/train.jsonl"), "answer"))[:300]
     ds = build_datastore((lm.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts),
                          fingerprint=tokenizer_fingerprint(lm.tokenizer))
     path = tmp_path_factory.mktemp("ds") / "gsm8k.npz"

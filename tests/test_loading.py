@@ -20,6 +20,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verispec.data import data_file
 from verispec.models.base import ModelError
 from verispec.models.catalog import CATALOG, DEFAULT_MODEL, CatalogEntry, PackageFile
 from verispec.models.loading import (
@@ -31,7 +32,7 @@ from verispec.models.loading import (
     rope_interleaved_to_half,
 )
 
-STORIES_README = Path(__file__).resolve().parents[2] / "shared" / "models" / "stories260K" / "README.md"
+STORIES_README = data_file("models/stories260K/README.md")
 
 
 # --------------------------------------------------------------------------- fixtures

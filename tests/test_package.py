@@ -42,3 +42,28 @@ def test_generate_path_imports_no_bench_or_server_dependencies():
         "assert r.exit_code == 0, r.output\n"
         "print(sorted(m for m in ('matplotlib', 'fastapi', 'uvicorn', 'starlette') if m in sys.modules))")
     assert out == "[]"
+
+
+def test_shipped_data_is_used_not_a_checkout(tmp_path, monkeypatch):
+    """stories260k and the Spec-Bench questions come from the package, whatever the cwd holds."""
+    import verispec
+    from verispec.bench.datasets import load_spec_bench
+    from verispec.models.loading import resolve_model
+
+    (tmp_path / "shared" / "models" / "stories260K").mkdir(parents=True)  # a decoy beside the cwd
+    monkeypatch.chdir(tmp_path)
+    package = __import__("pathlib").Path(verispec.__file__).parent
+    source = resolve_model("stories260k")
+    assert source.path.is_relative_to(package) and source.tokenizer_path.is_relative_to(package)
+    assert len(load_spec_bench(categories=("rag",), limit_per_category=2)) == 2
+
+
+def test_generated_training_data_needs_gsm8k_named(tmp_path):
+    from typer.testing import CliRunner
+
+    from verispec.cli import app
+
+    r = CliRunner().invoke(app, ["train", "data", "--out", str(tmp_path / "corpus")], env={"VERISPEC_GSM8K": ""})
+    assert r.exit_code == 2 and "--gsm8k" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["train", "draft", "--out", str(tmp_path / "run"), "--gsm8k", str(tmp_path / "no")])
+    assert r.exit_code == 2 and "is not a file" in r.output

@@ -300,6 +300,8 @@ def train(
     magpie: int = typer.Option(40_000, "--magpie", help="data: self-written (Magpie) user turns to try"),
     corpus_tokens: Optional[int] = typer.Option(None, "--corpus-tokens", help="eagle, medusa, draft: use the first "
                                                 "N tokens of a corpus only (features are extracted for them)"),
+    gsm8k: Optional[Path] = typer.Option(None, "--gsm8k", envvar="VERISPEC_GSM8K", help="GSM8K train.jsonl, the "
+                                         "questions generated data starts from (data, or no --data; not shipped)"),
 ) -> None:
     """Train a drafter on the target's own generations, or (``data``) generate them (see verispec.train)."""
     from .models.base import ModelError
@@ -322,7 +324,7 @@ def train(
             from .train.corpus import main_corpus
 
             emit(json.dumps(main_corpus(out, model, tokens=tokens, batch=batch, threads=threads, n_magpie=magpie,
-                                        seed=seed, max_minutes=max_minutes)))
+                                        seed=seed, max_minutes=max_minutes, gsm8k=gsm8k)))
             return
         init_layers = None
         if layers:
@@ -332,7 +334,7 @@ def train(
                 raise ValueError(f"--layers must be comma-separated layer indices, got {layers!r}") from None
         result = run_train(kind, model, list(data or []), out, steps, resume=resume, seed=seed, lr=lr,
                            warmup=warmup, layers=init_layers, init=init, max_minutes=max_minutes,
-                           corpus_tokens=corpus_tokens)
+                           corpus_tokens=corpus_tokens, gsm8k=gsm8k)
     except (ValueError, ModelError) as e:
         fail(str(e))
     emit(json.dumps(result))

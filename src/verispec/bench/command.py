@@ -328,7 +328,7 @@ def check_options(o: BenchOptions) -> None:
 
 
 def bench(
-    data: Optional[Path] = typer.Option(None, "--data", help="Spec-Bench question.jsonl (default ../shared/data/spec_bench/question.jsonl)"),
+    data: Optional[Path] = typer.Option(None, "--data", help="Spec-Bench question.jsonl (default: the Spec-Bench questions shipped with verispec)"),
     category: list[str] = typer.Option([], "--category", "-c", help="Spec-Bench groups mt_bench, translation, summarization, qa, math_reasoning, rag (default: these six), and our multi-turn agentic workload `agentic` (code/text revision loops, JSON tool calls; shipped with verispec); repeatable"),
     limit: Optional[int] = typer.Option(None, "--limit", help="prompts (agentic: sessions) per category (default 10; 0 = all)"),
     method: list[str] = typer.Option([], "--method", "-m", help="drafter[:k=v,...] or a peer (hf-generate, hf-pld, hf-assisted:model=truncated:4, llamacpp, llamacpp-pld); repeatable; the baseline `none` always runs"),

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from ..models.loading import _find_shared_file
-
-SPEC_BENCH = "data/spec_bench/question.jsonl"
+SPEC_BENCH = "spec_bench/question.jsonl"  # shipped with verispec (verispec.data), Apache-2.0
 # Spec-Bench's six task groups; mt_bench is its eight MT-Bench categories.
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -92,8 +90,11 @@ def check_groups(categories: tuple[str, ...]) -> None:
 
 def load_spec_bench(path: str | Path | None = None, categories: tuple[str, ...] = GROUPS,
                     limit_per_category: int | None = None) -> list[BenchPrompt]:
-    """Spec-Bench prompts in file order, grouped by Spec-Bench group, at most ``limit`` per group."""
-    path = Path(path) if path else _find_shared_file(SPEC_BENCH)
+    """Spec-Bench prompts in file order, grouped by Spec-Bench group, at most ``limit`` per group
+    (``path``: a question.jsonl; default: the one shipped with verispec)."""
+    from ..data import data_file
+
+    path = Path(path) if path else data_file(SPEC_BENCH)
     if not path.is_file():
         raise ValueError(f"benchmark file {path} not found (expected Spec-Bench question.jsonl)")
     unknown = set(categories) - set(GROUPS)

@@ -21,11 +21,11 @@ class PackageFile:
 
 
 @dataclass(frozen=True)
-class SharedFiles:
-    """Files under the repository's ``shared/`` directory (found by walking up the tree)."""
+class PackageData:
+    """Files shipped inside verispec itself (``verispec/data``, see ``verispec.data``)."""
 
-    model: str  # path relative to shared/
-    tokenizer: str | None = None  # llama2.c tokenizer .bin, relative to shared/
+    model: str  # path relative to verispec/data
+    tokenizer: str | None = None  # llama2.c tokenizer .bin, relative to verispec/data
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class PackageParts:
 class CatalogEntry:
     description: str
     kind: Literal["gguf", "llama2c"]
-    location: PackageFile | SharedFiles | PackageParts
+    location: PackageFile | PackageData | PackageParts
     chat: bool  # has a chat template (instruct model)
     draft: str | None = None  # catalog name of the model's default draft model (shares its tokenizer)
 
@@ -86,7 +86,7 @@ CATALOG: dict[str, CatalogEntry] = {
     "stories260k": CatalogEntry(
         description="Karpathy's stories260K (llama2.c, 260K params, TinyStories); tiny model for fast tests",
         kind="llama2c",
-        location=SharedFiles(model="models/stories260K/stories260K.bin", tokenizer="models/stories260K/tok512.bin"),
+        location=PackageData(model="models/stories260K/stories260K.bin", tokenizer="models/stories260K/tok512.bin"),
         chat=False,
     ),
     "qwen2.5-coder-1.5b-instruct": CatalogEntry(

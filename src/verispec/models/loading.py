@@ -119,8 +119,13 @@ def _resolve_catalog(name: str, entry: CatalogEntry) -> ModelSource:
         return ModelSource(name, entry.kind, _locate_package_file(name, loc), chat=entry.chat)
     if isinstance(loc, PackageParts):
         return ModelSource(name, entry.kind, assemble_package_parts(name, loc), chat=entry.chat)
-    model = _find_shared_file(loc.model)
-    tok = _find_shared_file(loc.tokenizer) if loc.tokenizer else None
+    from ..data import data_file
+
+    try:
+        model = data_file(loc.model)
+        tok = data_file(loc.tokenizer) if loc.tokenizer else None
+    except FileNotFoundError as e:
+        raise ModelError(f"model {name!r}: {e}") from None
     return ModelSource(name, entry.kind, model, tokenizer_path=tok, chat=entry.chat)
 
 
@@ -300,26 +305,6 @@ def _culprits(parts: list[Part]) -> list[Part]:
             if digest.hexdigest() != part.sha256:
                 bad.append(part)
     return bad
-
-
-def _find_shared_file(rel: str) -> Path:
-    """``shared/<rel>`` in the nearest ancestor of this file or of the CWD that has it.
-
-    The repo keeps large read-only assets in a ``shared/`` directory next to the checkout
-    (``/work/shared`` beside ``/work/main``); walking up works from any checkout or worktree.
-    ``$VERISPEC_SHARED`` names that directory explicitly when the checkout lives elsewhere.
-    """
-    if os.environ.get("VERISPEC_SHARED"):
-        candidate = Path(os.environ["VERISPEC_SHARED"]).expanduser() / rel
-        if candidate.is_file():
-            return candidate
-    starts = [Path(__file__).resolve().parent, Path.cwd().resolve()]
-    for start in starts:
-        for directory in (start, *start.parents):
-            candidate = directory / "shared" / rel
-            if candidate.is_file():
-                return candidate
-    raise ModelError(f"cannot find shared/{rel}: expected a 'shared/' directory above {starts[0]} or {starts[1]}")
 
 
 def _resolve_hf_dir(name: str, path: Path) -> ModelSource:

@@ -100,15 +100,17 @@ def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Pat
               resume: bool = False, seed: int = 0, lr: float = 1e-3, progress: bool = True,
               warmup: int | None = None, layers: tuple[int, ...] | None = None,
               init: str | Path | None = None, max_minutes: float | None = None,
-              corpus_tokens: int | None = None) -> dict:
+              corpus_tokens: int | None = None, gsm8k: str | Path | None = None) -> dict:
     """Train a ``kind`` drafter for ``model_name``; weights land in ``out/weights``.
     No ``data``: build the default self-distillation data in ``out/data`` first
     (``data.build_default_data``, resumable). ``layers``: the draft model's initial target
     layers; ``init``: draft weights to continue from (a second stage on more data). Returns
     the validation metrics and final loss. ``corpus_tokens``: train on a corpus's first
-    tokens only (eagle, medusa, draft)."""
+    tokens only (eagle, medusa, draft). ``gsm8k``: the GSM8K train.jsonl the default data
+    starts from (needed without ``data``)."""
     from ..api import load_model
     from .loop import TrainConfig
+    from .prompts import gsm8k_file
 
     if kind not in KINDS:
         raise ValueError(f"unknown trainable drafter {kind!r}; choose one of: {', '.join(KINDS)}")
@@ -120,6 +122,8 @@ def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Pat
         raise ValueError("init applies to the draft model and EAGLE-3 only")
     if warmup is not None and not 0 <= warmup < steps:
         raise ValueError(f"warmup must be in [0, steps={steps}), got {warmup}")
+    if not data and kind != "eagle3":
+        gsm8k = gsm8k_file(gsm8k)  # before hours of work
     out = Path(out)
     model = load_model(model_name)
     if kind == "eagle3":
@@ -129,7 +133,7 @@ def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Pat
     if not data:
         from .data import build_default_data
 
-        data = build_default_data(model_name, out / "data")
+        data = build_default_data(model_name, out / "data", gsm8k)
     dirs = feature_dirs(model, data, out, corpus_tokens=corpus_tokens)
     deadline = None if max_minutes is None else time.time() + 60 * max_minutes  # training time only
     warmup = min(40, max(1, steps // 10)) if warmup is None else warmup

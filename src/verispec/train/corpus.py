@@ -402,12 +402,11 @@ def main_corpus(out: str | Path, model_name: str = "smollm2-135m-instruct", toke
     """``verispec train data``: the default prompt mix (all GSM8K train questions, templated
     instructions, Magpie turns) answered by ``model_name`` on its default backend."""
     from ..api import load_model
-    from ..models.loading import _find_shared_file
-    from .prompts import read_gsm8k_questions
+    from .prompts import gsm8k_file, read_gsm8k_questions
 
     if tokens < 1 or batch < 1 or threads < 1 or n_magpie < 0:
         raise ValueError("tokens, batch and threads must be >= 1 and magpie >= 0")
-    gsm8k = Path(gsm8k) if gsm8k else _find_shared_file("data/gsm8k/train.jsonl")
+    gsm8k = gsm8k_file(gsm8k)
     torch.set_num_threads(1)  # torch ops here are tiny; the runtime has its own threads
     loaded = load_model(model_name)
     backend = loaded.backend

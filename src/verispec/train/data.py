@@ -168,11 +168,11 @@ def build_default_data(model_name: str, out_dir: str | Path, gsm8k: str | Path |
     from transformers import AutoModelForCausalLM
 
     from ..api import load_model
-    from ..models.loading import _find_shared_file
     from . import features
+    from .prompts import gsm8k_file
 
     out = Path(out_dir)
-    gsm8k = Path(gsm8k) if gsm8k else _find_shared_file("data/gsm8k/train.jsonl")
+    gsm8k = gsm8k_file(gsm8k)
     main_generate(str(out / "gen.jsonl"), model_name, gsm8k=str(gsm8k), n_gsm8k=250, n_instructions=350,
                   threads=threads)
     loaded = load_model(model_name)

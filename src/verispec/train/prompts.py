@@ -1,6 +1,6 @@
 """Training prompts for self-distillation: never Spec-Bench.
 
-Two sources: GSM8K *train* questions (``../shared/data/gsm8k/train.jsonl``) and
+Two sources: GSM8K *train* questions (a ``train.jsonl`` the caller names: ``gsm8k_file``) and
 instructions built here from templates over topics and texts written for this file
 (summarise / translate / QA / explain / write / role-play / rewrite), so the drafters see
 the kinds of tasks Spec-Bench measures without ever seeing its prompts.
@@ -109,6 +109,17 @@ TEMPLATES = (
     ("rewrite", "Rewrite this sentence to sound more formal: {sentence}"),
     ("rewrite", "Make a bulleted list of the main ideas in this text:\n{passage}"),
 )
+
+
+def gsm8k_file(path: str | Path | None) -> Path:
+    """``path`` checked: the GSM8K train questions that generated training data starts from
+    (not shipped with verispec; ValueError naming ``--gsm8k`` when missing)."""
+    if path is None:
+        raise ValueError("generating training data needs the GSM8K train questions: pass --gsm8k <train.jsonl> "
+                         "(github.com/openai/grade-school-math, grade_school_math/data/train.jsonl)")
+    if not Path(path).is_file():
+        raise ValueError(f"--gsm8k {path} is not a file")
+    return Path(path)
 
 
 def read_gsm8k_questions(path: str | Path, limit: int | None = None) -> list[str]:
