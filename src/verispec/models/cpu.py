@@ -24,8 +24,8 @@ import ctypes
 import enum
 import importlib.util
 import json
+import logging
 import os
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -165,15 +165,22 @@ def library() -> ctypes.CDLL:
     return _LIB
 
 
+# what a missing runtime costs and how to get it back: said once per process (`verispec info` says it too)
+MISSING_FIX = ("running the PyTorch runtime instead, 30-100x slower on CPU. Fix: install gcc and g++ "
+               "(e.g. `apt install g++`), then `pip install --force-reinstall --no-deps verispec` "
+               "(in a checkout: `pip install -e .`)")
+
+
 def available() -> bool:
-    """Is the compiled runtime built? If not, say so once (the PyTorch runtime is slower)."""
+    """Is the compiled runtime built? If not, say so once: one line on stderr (a log record
+    of the ``verispec`` logger) with the slowdown and the fix."""
     try:
         library()
         return True
     except OSError as err:
         if not getattr(available, "_warned", False):
             available._warned = True
-            warnings.warn(f"{err}; running the slower PyTorch runtime instead", RuntimeWarning, stacklevel=2)
+            logging.getLogger("verispec").warning("verispec: %s; %s", err, MISSING_FIX)
         return False
 
 

@@ -109,11 +109,21 @@ class ServerState:
     max_prompt_chars: int  # longer text cannot fit the context: refused before tokenizing
     tokenizer_pool: ThreadPoolExecutor  # one thread: a HF fast tokenizer must not be shared across threads
 
+    def start(self) -> None:
+        """Start the engine thread (the app's lifespan, or a Ray replica, calls it)."""
+        self.worker.start()
+
+    def close(self) -> None:
+        """Stop the engine thread (failing what still runs) and the tokenizer thread."""
+        self.worker.stop()
+        self.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+
 
 def build_state(config: ServerConfig, model: LoadedModel | None = None,
-                extra_drafters: dict[str, Drafter] | None = None) -> ServerState:
+                extra_drafters: dict[str, Drafter] | None = None, replica: str | None = None) -> ServerState:
     """Load the model (unless given) and drafters, build the batch engine and its worker.
-    ``extra_drafters`` adds ready-made drafters by name (tests use it)."""
+    ``extra_drafters`` adds ready-made drafters by name (tests use it); ``replica`` names this
+    engine in every response's ``verispec`` statistics (a Ray Serve replica)."""
     model = model or load_model(config.model, dtype=config.dtype, backend=config.backend, quant=config.quant)
     target = model.backend
     prefix = PrefixCache.from_mb(config.prefix_cache_mb)  # one for all drafters: they share the target
@@ -131,7 +141,7 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
                                      config.fixed_cost_rows))
     name = config.served_model_name or config.model
     metrics = ServerMetrics(name)
-    worker = EngineWorker(batch, model.tokenizer, metrics, config.max_queue)
+    worker = EngineWorker(batch, model.tokenizer, metrics, config.max_queue, replica)
     pool = ThreadPoolExecutor(1, thread_name_prefix="verispec-tokenize")
     return ServerState(config, model, worker, metrics, name, max_len, int(time.time()),
                        max_text_chars(model.tokenizer, max_len), pool)
@@ -349,6 +359,8 @@ def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
     out = {k: sum(s[k] for s in stats) for k in keys}
     out["tau"] = round((out["accepted"] + out["steps"]) / out["steps"], 4) if out["steps"] else 0.0
     out["alpha"] = round(out["accepted"] / out["drafted"], 4) if out["drafted"] else 0.0
+    if "replica" in stats[0]:  # one request's choices all run on one engine
+        out["replica"] = stats[0]["replica"]
     return out | {"choices": stats}
 
 
@@ -439,12 +451,11 @@ def create_app(state: ServerState) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        state.worker.start()
+        state.start()
         try:
             yield
         finally:
-            state.worker.stop()
-            state.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+            state.close()
 
     app = FastAPI(title="verispec", lifespan=lifespan)
     app.state.verispec = state

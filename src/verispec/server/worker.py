@@ -73,12 +73,14 @@ class _Running:
 
 
 class EngineWorker:
-    """A single thread stepping a ``BatchEngine``. ``max_queue`` bounds the waiting jobs."""
+    """A single thread stepping a ``BatchEngine``. ``max_queue`` bounds the waiting jobs;
+    ``replica`` (when set) is reported in each finished job's statistics."""
 
-    def __init__(self, engine: BatchEngine, tokenizer: Any, metrics: ServerMetrics, max_queue: int = 64):
+    def __init__(self, engine: BatchEngine, tokenizer: Any, metrics: ServerMetrics, max_queue: int = 64,
+                 replica: str | None = None):
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
-        self.engine, self.metrics, self.max_queue = engine, metrics, max_queue
+        self.engine, self.metrics, self.max_queue, self.replica = engine, metrics, max_queue, replica
         # a private copy: HF fast tokenizers raise "Already borrowed" when two threads share one
         self._tokenizer = copy.deepcopy(tokenizer)
         self._cond = threading.Condition()
@@ -245,7 +247,7 @@ class EngineWorker:
             "queue_s": round(run.admitted - run.job.submitted, 4),
             "max_batch_size": run.max_batch_size,
             "drafter_memory_bytes": self.engine.engines[run.job.drafter].drafter.memory_bytes(),
-        }
+        } | ({"replica": self.replica} if self.replica is not None else {})
 
     def _send(self, job: Job, event: Event) -> None:
         try:

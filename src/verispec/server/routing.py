@@ -1,0 +1,117 @@
+"""Prefix-aware routing, without Ray: which replica's prefix cache most likely holds a request's prompt.
+
+A request's *routing text* is its prompt as the client sent it (a completions prompt, or a
+chat's messages joined role by role), so a conversation's next turn extends the text of its
+previous turn. The text is cut into ``BLOCK_CHARS``-character blocks; block i's key hashes
+block i with the key of block i - 1 (a chained hash, as the engine's prefix cache keys its
+16-token blocks), so a key names a whole prefix. ``PrefixTable`` remembers, for each key, the
+replica that last served a request with that prefix (LRU, bounded); the deepest key of a new
+request found in the table names the replica whose cache holds the longest shared prefix.
+
+    >>> t = PrefixTable(capacity=100)
+    >>> a = prefix_keys("x" * 64)            # two blocks
+    >>> t.insert(a, "r1")
+    >>> t.match(prefix_keys("x" * 64 + "y" * 40), {"r1", "r2"})   # shares both blocks with r1
+    ('r1', 2)
+    >>> t.match(prefix_keys("z" * 64), {"r1", "r2"})
+    (None, 0)
+
+The Ray Serve request router (``ray_serve.PrefixAwareRouter``) is a thin wrapper over this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from typing import Any
+
+BLOCK_CHARS = 32  # characters per key: shorter prompts are routed by load alone
+MAX_BLOCKS = 1024  # keys per request (32K characters): a longer prompt is placed by its first 32K
+
+
+def routing_text(path: str, body: bytes) -> str:
+    """The text a request's prefix key is made of ("" when the body names no prompt).
+
+    ``routing_text("/v1/completions", b'{"prompt": "Hi"}') == "Hi"``; token-id prompts become
+    ``"1,2,3,"`` (a prefix of ids stays a prefix of text); a chat's messages become
+    ``"user\\x1fHi\\x1e..."`` (role, unit separator, content, record separator). Malformed
+    bodies give "": the replica answers them with its own 400.
+    """
+    try:
+        req = json.loads(body)
+    except (ValueError, RecursionError):
+        return ""
+    if not isinstance(req, dict):
+        return ""
+    if path.endswith("/chat/completions"):
+        messages = req.get("messages")
+        if not isinstance(messages, list):
+            return ""
+        return "".join(f"{m.get('role', '')}\x1f{_content(m.get('content'))}\x1e"
+                       for m in messages if isinstance(m, dict))
+    prompt = req.get("prompt")
+    if isinstance(prompt, list) and prompt and not all(isinstance(p, int) for p in prompt):
+        prompt = prompt[0]  # a batch of prompts: placed by the first
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return "".join(f"{t}," for t in prompt)
+    return ""
+
+
+def _content(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts: [{"type": "text", "text": ...}]
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def prefix_keys(text: str, block: int = BLOCK_CHARS, max_blocks: int = MAX_BLOCKS) -> tuple[int, ...]:
+    """Chained 64-bit keys of the text's whole ``block``-character blocks (at most ``max_blocks``):
+    key i depends on every character of blocks 0..i, so equal keys mean equal prefixes."""
+    keys, prev = [], b""
+    for i in range(min(len(text) // block, max_blocks)):
+        prev = hashlib.blake2b(prev + text[i * block:(i + 1) * block].encode("utf-8", "surrogatepass"),
+                               digest_size=8).digest()
+        keys.append(int.from_bytes(prev, "little"))
+    return tuple(keys)
+
+
+class PrefixTable:
+    """key -> the replica that last served that prefix, least recently used first.
+
+    Invariant: ``len(self) <= capacity``; a replica dropped with ``drop`` owns no key."""
+
+    def __init__(self, capacity: int = 200_000):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._owner: OrderedDict[int, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    def match(self, keys: Sequence[int], alive: Collection[str]) -> tuple[str | None, int]:
+        """(replica, blocks) of the longest prefix of ``keys`` owned by a replica in ``alive``;
+        (None, 0) when none is."""
+        for depth in range(len(keys), 0, -1):
+            owner = self._owner.get(keys[depth - 1])
+            if owner is not None and owner in alive:
+                return owner, depth
+        return None, 0
+
+    def insert(self, keys: Sequence[int], replica: str) -> None:
+        """``replica`` now holds every prefix in ``keys`` (its cache saw the whole prompt)."""
+        for k in keys:
+            self._owner[k] = replica
+            self._owner.move_to_end(k)
+        while len(self._owner) > self.capacity:
+            self._owner.popitem(last=False)
+
+    def drop(self, replica: str) -> None:
+        """Forget a replica (it died: its cache is gone)."""
+        for k in [k for k, r in self._owner.items() if r == replica]:
+            del self._owner[k]
