@@ -1,14 +1,20 @@
 """Acceptance rules on synthetic distributions: greedy paths, and losslessness of
-rejection sampling (exactly by enumeration, and statistically with the real sampler)."""
+rejection sampling: its law enumerated exactly with the sampler's own per-sibling step
+(``rejection_step``) for chains and multi-draft trees, and the real sampler checked
+statistically against that enumeration."""
+
+import itertools
+from collections import Counter, defaultdict
 
 import pytest
 import torch
+import torch.nn.functional as F
 from scipy.stats import chisquare
 
 from verispec.sampling import make_generator
 from verispec.tree import DraftTree
 from verispec.verify.greedy import accept_greedy
-from verispec.verify.rejection import accept_rejection, residual
+from verispec.verify.rejection import accept_rejection, rejection_step
 
 V = 6
 
@@ -44,117 +50,238 @@ def test_greedy_tree_second_branch():
     assert acc.kind == "bonus"
 
 
-# ---- rejection: exact enumeration of the first emitted token -------------------------------
-def exact_first_token(p: torch.Tensor, qs: list[torch.Tensor]) -> torch.Tensor:
-    """Slow reference: the distribution of the first emitted token when k sibling drafts are
-    drawn from q_1..q_k (i.i.d. with q_k = q), enumerating every draft combination."""
-    out = torch.zeros(V, dtype=torch.float64)
+# ---- rejection: the exact law, enumerated with the sampler's own rejection_step --------------
+def accept_probability(p: torch.Tensor, q: torch.Tensor, x: int) -> float:
+    """P(rejection_step accepts draft x) for u ~ U(0, 1): the measure of the u it accepts,
+    an interval [0, a) (checked on a grid) whose end a is found by bisection. The float32
+    rounding of u * q(x) < p(x) is the sampler's own, so this is its exact law."""
+    key = (p.numpy().tobytes(), q.numpy().tobytes(), x)
+    if key not in _ACCEPT:
+        _ACCEPT[key] = _accept_probability(p, q, x)
+    return _ACCEPT[key]
 
-    def recurse(k: int, p_cur: torch.Tensor, weight: float) -> None:
-        if k == len(qs):
-            out.add_(weight * p_cur)
-            return
-        q = qs[k]
-        for x in range(V):
-            if q[x] == 0:
-                continue
-            a = min(1.0, float(p_cur[x] / q[x]))
-            out[x] += weight * q[x] * a
-            r = residual(p_cur, q)
-            if r is not None and a < 1:
-                recurse(k + 1, r.double(), weight * q[x] * (1 - a))
 
-    recurse(0, p.double(), 1.0)
+_ACCEPT: dict = {}
+
+
+def _accept_probability(p: torch.Tensor, q: torch.Tensor, x: int) -> float:
+    def accepted(u: float) -> bool:
+        return rejection_step(p, q, x, u)[0]
+
+    lo, hi = 0.0, 1.0
+    for _ in range(64):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if accepted(mid) else (lo, mid)
+    a = lo if accepted(lo) else 0.0
+    grid = [i / 32 for i in range(32)]
+    assert all(accepted(u) == (u < a) for u in grid if abs(u - a) > 1e-9), "the accepted u are not an interval"
+    return a
+
+
+def exact_step_law(tree: DraftTree, probs: torch.Tensor) -> dict[tuple[int, ...], float]:
+    """The exact law of ``accept_rejection(tree, probs, .)``'s committed tokens (accepted
+    drafts then the next token): siblings tried in order with ``rejection_step``, each
+    rejection passing its residual on, the next token drawn from the last law."""
+    out: dict[tuple[int, ...], float] = defaultdict(float)
+
+    def at(node: int, prefix: tuple[int, ...], weight: float) -> None:
+        p = probs[node].float()
+        for child in tree.children[node]:
+            x = tree.tokens[child]
+            q = tree.draft_probs[child].float() if tree.draft_probs is not None else F.one_hot(
+                torch.tensor(x), p.numel()).float()
+            a = accept_probability(p, q, x)
+            if a > 0:
+                at(child, prefix + (x,), weight * a)
+            weight *= 1 - a
+            if weight == 0:
+                return
+            accepted, rest = rejection_step(p, q, x, 1.0)  # u = 1 rejects whenever a < 1
+            assert not accepted
+            p = rest if rest is not None else probs[node].float()
+        for y, py in enumerate((p / p.sum()).tolist()):
+            if py > 0:
+                out[prefix + (y,)] += weight * py
+
+    at(0, (), 1.0)
     return out
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
-def test_multi_draft_emits_exactly_p(k):
-    g = torch.Generator().manual_seed(k)
-    p = torch.rand(V, generator=g) ** 3
-    p /= p.sum()
-    q = torch.rand(V, generator=g) ** 3
-    q /= q.sum()
-    assert torch.allclose(exact_first_token(p, [q] * k), p.double(), atol=1e-6)
+def seeded_law(ctx: tuple[int, ...], salt: int, sharp: float = 2.0) -> torch.Tensor:
+    """A fixed [V] law per context (a toy target or drafter); some entries are exactly 0."""
+    g = torch.Generator().manual_seed(hash((salt, *ctx)) % 2**31)
+    x = torch.rand(V, generator=g) ** sharp
+    x[int(torch.randint(0, V, (), generator=g))] = 0.0
+    return x / x.sum()
 
 
-def test_acceptance_probability_is_sum_min():
-    g = torch.Generator().manual_seed(7)
-    p, q = torch.rand(V, generator=g), torch.rand(V, generator=g)
-    p, q = p / p.sum(), q / q.sum()
-    accept = sum(float(q[x]) * min(1.0, float(p[x] / q[x])) for x in range(V))
+def target(ctx):
+    return seeded_law(ctx, 0)
+
+
+def draft(ctx):
+    return seeded_law(ctx, 1, sharp=1.0)
+
+
+def target_joint(depth: int) -> dict[tuple[int, ...], float]:
+    """The target's own law of the next ``depth`` tokens after the empty context."""
+    law = {(): 1.0}
+    for _ in range(depth):
+        law = {seq + (y,): w * py for seq, w in law.items() for y, py in enumerate(target(seq).tolist()) if py > 0}
+    return law
+
+
+def speculative_joint(trees: list[tuple[float, DraftTree, list[tuple[int, ...]]]], depth: int):
+    """Law of the first ``depth`` tokens when one speculative step with a tree drawn from
+    ``trees`` ((probability, tree, context of each node)) is followed by plain sampling."""
+    law: dict[tuple[int, ...], float] = defaultdict(float)
+    for w_tree, tree, ctxs in trees:
+        probs = torch.stack([target(c) for c in ctxs])
+        for seq, w in exact_step_law(tree, probs).items():
+            tails = {seq[:depth]: 1.0}
+            while len(next(iter(tails))) < depth:
+                tails = {s + (y,): v * py for s, v in tails.items() for y, py in enumerate(target(s).tolist()) if py > 0}
+            for s, v in tails.items():
+                law[s] += w_tree * w * v
+    return law
+
+
+def draws(q: torch.Tensor, k: int, replacement: bool):
+    """Every ordered k-tuple of draws from q with its probability, and each draw's law
+    (q itself, or q renormalised without the earlier draws)."""
+    def go(prefix, w, laws):
+        if len(prefix) == k:
+            yield w, prefix, laws
+            return
+        qk = q.clone()
+        if not replacement:
+            qk[list(prefix)] = 0
+            if qk.sum() == 0:
+                return
+            qk /= qk.sum()
+        for x in range(V):
+            if qk[x] > 0:
+                yield from go(prefix + (x,), w * float(qk[x]), laws + [qk])
+    yield from go((), 1.0, [])
+
+
+def chain_trees(depth: int):
+    """Chains x_1..x_depth, x_i ~ q(. | x_<i) (draft-model speculative sampling)."""
+    def go(ctx, w):
+        if len(ctx) == depth:
+            tree = DraftTree.chain(0, list(ctx), torch.stack([draft(ctx[:i]) for i in range(depth)]))
+            yield w, tree, [ctx[:i] for i in range(depth + 1)]
+            return
+        q = draft(ctx)
+        for x in range(V):
+            if q[x] > 0:
+                yield from go(ctx + (x,), w * float(q[x]))
+    yield from go((), 1.0)
+
+
+def sibling_trees(k: int, replacement: bool, children: int = 0):
+    """k siblings drawn from q at the root (i.i.d. as SpecTr / multi-draft SpecInfer, or
+    without replacement as RSD), each with ``children`` i.i.d. children of its own."""
+    for w, xs, laws in draws(draft(()), k, replacement):
+        subs = [list(draws(draft((x,)), children, True)) for x in xs]
+        for combo in itertools.product(*subs):
+            tokens, parents, rows, ctxs, weight = [0, *xs], [-1] + [0] * k, [laws[0], *laws], [(), *[(x,) for x in xs]], w
+            for i, (wc, ys, ys_laws) in enumerate(combo):
+                weight *= wc
+                tokens += ys
+                parents += [1 + i] * len(ys)
+                rows += ys_laws
+                ctxs += [(xs[i], y) for y in ys]
+            yield weight, DraftTree(tokens=tuple(tokens), parents=tuple(parents), draft_probs=torch.stack(rows)), ctxs
+
+
+def assert_same_law(got: dict, want: dict) -> None:
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-6)
+    for key in set(got) | set(want):
+        assert got.get(key, 0.0) == pytest.approx(want.get(key, 0.0), abs=1e-6), key
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_chain_law_is_exactly_the_target(depth):
+    """A draft chain of ``depth`` tokens with their q: the step then plain sampling gives
+    exactly the target's law of the next depth + 1 tokens."""
+    assert_same_law(speculative_joint(list(chain_trees(depth)), depth + 1), target_joint(depth + 1))
+
+
+@pytest.mark.parametrize("k,replacement,children", [(1, True, 0), (2, True, 0), (3, True, 0), (2, False, 0),
+                                                    (3, False, 0), (2, True, 1), (2, False, 1)])
+def test_multi_draft_tree_law_is_exactly_the_target(k, replacement, children):
+    """Recursive rejection over k root siblings drawn i.i.d. from q (SpecTr, SpecInfer) or
+    without replacement (RSD, each with its renormalised q), with i.i.d. children under
+    each: exactly the target's law of the next two tokens."""
+    trees = list(sibling_trees(k, replacement, children))
+    assert sum(w for w, _, _ in trees) == pytest.approx(1.0)
+    assert_same_law(speculative_joint(trees, 2), target_joint(2))
+
+
+def test_point_mass_tree_law_is_exactly_the_target():
+    """Deterministic distinct candidates (no q: prompt lookup, suffix trees), including a
+    candidate the target gives probability 0."""
+    zero = int((target(()) == 0).nonzero()[0])
+    tree = DraftTree.from_paths(0, [[1, 2], [zero, 4], [3, 3, 1]])
+    assert_same_law(speculative_joint([(1.0, tree, path_contexts(tree))], 3), target_joint(3))
+
+
+def test_single_draft_accept_probability_is_sum_min():
+    """P(accept) of one draft x ~ q is sum_x min(p(x), q(x)) (Leviathan et al., Theorem 3.5)."""
+    p, q = target(()), draft(())
+    accept = sum(float(q[x]) * accept_probability(p, q, x) for x in range(V) if q[x] > 0)
     assert accept == pytest.approx(float(torch.minimum(p, q).sum()), abs=1e-6)
 
 
-# ---- rejection: the real sampler, statistically ---------------------------------------------
+def test_rejection_step_residual():
+    """A rejection leaves norm(max(0, p - q)); a draft q cannot give is rejected whatever u;
+    p <= q everywhere has no residual."""
+    p, q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.6, 0.2])
+    accepted, rest = rejection_step(p, q, 1, 0.9)  # 0.9 >= 0.3 / 0.6
+    assert not accepted and torch.allclose(rest, torch.tensor([1.0, 0.0, 0.0]))
+    assert rejection_step(p, q, 1, 0.4) == (True, None)
+    assert rejection_step(p, torch.tensor([0.0, 0.0, 1.0]), 1, 0.0)[0] is False
+    assert rejection_step(p, p, 0, 1.0) == (False, None)
+
+
+# ---- rejection: the real sampler agrees with the enumerated law, statistically ----------------
 def sample_steps(tree, probs, n, seed=0):
     gen = make_generator(seed)
     return [accept_rejection(tree, probs, gen) for _ in range(n)]
 
 
-def chi2_ok(samples: list[int], p: torch.Tensor) -> float:
-    counts = torch.bincount(torch.tensor(samples), minlength=V).double()
-    keep = p > 0
-    assert counts[~keep].sum() == 0, "emitted a token with zero target probability"
-    expected = p[keep].double() / p[keep].double().sum() * len(samples)
-    return chisquare(counts[keep].numpy(), expected.numpy()).pvalue
+def path_contexts(tree: DraftTree) -> list[tuple[int, ...]]:
+    """Each node's context: the drafted tokens on its path."""
+    ctxs = [()]
+    for i in range(1, len(tree.tokens)):
+        ctxs.append(ctxs[tree.parents[i]] + (tree.tokens[i],))
+    return ctxs
 
 
-def random_dist(g, sharp=2.0):
-    x = torch.rand(V, generator=g) ** sharp
-    return x / x.sum()
+FIXED_TREES = {  # one likely tree of each kind
+    "chain": lambda: next(t for w, t, _ in chain_trees(2) if w > 0.02),
+    "siblings": lambda: next(t for w, t, _ in sibling_trees(3, False) if w > 0.01),
+    "point-mass": lambda: DraftTree.from_paths(0, [[1, 2], [4, 4], [3]]),
+}
 
 
-def test_chain_with_probs_matches_target_at_two_depths():
-    g = torch.Generator().manual_seed(3)
-    p0, p1, p2 = (random_dist(g) for _ in range(3))
-    q1, q2 = random_dist(g), random_dist(g)
-    gen = make_generator(11)
-    firsts, seconds, accepted = [], [], 0
-    for _ in range(6000):
-        d1 = int(torch.multinomial(q1, 1, generator=gen))
-        d2 = int(torch.multinomial(q2, 1, generator=gen))
-        tree = DraftTree.chain(0, [d1, d2], torch.stack([q1, q2]))
-        # target at node 1 depends on the drafted token: use p1 shifted by d1 (conditional)
-        probs = torch.stack([p0, p1.roll(d1), p2])
-        acc = accept_rejection(tree, probs, gen)
-        toks = acc.tokens(tree)
-        firsts.append(toks[0])
-        accepted += len(acc.path) > 0
-        if len(toks) > 1 and toks[0] == 3:
-            seconds.append(toks[1])
-    assert chi2_ok(firsts, p0) > 1e-3
-    assert chi2_ok(seconds, p1.roll(3)) > 1e-3
-    assert accepted / 6000 == pytest.approx(float(torch.minimum(p0, q1).sum()), abs=0.03)
-
-
-def test_point_mass_tree_matches_target():
-    g = torch.Generator().manual_seed(5)
-    p0, p_a, p_b = (random_dist(g) for _ in range(3))
-    # deterministic candidates 1 and 4 (siblings), each with one child
-    tree = DraftTree.from_paths(0, [[1, 2], [4, 4]])
-    child_probs = {1: p_a, 4: p_b}
-    probs = torch.stack([p0, p_a, p_b, p_a, p_b])  # node order (0, 1, 4, 2, 4)
-    steps = sample_steps(tree, probs, 6000)
-    toks = [a.tokens(tree) for a in steps]
-    assert chi2_ok([t[0] for t in toks], p0) > 1e-3
-    for first in (1, 4):
-        second = [t[1] for t in toks if t[0] == first]
-        assert chi2_ok(second, child_probs[first]) > 1e-3
-
-
-def test_iid_siblings_with_probs_match_target():
-    g = torch.Generator().manual_seed(9)
-    p0, q = random_dist(g), random_dist(g)
-    gen = make_generator(2)
-    firsts = []
-    for _ in range(6000):
-        drafts = torch.multinomial(q, 3, replacement=True, generator=gen).tolist()
-        tree = DraftTree(tokens=(0, *drafts), parents=(-1, 0, 0, 0),
-                         draft_probs=torch.stack([q, q, q, q]))
-        probs = torch.stack([p0] * 4)
-        firsts.append(accept_rejection(tree, probs, gen).tokens(tree)[0])
-    assert chi2_ok(firsts, p0) > 1e-3
+@pytest.mark.parametrize("which", FIXED_TREES)
+def test_sampler_follows_the_enumerated_law(which):
+    """accept_rejection's committed tokens over 4000 draws: chi-square against
+    exact_step_law of the same tree (so the enumeration describes the real sampler)."""
+    tree = FIXED_TREES[which]()
+    probs = torch.stack([target(c) for c in path_contexts(tree)])
+    law = exact_step_law(tree, probs)
+    counts = Counter(tuple(a.tokens(tree)) for a in sample_steps(tree, probs, 4000))
+    assert set(counts) <= {k for k, v in law.items() if v > 0}, "drew an outcome of probability 0"
+    keys = [k for k, v in law.items() if v * 4000 >= 5]
+    obs = [counts[k] for k in keys] + [4000 - sum(counts[k] for k in keys)]
+    exp = [law[k] * 4000 for k in keys] + [4000 * (1 - sum(law[k] for k in keys))]
+    if exp[-1] < 1e-9:
+        obs, exp = obs[:-1], exp[:-1]
+    exp = [e * sum(obs) / sum(exp) for e in exp]
+    assert chisquare(obs, exp).pvalue > 1e-3
 
 
 def test_zero_probability_token_never_emitted():

@@ -18,6 +18,7 @@ err = Console(stderr=True)
 PREFIX_CACHE_MB = 1024.0  # = engine.prefix_cache.DEFAULT_MAX_MB (not imported: `verispec --help` stays instant)
 PREFIX_CACHE_HELP = ("MiB of K/V kept across requests so a prompt reuses its longest cached prefix "
                      "(multi-turn chats, shared system prompts); 0 = off; the cpu backend only (exact there)")
+THREADS_HELP = "threads of the compiled runtime's pool and of torch (as llama.cpp's -t; default: one per core)"
 
 
 def fail(message: str) -> None:
@@ -114,7 +115,7 @@ def peak_rss_mb() -> float:
 def stats_table(stats: dict) -> Table:
     table = Table(title="speculation statistics", show_header=False)
     for key in ("new_tokens", "cached_tokens", "target_forwards", "steps", "drafted", "accepted", "tau", "alpha",
-                "tokens_per_second", "prefill_s", "decode_s", "peak_rss_mb", "backend", "bit_exact",
+                "tokens_per_second", "prefill_s", "decode_s", "peak_rss_mb", "backend", "threads", "bit_exact",
                 "bit_exact_reason", "prefix_cache"):
         table.add_row(key, str(stats.get(key)))
     ppa = stats.get("per_position_acceptance") or []
@@ -147,11 +148,13 @@ def generate(
                                 "cpu, native (PyTorch) or hf"),
     quant: str = typer.Option("auto", help="native weights: auto (the checkpoint's precision), none, int8 or int4"),
     prefix_cache_mb: float = typer.Option(PREFIX_CACHE_MB, help=PREFIX_CACHE_HELP),
+    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
 ) -> None:
     """Generate text with speculative decoding and print speculation statistics."""
     from .api import SpecDecoder, load_model
     from .engine.prefix_cache import prefix_cache_support
     from .models.base import ModelError, exactness_of
+    from .system import set_threads
     from .types import SamplingParams
 
     from .registry import ALIASES, DRAFTERS
@@ -166,6 +169,7 @@ def generate(
     try:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                                 max_new_tokens=max_new_tokens, seed=seed, stop=tuple(stop))
+        n_threads = set_threads(threads)  # before loading: the compiled runtime sizes its pool at load
         lm = load_model(model, dtype=dtype, backend=backend, quant=quant)
         limit = max_text_chars(lm.tokenizer, lm.backend.info.max_length)
         check(len(text) <= limit, f"the prompt has {len(text)} characters, more than the "
@@ -184,6 +188,7 @@ def generate(
     stats = chunks[-1].stats.as_dict() | {"peak_rss_mb": round(peak_rss_mb(), 1)}
     stats["drafter_memory_bytes"] = dec.drafter.memory_bytes()
     stats["backend"] = getattr(lm.backend, "description", lm.backend_kind)
+    stats["threads"] = n_threads
     exact = exactness_of(lm.backend)  # greedy output == plain decoding, bit for bit, on this machine?
     stats |= {"bit_exact": exact.bit_exact, "bit_exact_reason": exact.reason}
     no_reuse = prefix_cache_support(lm.backend)
@@ -220,17 +225,20 @@ def demo(
     drafter: str = typer.Option("suffix", help="the speculative method to compare with plain decoding"),
     num_draft_tokens: int = typer.Option(16, "--num-draft-tokens", "-k"),
     max_new_tokens: int = typer.Option(160, "--max-new-tokens", "-n"),
+    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
 ) -> None:
     """Plain and speculative greedy decoding side by side: speed-up, tau, identical output."""
     import time
 
     from .api import SpecDecoder, load_model
     from .models.base import ModelError
+    from .system import set_threads
     from .types import SamplingParams
 
     text = prompt or DEMO_PROMPT
     try:
         params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+        n_threads = set_threads(threads)
         lm = load_model(model)
         runs = {}
         for name, d in (("plain", "none"), (drafter, drafter)):
@@ -243,8 +251,9 @@ def demo(
         fail(str(e))
     (plain, t_plain), (spec, t_spec) = runs.values()
     emit(spec.text)
-    table = Table("decoding", "tokens", "seconds", "tokens/s", "tau", "speed-up", title=f"{lm.name} on "
-                  f"{getattr(lm.backend, 'description', lm.backend_kind)}")
+    backend = getattr(lm.backend, "description", lm.backend_kind)
+    table = Table("decoding", "tokens", "seconds", "tokens/s", "tau", "speed-up", title=f"{lm.name} on {backend}"
+                  + ("" if "threads" in backend else f", {n_threads} threads"))
     for name, (out, t) in runs.items():
         table.add_row(name, str(len(out.token_ids)), f"{t:.2f}", f"{len(out.token_ids) / t:.1f}",
                       f"{out.stats.tau:.2f}", f"{t_plain / t:.2f}x")
@@ -276,6 +285,29 @@ def drafters() -> None:
         aliases = [a for a, n in ALIASES.items() if n == name]
         table.add_row(name + (f" ({', '.join(aliases)})" if aliases else ""), desc)
     Console().print(table)
+
+
+@app.command()
+def info(as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Version, compiled runtime (built? ISA), threads and the model cache of this installation."""
+    from .system import info as system_info
+
+    report = system_info()
+    if as_json:
+        emit(json.dumps(report))
+        return
+    rt, cache = report["compiled_runtime"], report["model_cache"]
+    table = Table(title="verispec", show_header=False)
+    table.add_row("version", f"{report['version']} (python {report['python']}, torch {report['torch']})")
+    table.add_row("compiled runtime", f"built: {rt['path']}" if rt["built"] else "[red]not built[/red]")
+    if rt["built"]:
+        forced = f", forced by VERISPEC_ISA={rt['isa_forced']}" if rt["isa_forced"] else ""
+        table.add_row("ISA", f"{rt['isa'] or 'none'}{forced} (available: {', '.join(rt['isas_available'])})")
+    if rt["error"]:
+        table.add_row("", rt["error"])
+    table.add_row("threads", f"{report['threads']} (of {report['cpus']} CPUs; --threads sets it)")
+    table.add_row("model cache", f"{cache['path']} ({cache['bytes'] / 2**20:.1f} MiB; VERISPEC_CACHE moves it)")
+    Console(soft_wrap=True).print(table)
 
 
 @app.command()
@@ -408,7 +440,7 @@ def serve(
     dtype: str = typer.Option("float32", help="float32 or bfloat16"),
     backend: str = typer.Option("auto", help="auto, cpu, native or hf (cpu and native batch verification)"),
     quant: str = typer.Option("auto", help="native weights: auto (the checkpoint's precision), none, int8 or int4"),
-    threads: int = typer.Option(0, help="torch threads (0 = torch default)"),
+    threads: int = typer.Option(0, help=THREADS_HELP.replace("default: ", "0 = ")),
     graceful_timeout: float = typer.Option(30.0, help="seconds in-flight requests get on shutdown; then they end with 503"),
     api_key: Optional[str] = typer.Option(None, envvar="VERISPEC_API_KEY", show_envvar=True,
                                           help="require 'Authorization: Bearer <key>' on /v1/* (401 otherwise)"),
@@ -430,9 +462,9 @@ def serve(
           "--max-batch, --max-queue and --num-draft-tokens must be >= 1, --max-model-len 0 (what fits) or >= 2")
     check_model_arg(model)
     if threads:
-        import torch
+        from .system import set_threads
 
-        torch.set_num_threads(threads)
+        set_threads(threads)  # before loading: the compiled runtime sizes its pool at load
     try:
         limits = Limits(header_timeout_s=header_timeout, body_timeout_s=body_timeout, api_key=api_key,
                         **({} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}))

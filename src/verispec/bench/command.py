@@ -246,9 +246,8 @@ class _LineLog:
 def run_bench(o: BenchOptions) -> tuple[dict, int]:
     """Run the benchmark and write results; returns (paths/summary info, mismatches of
     our methods that are not near-ties). Raises BenchError/ValueError on bad input."""
-    import torch
-
     from ..registry import DRAFTERS
+    from ..system import threads
     from ..types import SamplingParams
     from .datasets import GROUPS, load_prompts
     from .methods import parse_method, with_baseline
@@ -259,12 +258,8 @@ def run_bench(o: BenchOptions) -> tuple[dict, int]:
     prompts = load_prompts(o.data, o.categories or GROUPS, o.limit)
     if not prompts:
         raise BenchError("no prompts selected")
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(o.threads)
-    try:
+    with threads(o.threads):  # before loading: the compiled runtime sizes its pool at load
         return _run_loaded(o, specs, params, prompts)
-    finally:
-        torch.set_num_threads(threads_before)
 
 
 def _run_loaded(o: BenchOptions, specs, params, prompts) -> tuple[dict, int]:

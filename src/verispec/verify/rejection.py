@@ -31,11 +31,32 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor | None:
     return r / total if total > 0 else None
 
 
+def rejection_step(p: torch.Tensor, q: torch.Tensor, x: int, u: float) -> tuple[bool, torch.Tensor | None]:
+    """One sibling's test, given its uniform draw ``u`` in [0, 1) (vLLM's rejection sampler
+    also takes its uniforms as input): draft ``x``, drawn from ``q``, is accepted against the
+    current target ``p`` when u < p(x) / q(x), computed as u * q(x) < p(x). A draft with
+    q(x) = 0 is rejected whatever ``u``. Returns ``(True, None)`` on acceptance, else
+    ``(False, norm(max(0, p - q)))``, the law to test the next sibling against (None when
+    p <= q everywhere: see ``residual``).
+
+    >>> p, q = torch.tensor([0.5, 0.25, 0.25]), torch.tensor([0.0, 1.0, 0.0])
+    >>> rejection_step(p, q, 1, 0.2)                 # 0.2 < p(1) / q(1) = 0.25: accepted
+    (True, None)
+    >>> rejection_step(p, q, 1, 0.3)                 # rejected: x leaves p, the rest renormalised
+    (False, tensor([0.6667, 0.0000, 0.3333]))
+    """
+    if q[x] > 0 and u * q[x] < p[x]:
+        return True, None
+    return False, residual(p, q)
+
+
 def accept_rejection(
     tree: DraftTree, probs: torch.Tensor, generator: torch.Generator
 ) -> Acceptance:
     """``probs``: [N, V] target distribution at each node (already temperature/top-k/top-p
-    processed). Uses ``tree.draft_probs`` (q per node) when present, point masses otherwise."""
+    processed). Uses ``tree.draft_probs`` (q per node) when present, point masses otherwise.
+    Each sibling's test is ``rejection_step``; its uniform is drawn from ``generator`` only
+    when q(x) > 0 (a draft q cannot give is rejected without a draw)."""
     probs = probs.float().cpu()
     q_all = tree.draft_probs.float().cpu() if tree.draft_probs is not None else None
     node, path = 0, []
@@ -46,13 +67,13 @@ def accept_rejection(
             q = q_all[child] if q_all is not None else torch.nn.functional.one_hot(
                 torch.tensor(x), p.shape[-1]
             ).float()
-            if q[x] > 0 and uniform(generator) * q[x] < p[x]:  # u < p(x)/q(x)
+            accepted, rest = rejection_step(p, q, x, uniform(generator) if q[x] > 0 else 1.0)
+            if accepted:
                 path.append(child)
                 node = child
                 break
-            p = residual(p, q)
-            if p is None:  # p <= q_k everywhere: rejection had probability 0
-                p = probs[node]
+            # rest is None when p <= q_k everywhere: the rejection had probability 0
+            p = rest if rest is not None else probs[node]
         else:
             kind = "bonus" if not tree.children[node] else "recovered"
             return Acceptance(path=path, next_token=sample(p, generator), kind=kind)
