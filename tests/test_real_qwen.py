@@ -114,8 +114,9 @@ def test_greedy_follows_llama_cpp(target, draft):
             assert gold[i] in top2 and gap < QUANT_TIE, f"{case['prompt']!r} token {i}: gap {gap:.3f}, top2 {top2}"
 
 
-@pytest.mark.parametrize("drafter,opts", [("prompt-lookup", {}), ("suffix", {}), ("draft", {"model": DRAFT})],
-                         ids=["pld", "suffix", "draft-0.5b"])
+@pytest.mark.parametrize("drafter,opts", [("prompt-lookup", {}), ("suffix", {}), ("draft", {"model": DRAFT}),
+                                          ("draft", {"model": DRAFT, "quant": "file", "vocab": "full"})],
+                         ids=["pld", "suffix", "draft-0.5b-q4_0", "draft-0.5b-file"])
 def test_speculative_greedy_equals_plain(target, drafter, opts):
     """Token equality with plain decoding (the runtime is bit-exact, so no near-tie rule)."""
     accepted = 0
@@ -155,6 +156,19 @@ def test_draft_options_are_checked(target):
         make_drafter("draft", target, {"vocab": "many"})
     with pytest.raises(ValueError, match="vocab must be >= 1"):
         make_drafter("draft", target, {"vocab": "0"})
+    with pytest.raises(ValueError, match="quant must be auto, file or q4_0"):
+        make_drafter("draft", target, {"quant": "q2_k"})
+
+
+def test_the_default_draft_streams_q4_0(target):
+    """A catalog draft is re-encoded to Q4_0 at load (its Q5_0/Q8_0/Q6_K matrices; Q4_K kept)
+    and reads fewer bytes per token than its file's blocks."""
+    from verispec.api import load_draft_model
+
+    small = load_draft_model(target, DRAFT, vocab=32768, requant="q4_0")
+    as_file = load_draft_model(target, DRAFT, vocab=32768)
+    assert small.info.name.endswith("q4_0]")
+    assert small.weight_bytes < 0.9 * as_file.weight_bytes
 
 
 def test_serve_context_defaults_to_what_fits(target, monkeypatch):

@@ -194,8 +194,9 @@ _DEQUANT_WARNED: set[Path] = set()
 
 def _gguf_backend(source: ModelSource, info, cfg: dict, name: str, dtype: torch.dtype, backend: str, device: str,
                   num_layers: int | None = None, quant: str = "auto",
-                  head_rows: torch.Tensor | None = None) -> CausalLM:
-    """A GGUF on the ``cpu`` or ``native`` runtime (``num_layers``: the first layers only)."""
+                  head_rows: torch.Tensor | None = None, requant: str | None = None) -> CausalLM:
+    """A GGUF on the ``cpu`` or ``native`` runtime (``num_layers``: the first layers only;
+    ``requant``: matrices re-encoded at load, ``models.cpu.requantize``)."""
     from .models.loading import gguf_state_dict
 
     if num_layers is not None:
@@ -210,8 +211,7 @@ def _gguf_backend(source: ModelSource, info, cfg: dict, name: str, dtype: torch.
         if dtype != torch.float32:
             raise ValueError("backend cpu computes in float32 (quantized weights, int8 activations); drop --dtype")
         if quant == "auto":  # the file's own blocks (head_rows: only those LM-head rows)
-            weights, fmt = gguf_weights(source.path, cfg) if head_rows is None else \
-                gguf_weights(source.path, cfg, head_rows=head_rows)
+            weights, fmt = gguf_weights(source.path, cfg, head_rows=head_rows, requant=requant)
             model = CpuLlama.from_weights(cfg, weights, None, name=name, quant=fmt, head_rows=head_rows)
             model.gguf_path = source.path
             return model
@@ -276,7 +276,8 @@ def distilled_draft_dir(target: LoadedModel, weights: str = "shipped") -> Path:
     return materialize(path, target.hf_dir, materialized_dir(path, target.hf_dir, default_cache_dir()))
 
 
-def load_draft_model(target: LoadedModel, spec: str, vocab: int | None = None) -> CausalLM:
+def load_draft_model(target: LoadedModel, spec: str, vocab: int | None = None,
+                     requant: str | None = None) -> CausalLM:
     """``shipped`` = the distilled draft shipped for the target (``verispec.weights``);
     ``truncated:N`` = the target's first N layers with its norm and head (an untrained
     layer-skip draft); a draft weights directory (``verispec train draft`` output); anything
@@ -284,7 +285,9 @@ def load_draft_model(target: LoadedModel, spec: str, vocab: int | None = None) -
     target's backend, dtype and weight format. ``vocab`` (a GGUF draft on the compiled
     runtime): an FR-Spec head of the draft's ``vocab`` most frequent tokens plus its control
     tokens (``weights.frequent_tokens``); the draft reads ~8x fewer head bytes per token and
-    the target still verifies every token, so output is unchanged."""
+    the target still verifies every token, so output is unchanged. ``requant`` (the same
+    drafts): its wider matrices re-encoded at load, e.g. ``q4_0`` (``models.cpu.requantize``),
+    for a cheaper draft step, again with output unchanged."""
     from .models.draft_checkpoint import draft_vocab, is_draft_weights
     from .weights import shipped_weights
 
@@ -312,8 +315,8 @@ def load_draft_model(target: LoadedModel, spec: str, vocab: int | None = None) -
         quant = "q8_0" if kind == "cpu" else target.quant
         return _load_backend(hf_dir, f"draft-{target.name}", info.dtype, kind, str(info.device),
                              quant=quant, head_rows=rows)[0]
-    if vocab is not None:
-        return _load_frequent_head_draft(target, spec, vocab)
+    if vocab is not None or requant is not None:
+        return _load_gguf_draft(target, spec, vocab, requant)
     draft = load_model(spec, dtype=str(info.dtype).removeprefix("torch."), backend=target.backend_kind,
                        device=str(info.device), quant="auto" if target.backend_kind == "cpu" else target.quant)
     if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
@@ -321,21 +324,23 @@ def load_draft_model(target: LoadedModel, spec: str, vocab: int | None = None) -
     return draft.backend
 
 
-def _load_frequent_head_draft(target: LoadedModel, spec: str, vocab: int) -> CausalLM:
-    """A GGUF draft on the compiled runtime with an FR-Spec head (load_draft_model)."""
+def _load_gguf_draft(target: LoadedModel, spec: str, vocab: int | None, requant: str | None) -> CausalLM:
+    """A GGUF draft on the compiled runtime with an FR-Spec head and/or requantized (load_draft_model)."""
     from .models.loading import load_gguf_tokenizer, open_gguf
     from .weights import frequent_tokens
 
     source = resolve_model(spec)
     if source.kind != "gguf" or target.backend_kind != "cpu":
-        raise ValueError("vocab=N needs a GGUF draft on the compiled runtime (backend cpu); use vocab=full")
+        raise ValueError("vocab=N and quant=q4_0 need a GGUF draft on the compiled runtime (backend cpu); "
+                         "use vocab=full quant=file")
     info, cfg = open_gguf(source)
     tokenizer = load_gguf_tokenizer(info)
     if tokenizer.get_vocab() != target.tokenizer.get_vocab():
         raise ValueError(f"draft model {spec} does not share the target's tokenizer")
-    rows = frequent_tokens(source.name, vocab, sorted(tokenizer.added_tokens_decoder))
-    return _gguf_backend(source, info, cfg, f"{source.name}[vocab {len(rows)}]", target.backend.info.dtype, "cpu",
-                         "cpu", head_rows=rows)
+    rows = None if vocab is None else frequent_tokens(source.name, vocab, sorted(tokenizer.added_tokens_decoder))
+    tags = ([] if rows is None else [f"vocab {len(rows)}"]) + ([] if requant is None else [requant])
+    return _gguf_backend(source, info, cfg, f"{source.name}[{', '.join(tags)}]", target.backend.info.dtype, "cpu",
+                         "cpu", head_rows=rows, requant=requant)
 
 
 def encode_prompt(model: LoadedModel, prompt: Prompt, chat: bool | None = None) -> list[int]:

@@ -30,10 +30,15 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         vocab = str(DEFAULT_DRAFT_VOCAB) if model in VOCAB_FREQ and target.backend_kind == "cpu" else "full"
     if vocab != "full" and not vocab.isdigit():
         raise ValueError(f"vocab must be auto, full or a token count, got {vocab!r}")
+    quant = str(opts.pop("quant", "auto"))
+    if quant == "auto":  # a catalog GGUF draft on the compiled runtime streams Q4_0 (the target checks every token)
+        quant = DEFAULT_DRAFT_QUANT if model in VOCAB_FREQ and target.backend_kind == "cpu" else "file"
+    if quant not in ("file", *REQUANTS):
+        raise ValueError(f"quant must be auto, file or {', '.join(REQUANTS)}, got {quant!r}")
     stop = str(opts.pop("stop", "auto"))
     if stop not in ("auto", "cost", "fixed"):
         raise ValueError(f"stop must be auto, cost or fixed, got {stop!r}")
-    draft = load_draft_model(target, model, None if vocab == "full" else int(vocab))
+    draft = load_draft_model(target, model, None if vocab == "full" else int(vocab), None if quant == "file" else quant)
     if stop == "auto":  # a separate draft model sizes its drafts by cost; layer-skip and distilled drafts keep k
         stop = "cost" if model not in ("shipped",) and not model.startswith("truncated:") else "fixed"
     cost = None
@@ -69,6 +74,8 @@ def _draft_step_cost(target, draft) -> dict[int, float]:
 
 
 DEFAULT_DRAFT_VOCAB = 32768  # FR-Spec head rows of a catalog draft (plus its control tokens)
+DEFAULT_DRAFT_QUANT = "q4_0"  # a catalog draft's wider matrices, re-encoded at load (models.cpu.requantize)
+REQUANTS = ("q4_0",)  # models.cpu.REQUANTS, without importing the compiled runtime here
 
 
 def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> Drafter:
@@ -225,7 +232,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
     "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, budget=measured|fixed, learned_<option> passed to the learned drafter)"),
-    "draft": (_draft_model, "a small LM with the target's tokenizer: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence)"),
+    "draft": (_draft_model, "a small LM with the target's tokenizer: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence)"),
 }
 
 

@@ -758,6 +758,35 @@ int vs_test_dequant(int ggml_type, const void* data, int rows, int cols, float* 
   return 0;
 }
 
+// Rows of a source matrix re-encoded as Q4_0 blocks (dst: rows x cols / 32 x 18 bytes): a
+// draft model streams fewer bytes per token; the target checks every drafted token, so
+// output is unchanged (models/cpu.py requantize). Rows are split over `threads` threads.
+int vs_requantize_q4_0(int src_type, const void* data, int rows, int cols, void* dst, int threads, char* err, int n) {
+  const vs::Format* f = vs::format_by_type(src_type);
+  if (!f || rows < 1 || cols % vs::QK || cols % f->block_cols || threads < 1) {
+    set_err(err, n, "unsupported format or shape");
+    return -1;
+  }
+  try {
+    auto pool = vs::ThreadPool::shared(threads);
+    vs::Matrix m;
+    vs::repack(m, f, (const uint8_t*)data, rows, cols, pool.get());
+    const size_t rb = (size_t)(cols / vs::QK) * 18;
+    pool->parallel_for(m.panels, [&](int p0, int p1) {
+      std::vector<float> row(cols);
+      for (int r = p0 * vs::PANEL; r < std::min(rows, p1 * vs::PANEL); r++) {
+        f->dequant_row(m.data + (size_t)(r / vs::PANEL) * m.panel_bytes, cols, r % vs::PANEL, row.data());
+        vs::quantize_row_q4_0(row.data(), cols, (uint8_t*)dst + (size_t)r * rb);
+      }
+    }, 4);
+    std::free(m.data);
+  } catch (const std::exception& ex) {
+    set_err(err, n, ex.what());
+    return -1;
+  }
+  return 0;
+}
+
 // ---- the ABI, checked by models/cpu.py at load: a stale or mismatched build fails loudly
 
 int vs_abi_version() { return vs::ABI_VERSION; }

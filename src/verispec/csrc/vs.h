@@ -74,6 +74,7 @@ struct Format {
 };
 
 const Format* format_by_type(int ggml_type);  // null if unsupported
+void quantize_row_q4_0(const float* x, int cols, uint8_t* out);  // fp32 -> source Q4_0 blocks (formats/q4.cpp)
 extern const Format* const FORMATS[];
 extern const int N_FORMATS;
 

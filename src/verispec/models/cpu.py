@@ -111,6 +111,8 @@ def _load_library() -> ctypes.CDLL:
     lib.vs_forward.argtypes = (ctypes.c_void_p, _P(_Batch), *c_err)
     lib.vs_cache_move.argtypes = (_P(_Config), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                   ctypes.c_int, _P(ctypes.c_int32), ctypes.c_int, ctypes.c_int)
+    lib.vs_requantize_q4_0.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                       ctypes.c_int, *c_err)
     _check_abi(lib, spec.origin)
     return lib
 
@@ -243,6 +245,30 @@ def quantize_matrix(w: torch.Tensor, fmt: str) -> RawMatrix:
     if fmt not in QUANTS:
         raise ValueError(f"unknown quant {fmt!r}; use {', '.join(QUANTS)}")
     return RawMatrix(fmt, quantize(w.float().numpy(), fmt), w.shape[0], w.shape[1])
+
+
+REQUANTS = ("q4_0",)  # formats requantize writes
+
+
+def requantize(m: RawMatrix, fmt: str = "q4_0") -> RawMatrix:
+    """``m`` re-encoded as ``fmt`` (Q4_0, ggml's rule) where that streams fewer bytes: a draft
+    model chosen for speed, not fidelity; the target checks every drafted token, so output
+    is unchanged. Matrices already at most as wide (Q4_0, Q4_K) come back as they are; the
+    source pages are released once read."""
+    if fmt not in REQUANTS:
+        raise ValueError(f"unknown requantization {fmt!r}; use {', '.join(REQUANTS)}")
+    lib, want = library(), FORMATS[fmt]
+    if m.cols % want.block or FORMATS[m.fmt].row_bytes(m.cols) <= want.row_bytes(m.cols):
+        return m
+    out = np.empty((m.rows, want.row_bytes(m.cols)), dtype=np.uint8)
+    src = np.ascontiguousarray(m.data)
+    err = ctypes.create_string_buffer(_ERR)
+    if lib.vs_requantize_q4_0(FORMATS[m.fmt].ggml_type, src.ctypes.data, m.rows, m.cols, out.ctypes.data,
+                              max(1, torch.get_num_threads()), err, _ERR):
+        raise ModelError(f"requantizing a {m.fmt} matrix to {fmt}: {err.value.decode()}")
+    if m.release is not None:
+        m.release()
+    return RawMatrix(fmt, out, m.rows, m.cols)
 
 
 # ----------------------------------------------------------------------------- cache
@@ -649,7 +675,8 @@ def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: str,
 _CHUNK_BYTES = 32 << 20  # large tensors are set in row blocks of at most this many source bytes
 
 
-def gguf_weights(path: Path, cfg: dict, head_rows: torch.Tensor | None = None) -> tuple[dict, str]:
+def gguf_weights(path: Path, cfg: dict, head_rows: torch.Tensor | None = None,
+                 requant: str | None = None) -> tuple[dict, str]:
     """The weights of a ``llama`` or ``qwen2`` GGUF file as its own blocks (no dequantization,
     no fp32 copy): every format of ``FORMATS`` (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, F32).
     Data are views of one read-only memory map; each row block's pages are released once the
@@ -657,7 +684,8 @@ def gguf_weights(path: Path, cfg: dict, head_rows: torch.Tensor | None = None) -
     Llama Q/K rows go from GGUF's interleaved RoPE pairs to HF's rotate_half order (a row
     permutation); qwen2 files keep rotate_half order (llama.cpp's NEOX RoPE) and carry Q/K/V biases.
     ``head_rows``: the LM head keeps only those token ids' rows, in that order (a draft's
-    reduced head, FR-Spec); the input embedding keeps every row."""
+    reduced head, FR-Spec); the input embedding keeps every row. ``requant``: matrices wider
+    than that format are re-encoded to it as they are read (``requantize``: a draft model)."""
     import mmap
 
     from verispec.models.gguf_file import read_gguf
@@ -694,6 +722,12 @@ def gguf_weights(path: Path, cfg: dict, head_rows: torch.Tensor | None = None) -
         return RawMatrix(fmt.name, data.view(np.float32) if fmt.name == "f32" else data, rows, cols)
 
     def raw(name: str, heads: int | None = None, rows_wanted: torch.Tensor | None = None) -> Linear:
+        out = raw_source(name, heads, rows_wanted)
+        if requant is None:
+            return out
+        return [requantize(p, requant) for p in out] if isinstance(out, list) else requantize(out, requant)
+
+    def raw_source(name: str, heads: int | None, rows_wanted: torch.Tensor | None) -> Linear:
         m = matrix(name)
         if rows_wanted is not None:  # a copy of the chosen rows only
             return RawMatrix(m.fmt, m.data[rows_wanted.numpy()], len(rows_wanted), m.cols)

@@ -3,11 +3,14 @@
 //   source Q4_1, 20 B: fp16 d, fp16 m, qs[16]; w = d * q + m
 //   qs[j] holds q[j] in its low nibble and q[j + 16] in its high nibble.
 // Panel block (16 rows x 32 columns, 320 B): HALF16 d | HALF16 m | N4 (layout.h).
+// quantize_row_q4_0 writes source Q4_0 blocks from fp32 (ggml's quantize_row_q4_0_ref rule):
+// a draft model requantized at load to stream fewer bytes (models/cpu.py requantize).
 // Dot with int8 activations (dx, s = dx * sum(x)):  acc = fmaf(d * dx, sum(q * x), acc);
 //                                                   acc = fmaf(m, s, acc)
 #include <immintrin.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -50,6 +53,33 @@ static void repack_q4_1(const uint8_t* src, int cols, uint8_t* panel, int r) {
     put_nibbles(blk, r, s + 4);
   }
 }
+
+}  // namespace q4
+
+// fp32 [cols] -> Q4_0 blocks: d = max / -8 with max the value of largest magnitude,
+// q = min(15, (int)(x / d + 8.5)). A scale below fp16's normal range (a block of weights all
+// under ~5e-4) is written as +0, so the repack's range check holds; no scale can exceed it.
+void quantize_row_q4_0(const float* x, int cols, uint8_t* out) {
+  for (int b = 0; b < cols / QK; b++) {
+    const float* xb = x + (size_t)b * QK;
+    uint8_t* o = out + (size_t)b * 18;
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < QK; j++)
+      if (amax < std::fabs(xb[j])) amax = std::fabs(xb[j]), max = xb[j];
+    float d = max / -8.0f;
+    uint16_t dh = float_to_half(d);
+    if (((dh >> 10) & 0x1F) == 0 && (dh & 0x3FF)) d = 0.0f, dh = 0;  // subnormal in fp16 (a zero keeps its sign)
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    std::memcpy(o, &dh, 2);
+    for (int j = 0; j < QK / 2; j++) {
+      const int q0 = std::min(15, (int)(int8_t)(xb[j] * id + 8.5f));
+      const int q1 = std::min(15, (int)(int8_t)(xb[j + QK / 2] * id + 8.5f));
+      o[2 + j] = (uint8_t)(q0 | (q1 << 4));
+    }
+  }
+}
+
+namespace q4 {
 
 static void dequant_row(const uint8_t* panel, int cols, int r, float* out) {
   for (int b = 0; b < cols / QK; b++) {
