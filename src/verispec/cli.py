@@ -492,10 +492,18 @@ def _serve_ray(config, replicas: int, cpus: int, host: str, port: int) -> None:
     serve_ray(RayConfig(config, replicas=replicas, num_cpus=cpus), host=host, port=port)
 
 
+def one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """Warnings on the command line are for users: the message, not our source file and line."""
+    return f"warning: {message}\n"
+
+
 def main() -> None:
+    import warnings
+
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # weight-loading bars of tiny cached models are noise here
+    warnings.formatwarning = one_line_warning
     app()
 
 
