@@ -67,3 +67,60 @@ def test_generated_training_data_needs_gsm8k_named(tmp_path):
     assert r.exit_code == 2 and "--gsm8k" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(app, ["train", "draft", "--out", str(tmp_path / "run"), "--gsm8k", str(tmp_path / "no")])
     assert r.exit_code == 2 and "is not a file" in r.output
+
+
+def test_info_reports_the_build():
+    import json
+
+    from typer.testing import CliRunner
+
+    from verispec.cli import app
+    from verispec.models import cpu
+
+    r = CliRunner().invoke(app, ["info", "--json"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    rt = report["compiled_runtime"]
+    assert report["version"] == metadata.version("verispec") and report["threads"] >= 1
+    assert rt["built"] == cpu.available() and report["model_cache"]["path"]
+    if rt["built"]:
+        assert rt["isa"] in rt["isas_available"] and "scalar" in rt["isas_available"]
+    r = CliRunner().invoke(app, ["info"])
+    assert r.exit_code == 0 and "compiled runtime" in r.output and "model cache" in r.output
+
+
+def test_threads_sets_the_runtime_pool_and_is_reported():
+    from typer.testing import CliRunner
+
+    from verispec.cli import app
+
+    out = run_python(
+        "import json, torch\n"
+        "from typer.testing import CliRunner\n"
+        "from verispec.cli import app\n"
+        "r = CliRunner().invoke(app, ['generate', '--model', 'stories260k', '-n', '4', '--threads', '1', '--json', ''])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "print(json.loads(r.stdout)['stats']['threads'], torch.get_num_threads())")
+    assert out == "1 1"
+    r = CliRunner().invoke(app, ["generate", "--model", "stories260k", "--threads", "0", ""])
+    assert r.exit_code == 2 and "--threads must be >= 1" in r.output
+
+
+def test_missing_compiled_runtime_is_one_line_with_slowdown_and_fix():
+    """Said once, on one stderr line naming the cost and the fix; the command line's
+    warnings show no source line either."""
+    code = ("import sys, warnings\n"
+            "from verispec.models import cpu\n"
+            "def missing():\n"
+            "    raise OSError('the compiled runtime verispec._vscpu was not built')\n"
+            "cpu._load_library = missing\n"
+            "assert not cpu.available() and not cpu.available()\n"
+            "from verispec.cli import one_line_warning\n"
+            "warnings.formatwarning = one_line_warning\n"
+            "warnings.warn('dequantizing', RuntimeWarning)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2 and lines[1] == "warning: dequantizing", done.stderr
+    assert "was not built" in lines[0] and "30-100x" in lines[0]
+    assert "pip install --force-reinstall --no-deps verispec" in lines[0]
