@@ -297,17 +297,16 @@ def info(as_json: bool = typer.Option(False, "--json", help="print one JSON obje
         emit(json.dumps(report))
         return
     rt, cache = report["compiled_runtime"], report["model_cache"]
-    table = Table(title="verispec", show_header=False)
-    table.add_row("version", f"{report['version']} (python {report['python']}, torch {report['torch']})")
-    table.add_row("compiled runtime", f"built: {rt['path']}" if rt["built"] else "[red]not built[/red]")
+    lines = [f"verispec {report['version']} (python {report['python']}, torch {report['torch']})",
+             f"compiled runtime: {'built, ' + rt['path'] if rt['built'] else 'NOT BUILT'}"]
     if rt["built"]:
         forced = f", forced by VERISPEC_ISA={rt['isa_forced']}" if rt["isa_forced"] else ""
-        table.add_row("ISA", f"{rt['isa'] or 'none'}{forced} (available: {', '.join(rt['isas_available'])})")
+        lines.append(f"ISA: {rt['isa'] or 'none'}{forced} (available here: {', '.join(rt['isas_available'])})")
     if rt["error"]:
-        table.add_row("", rt["error"])
-    table.add_row("threads", f"{report['threads']} (of {report['cpus']} CPUs; --threads sets it)")
-    table.add_row("model cache", f"{cache['path']} ({cache['bytes'] / 2**20:.1f} MiB; VERISPEC_CACHE moves it)")
-    Console(soft_wrap=True).print(table)
+        lines.append(f"  {rt['error']}")
+    lines += [f"threads: {report['threads']} (of {report['cpus']} CPUs; --threads sets it)",
+              f"model cache: {cache['path']} ({cache['bytes'] / 2**20:.1f} MiB; VERISPEC_CACHE moves it)"]
+    emit("\n".join(lines))
 
 
 @app.command()
