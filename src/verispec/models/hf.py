@@ -14,6 +14,20 @@ from transformers import AutoModelForCausalLM, DynamicCache
 from .base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
 
 
+def load_pretrained(path: str | Path, **kwargs) -> AutoModelForCausalLM:
+    """``AutoModelForCausalLM.from_pretrained`` without transformers' "Loading weights" bar: a
+    library call should not draw on its caller's terminal (the setting is restored after)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 class HFCache:
     """A ``DynamicCache`` seen through the verispec ``KVCache`` contract."""
 
@@ -79,9 +93,7 @@ class HFCausalLM:
     def from_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32,
                  device: str = "cpu", name: str | None = None) -> "HFCausalLM":
         try:
-            model = AutoModelForCausalLM.from_pretrained(
-                str(path), dtype=dtype, attn_implementation="sdpa"
-            ).to(device)
+            model = load_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
         except (OSError, ValueError) as e:
             raise ModelError(f"could not load a transformers model from {path}: {e}") from None
         return cls(model, name or str(path))
