@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import threading
@@ -46,6 +47,7 @@ APP_NAME = "verispec"
 ROUTER = "verispec.server.ray_serve:PrefixAwareRouter"
 DEFAULT_ROUTER = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
 REPLICA_HEADER = "x-verispec-replica"
+logger = logging.getLogger("ray.serve")
 QUIET = {"log_level": "WARNING", "enable_access_log": False}  # `verispec serve --ray`: warnings and errors only
 
 
@@ -207,12 +209,15 @@ class PrefixAwareRouter(RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
-        keys = _prefix_of(pending_request)
-        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        owner, _ = self._table.match(keys, by_id.keys()) if keys else (None, 0)
-        if owner is not None and not self._overloaded(by_id[owner], candidate_replicas):
-            rest = [r for r in candidate_replicas if r is not by_id[owner]]
-            return [[by_id[owner]], rest] if rest else [[by_id[owner]]]
+        try:  # an exception here would leave the request unrouted for ever: never raise
+            keys = _prefix_of(pending_request)
+            by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+            owner, _ = self._table.match(keys, by_id.keys()) if keys else (None, 0)
+            if owner is not None and not self._overloaded(by_id[owner], candidate_replicas):
+                rest = [r for r in candidate_replicas if r is not by_id[owner]]
+                return [[by_id[owner]], rest] if rest else [[by_id[owner]]]
+        except Exception:  # noqa: BLE001
+            logger.exception("prefix-aware routing failed; routing by queue length")
         return [candidate_replicas]  # one rank: the base class takes the shortest queue
 
     def _overloaded(self, replica: RunningReplica, candidates: list[RunningReplica]) -> bool:
@@ -233,8 +238,8 @@ class PrefixAwareRouter(RequestRouter):
 def _prefix_of(pending_request: PendingRequest | None) -> tuple[int, ...]:
     if pending_request is None or not pending_request.args:
         return ()
-    call = pending_request.args[0]
-    return call.prefix if isinstance(call, HttpCall) else ()
+    prefix = getattr(pending_request.args[0], "prefix", ())  # an HttpCall (duck-typed: Ray may ship a copy of the class)
+    return prefix if isinstance(prefix, tuple) else ()
 
 
 # ----------------------------------------------------------------------------- the frontend
