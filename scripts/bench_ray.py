@@ -39,13 +39,15 @@ sys.path.insert(0, str(HERE))  # loadtest.py: its server start/stop and its load
 USER_TURNS = ["Tell me about {topic}.", "Why does that matter?", "Give an example.", "Summarize it in one line.",
               "What is a common mistake?", "And how do I avoid it?"]
 TOPICS = ["rivers", "volcanoes", "bread", "bees", "clocks", "bridges", "tides", "maps", "glass", "kites",
-          "salt", "comets"]
+          "salt", "comets", "owls", "deserts", "paper", "wind", "coral", "trains", "ink", "moss", "lighthouses",
+          "caves", "copper", "fog"]
 
 
 # ----------------------------------------------------------------------------- routing
 
 
 def conversation(url: str, model: str, topic: str, turns: int, max_tokens: int, out: list[dict]) -> None:
+    """One chat of ``turns`` turns (each sends the whole history); a record per turn."""
     messages = [{"role": "system", "content": "You are a concise, friendly assistant who answers in two sentences."}]
     for t in range(turns):
         messages.append({"role": "user", "content": USER_TURNS[t % len(USER_TURNS)].format(topic=topic)})
@@ -61,7 +63,9 @@ def conversation(url: str, model: str, topic: str, turns: int, max_tokens: int, 
 
 def run_workload(url: str, args: argparse.Namespace) -> list[dict]:
     out: list[dict] = []
-    threads = [threading.Thread(target=conversation, args=(url, args.model, TOPICS[i % len(TOPICS)], args.turns,
+    if args.conversations > len(TOPICS):
+        raise SystemExit(f"at most {len(TOPICS)} conversations (one topic each)")
+    threads = [threading.Thread(target=conversation, args=(url, args.model, TOPICS[i], args.turns,
                                                            args.max_tokens, out))
                for i in range(args.conversations)]
     for t in threads:

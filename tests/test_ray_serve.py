@@ -57,16 +57,18 @@ def test_prefix_keys_name_whole_prefixes() -> None:
 
 def test_prefix_table_longest_live_owner_and_eviction() -> None:
     t = PrefixTable(capacity=4)
-    t.insert(prefix_keys("s" * 64), "r1")  # a shared system prompt, seen on r1
+    t.insert(prefix_keys("s" * 64), "r1")  # a system prompt alone, served by r1
     t.insert(prefix_keys("s" * 64 + "u" * 32), "r2")  # one conversation on r2
-    assert t.match(prefix_keys("s" * 64 + "u" * 32 + "v" * 32), {"r1", "r2"}) == ("r2", 3)
-    assert t.match(prefix_keys("s" * 64 + "w" * 32), {"r1", "r2"}) == ("r2", 2)  # r2 now owns the shared part
-    assert t.match(prefix_keys("s" * 64 + "u" * 32), {"r1"}) == (None, 0)  # r2 is not a candidate
+    assert t.match(prefix_keys("s" * 64 + "u" * 32 + "v" * 32), {"r1", "r2"}) == ("r2", 3, True)  # its next turn
+    assert t.match(prefix_keys("s" * 64 + "w" * 32), {"r1", "r2"}) == ("r2", 2, False)  # r2 now owns the shared part
+    assert t.match(prefix_keys("s" * 64 + "u" * 32), {"r1"}) == (None, 0, False)  # r2 is not a candidate
+    t.insert(prefix_keys("s" * 64 + "x" * 32), "r2")
+    assert t.match(prefix_keys("s" * 64 + "u" * 32 + "v" * 32), {"r2"}) == ("r2", 3, True)  # still an end
     t.drop("r2")
-    assert len(t) == 0 and t.match(prefix_keys("s" * 64), {"r1", "r2"}) == (None, 0)
+    assert len(t) == 0 and t.match(prefix_keys("s" * 64), {"r1", "r2"}) == (None, 0, False)
     t.insert(prefix_keys("q" * 32 * 6), "r1")  # 6 keys into a table of 4: the oldest two go
-    assert len(t) == 4 and t.match(prefix_keys("q" * 32 * 6), {"r1"}) == ("r1", 6)
-    assert t.match(prefix_keys("q" * 64), {"r1"}) == (None, 0)
+    assert len(t) == 4 and t.match(prefix_keys("q" * 32 * 6), {"r1"}) == ("r1", 6, True)
+    assert t.match(prefix_keys("q" * 64), {"r1"}) == (None, 0, False)
     with pytest.raises(ValueError):
         PrefixTable(0)
 

@@ -14,10 +14,12 @@ Two deployments:
   that the client gets an OpenAI-shaped 503, or, mid-stream, a final ``{"error": ...}``
   event and ``data: [DONE]``.
 
-``PrefixAwareRouter`` is the engine deployment's Ray Serve ``RequestRouter``: a request
-goes to the replica that last served its longest known prefix (so a conversation's turns
-find their K/V in that replica's prefix cache) unless that replica's queue is longer than
-the shortest by more than ``imbalanced_threshold``; otherwise, the least-loaded replica.
+``PrefixAwareRouter`` is the engine deployment's Ray Serve ``RequestRouter``. A request that
+continues an earlier prompt (a conversation's next turn, the same prompt again) goes to the
+replica that served it, whose prefix cache holds that prompt and its answer, unless that
+replica's queue is longer than the shortest by more than ``imbalanced_threshold``. A request
+that only shares a prefix with earlier ones (a common system prompt) goes to that prefix's
+replica when its queue is among the shortest. Everything else goes to the least-loaded replica.
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ class RayConfig:
     (Ray Serve's ``min_replicas`` / ``max_replicas`` / ``target_ongoing_requests`` ...) is set;
     ``num_cpus``: Ray CPUs per replica, which is also its thread count; ``prefix_routing``:
     the prefix-aware router, else Ray's default (power of two choices by queue length);
+    ``imbalanced_threshold``: how many more queued requests than the least-loaded replica a
+    conversation's replica may have and still get its next turn (default ``max_batch``: a
+    batch absorbs a few more requests cheaply, a lost cache costs the whole history's prefill);
     ``retries``: times a request is sent again when its replica died before answering."""
 
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -76,7 +81,7 @@ class RayConfig:
     num_cpus: float = 1.0
     autoscaling: dict[str, Any] | None = None
     prefix_routing: bool = True
-    imbalanced_threshold: int = 4
+    imbalanced_threshold: int | None = None  # None: the server's max_batch
     retries: int = 1
 
     def __post_init__(self) -> None:
@@ -84,7 +89,7 @@ class RayConfig:
             raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
         if not self.num_cpus > 0:
             raise ValueError(f"CPUs per replica must be > 0, got {self.num_cpus}")
-        if self.retries < 0 or self.imbalanced_threshold < 0:
+        if self.retries < 0 or (self.imbalanced_threshold or 0) < 0:
             raise ValueError("retries and imbalanced_threshold must be >= 0")
         if self.autoscaling is not None:
             lo, hi = self.autoscaling.get("min_replicas", 1), self.autoscaling.get("max_replicas", 1)
@@ -203,7 +208,7 @@ class PrefixAwareRouter(RequestRouter):
     Runs where the deployment handle is (the frontend replica): its table is that
     frontend's view of which replica holds which prefix."""
 
-    def initialize_state(self, imbalanced_threshold: int = 4, capacity: int = 200_000, **_: Any) -> None:
+    def initialize_state(self, imbalanced_threshold: int = 16, capacity: int = 200_000, **_: Any) -> None:
         self._table = PrefixTable(capacity)
         self._imbalanced_threshold = imbalanced_threshold
 
@@ -212,18 +217,21 @@ class PrefixAwareRouter(RequestRouter):
         try:  # an exception here would leave the request unrouted for ever: never raise
             keys = _prefix_of(pending_request)
             by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-            owner, _ = self._table.match(keys, by_id.keys()) if keys else (None, 0)
-            if owner is not None and not self._overloaded(by_id[owner], candidate_replicas):
+            owner, _, continues = self._table.match(keys, by_id.keys()) if keys else (None, 0, False)
+            # a continuation stays unless its replica is overloaded; a shared prefix only breaks ties
+            slack = self._imbalanced_threshold if continues else 0
+            if owner is not None and self._excess(by_id[owner], candidate_replicas) <= slack:
                 rest = [r for r in candidate_replicas if r is not by_id[owner]]
                 return [[by_id[owner]], rest] if rest else [[by_id[owner]]]
         except Exception:  # noqa: BLE001
             logger.exception("prefix-aware routing failed; routing by queue length")
         return [candidate_replicas]  # one rank: the base class takes the shortest queue
 
-    def _overloaded(self, replica: RunningReplica, candidates: list[RunningReplica]) -> bool:
-        known = [q for r in candidates if (q := self.replica_queue_len_cache.get(r.replica_id)) is not None]
-        mine = self.replica_queue_len_cache.get(replica.replica_id)
-        return mine is not None and bool(known) and mine - min(known) > self._imbalanced_threshold
+    def _excess(self, replica: RunningReplica, candidates: list[RunningReplica]) -> int:
+        """How many more requests ``replica`` has queued than the least-loaded candidate
+        (unknown queue lengths count as 0)."""
+        cache = self.replica_queue_len_cache
+        return (cache.get(replica.replica_id) or 0) - min(cache.get(r.replica_id) or 0 for r in candidates)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         keys = _prefix_of(pending_request)
@@ -317,7 +325,8 @@ async def _send_json(send: Any, status: int, payload: dict, headers: list | None
 def build_app(config: RayConfig) -> Any:
     """The Ray Serve application (frontend -> engine replicas) for ``serve.run``."""
     router = {"request_router_class": ROUTER if config.prefix_routing else DEFAULT_ROUTER,
-              "request_router_kwargs": ({"imbalanced_threshold": config.imbalanced_threshold}
+              "request_router_kwargs": ({"imbalanced_threshold": config.imbalanced_threshold
+                                         if config.imbalanced_threshold is not None else config.server.max_batch}
                                         if config.prefix_routing else {})}
     scale = ({"autoscaling_config": config.autoscaling} if config.autoscaling
              else {"num_replicas": config.replicas})

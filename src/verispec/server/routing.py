@@ -9,12 +9,13 @@ replica that last served a request with that prefix (LRU, bounded); the deepest 
 request found in the table names the replica whose cache holds the longest shared prefix.
 
     >>> t = PrefixTable(capacity=100)
-    >>> a = prefix_keys("x" * 64)            # two blocks
-    >>> t.insert(a, "r1")
-    >>> t.match(prefix_keys("x" * 64 + "y" * 40), {"r1", "r2"})   # shares both blocks with r1
-    ('r1', 2)
+    >>> t.insert(prefix_keys("x" * 64), "r1")      # a prompt of two blocks, served by r1
+    >>> t.match(prefix_keys("x" * 64 + "y" * 40), {"r1", "r2"})   # extends it: a continuation
+    ('r1', 2, True)
+    >>> t.match(prefix_keys("x" * 32 + "z" * 32), {"r1", "r2"})   # shares its first block only
+    ('r1', 1, False)
     >>> t.match(prefix_keys("z" * 64), {"r1", "r2"})
-    (None, 0)
+    (None, 0, False)
 
 The Ray Serve request router (``ray_serve.PrefixAwareRouter``) is a thin wrapper over this.
 """
@@ -81,7 +82,13 @@ def prefix_keys(text: str, block: int = BLOCK_CHARS, max_blocks: int = MAX_BLOCK
 
 
 class PrefixTable:
-    """key -> the replica that last served that prefix, least recently used first.
+    """key -> (the replica that last served that prefix, whether a prompt ended there), least
+    recently used first.
+
+    A match that ends where an earlier prompt ended is a *continuation* (the next turn of a
+    conversation, or the same prompt again: the owner's cache holds that whole prompt and its
+    answer); one that ends inside earlier prompts is a *shared* prefix (a common system
+    prompt): worth less, and known to other replicas soon.
 
     Invariant: ``len(self) <= capacity``; a replica dropped with ``drop`` owns no key."""
 
@@ -89,29 +96,30 @@ class PrefixTable:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self._owner: OrderedDict[int, str] = OrderedDict()
+        self._owner: OrderedDict[int, tuple[str, bool]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._owner)
 
-    def match(self, keys: Sequence[int], alive: Collection[str]) -> tuple[str | None, int]:
-        """(replica, blocks) of the longest prefix of ``keys`` owned by a replica in ``alive``;
-        (None, 0) when none is."""
+    def match(self, keys: Sequence[int], alive: Collection[str]) -> tuple[str | None, int, bool]:
+        """(replica, blocks, continuation) of the longest prefix of ``keys`` owned by a replica in
+        ``alive``; (None, 0, False) when none is."""
         for depth in range(len(keys), 0, -1):
-            owner = self._owner.get(keys[depth - 1])
+            owner, end = self._owner.get(keys[depth - 1], (None, False))
             if owner is not None and owner in alive:
-                return owner, depth
-        return None, 0
+                return owner, depth, end
+        return None, 0, False
 
     def insert(self, keys: Sequence[int], replica: str) -> None:
         """``replica`` now holds every prefix in ``keys`` (its cache saw the whole prompt)."""
-        for k in keys:
-            self._owner[k] = replica
+        for i, k in enumerate(keys):
+            old = self._owner.get(k)
+            self._owner[k] = (replica, i == len(keys) - 1 or (old is not None and old == (replica, True)))
             self._owner.move_to_end(k)
         while len(self._owner) > self.capacity:
             self._owner.popitem(last=False)
 
     def drop(self, replica: str) -> None:
         """Forget a replica (it died: its cache is gone)."""
-        for k in [k for k, r in self._owner.items() if r == replica]:
+        for k in [k for k, (r, _) in self._owner.items() if r == replica]:
             del self._owner[k]
