@@ -80,8 +80,9 @@ def routing(args: argparse.Namespace) -> None:
     from ray import serve
 
     from verispec.server.app import ServerConfig
-    from verispec.server.ray_serve import APP_NAME, QUIET, RayConfig, build_app
+    from verispec.server.ray_serve import APP_NAME, QUIET, RayConfig, build_app, no_usage_stats
 
+    no_usage_stats()
     ray.init(num_cpus=2, logging_level="ERROR", log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port}, logging_config=QUIET)
     url = f"http://127.0.0.1:{args.port}"

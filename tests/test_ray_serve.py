@@ -95,6 +95,19 @@ def test_config_file_is_a_valid_serve_config() -> None:
         config_from_args({"colour": "red"})
 
 
+def test_ray_config_refuses_what_cannot_deploy() -> None:
+    from verispec.server.ray_serve import RayConfig
+
+    for bad, message in [({"replicas": 0}, "--replicas must be >= 1"), ({"num_cpus": 0}, "CPUs per replica"),
+                         ({"retries": -1}, "retries"),
+                         ({"autoscaling": {"min_replicas": 3, "max_replicas": 2}}, "min_replicas <= max_replicas"),
+                         ({"autoscaling": {"min_replicas": 0, "max_replicas": 2}}, "min_replicas <= max_replicas")]:
+        with pytest.raises(ValueError, match=message):
+            RayConfig(**bad)
+    scaled = RayConfig(autoscaling={"min_replicas": 2, "max_replicas": 5, "target_ongoing_requests": 8})
+    assert (scaled.min_replicas, scaled.max_replicas) == (2, 5)
+
+
 # ----------------------------------------------------------------------------- Ray
 
 
@@ -113,6 +126,9 @@ def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
 def ray_cluster():
     import ray
 
+    from verispec.server.ray_serve import no_usage_stats
+
+    no_usage_stats()
     ray.init(num_cpus=2, logging_level="ERROR", log_to_driver=False)
     try:
         yield ray.get_runtime_context().gcs_address

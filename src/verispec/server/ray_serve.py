@@ -383,8 +383,15 @@ def local_cpus() -> int:
 def check_cpus(config: RayConfig, available: float, where: str) -> None:
     need = config.min_replicas * config.num_cpus
     if need > available:
-        raise ValueError(f"{config.min_replicas} replicas x {config.num_cpus:g} CPUs need {need:g} CPUs; "
+        n = config.min_replicas
+        raise ValueError(f"{n} replica{'s' if n != 1 else ''} x {config.num_cpus:g} CPUs need {need:g} CPUs; "
                          f"{where} has {available:g}")
+
+
+def no_usage_stats() -> None:
+    """Ray reports usage statistics to its authors unless told not to: verispec does not
+    phone home (a user who wants it sets RAY_USAGE_STATS_ENABLED=1)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 def serve_ray(config: RayConfig, host: str = "127.0.0.1", port: int = 8000,
@@ -401,6 +408,7 @@ def serve_ray(config: RayConfig, host: str = "127.0.0.1", port: int = 8000,
     if address is None:
         check_cpus(config, local_cpus(), "this machine")
     bind_socket(host, port).close()  # a busy port fails now, not inside Ray's proxy
+    no_usage_stats()
     ray.init(address=address, logging_level="ERROR", log_to_driver=False,
              **({} if address else {"num_cpus": local_cpus()}))
     try:
