@@ -382,7 +382,7 @@ class SpecDecoder:
     K/V kept across calls, so a prompt that extends an earlier one (a chat's next turn)
     prefills only what is new (0 = off; the cpu backend, where it is exact)."""
 
-    def __init__(self, model: LoadedModel, drafter: str | Drafter = "suffix",
+    def __init__(self, model: LoadedModel, drafter: str | Drafter = "auto",
                  drafter_options: dict[str, Any] | None = None, num_draft_tokens: int = 16,
                  policy: Literal["fixed", "heuristic"] = "fixed", prefix_cache_mb: float = DEFAULT_MAX_MB):
         self.model = model

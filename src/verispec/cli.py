@@ -128,8 +128,9 @@ def generate(
     prompt: Optional[str] = typer.Argument(None, help="prompt text; '-' or omitted reads stdin"),
     file: Optional[Path] = typer.Option(None, "--file", "-f", help="read the prompt from a file"),
     model: str = typer.Option("smollm2-135m-instruct", help="catalog name or path (see `verispec models`)"),
-    drafter: str = typer.Option("suffix", help="suffix (default: the fastest lossless method measured, "
-                                "docs/cpu.md), prompt-lookup, none, draft, ..."),
+    drafter: str = typer.Option("auto", help="auto (default: the best lossless method measured for the model: "
+                                "Qwen2.5-Coder 1.5B: hybrid of suffix and the 0.5B draft; others: suffix), "
+                                "suffix, prompt-lookup, draft, hybrid, none, ... (`verispec drafters`)"),
     drafter_option: list[str] = typer.Option([], "--drafter-option", "-o", help="key=value, repeatable"),
     num_draft_tokens: int = typer.Option(16, "-k", "--num-draft-tokens", help="draft budget per step (16: the "
                                          "compiled runtime verifies 16 tokens for ~3x one step, docs/cpu.md)"),
@@ -157,7 +158,7 @@ def generate(
     from .system import set_threads
     from .types import SamplingParams
 
-    from .registry import ALIASES, DRAFTERS
+    from .registry import ALIASES, DRAFTERS, describe_method
 
     from .chat import max_text_chars
 
@@ -186,6 +187,7 @@ def generate(
     out_text = "".join(c.delta for c in chunks)
     ids = [t for c in chunks for t in c.token_ids]
     stats = chunks[-1].stats.as_dict() | {"peak_rss_mb": round(peak_rss_mb(), 1)}
+    stats["drafter"] = describe_method(drafter, lm)
     stats["drafter_memory_bytes"] = dec.drafter.memory_bytes()
     stats["backend"] = getattr(lm.backend, "description", lm.backend_kind)
     stats["threads"] = n_threads
@@ -218,11 +220,23 @@ def moving_average(values, window):
 """
 
 
+def demo_model() -> str:
+    """The demo's target: the real Qwen2.5-Coder 1.5B (with its 0.5B draft) once its parts are
+    installed, else the built-in default SmolLM2-135M."""
+    from .models.catalog import DEFAULT_MODEL
+    from .models.loading import is_installed
+
+    qwen = "qwen2.5-coder-1.5b-instruct"
+    return qwen if is_installed(qwen) and is_installed("qwen2.5-coder-0.5b-instruct") else DEFAULT_MODEL
+
+
 @app.command()
 def demo(
     prompt: Optional[str] = typer.Argument(None, help="prompt (default: a code edit, where speculation pays)"),
-    model: str = typer.Option("smollm2-135m-instruct", help="catalog name or path"),
-    drafter: str = typer.Option("suffix", help="the speculative method to compare with plain decoding"),
+    model: str = typer.Option("auto", help="catalog name or path; auto: Qwen2.5-Coder 1.5B with its 0.5B draft when "
+                              "their parts are installed (make install), else SmolLM2-135M"),
+    drafter: str = typer.Option("auto", help="the speculative method to compare with plain decoding "
+                                "(auto: the best measured for the model)"),
     num_draft_tokens: int = typer.Option(16, "--num-draft-tokens", "-k"),
     max_new_tokens: int = typer.Option(160, "--max-new-tokens", "-n"),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
@@ -232,6 +246,7 @@ def demo(
 
     from .api import SpecDecoder, load_model
     from .models.base import ModelError
+    from .registry import describe_method
     from .system import set_threads
     from .types import SamplingParams
 
@@ -239,9 +254,9 @@ def demo(
     try:
         params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
         n_threads = set_threads(threads)
-        lm = load_model(model)
+        lm = load_model(demo_model() if model == "auto" else model)
         runs = {}
-        for name, d in (("plain", "none"), (drafter, drafter)):
+        for name, d in (("plain", "none"), (describe_method(drafter, lm), drafter)):
             dec = SpecDecoder(lm, d, num_draft_tokens=num_draft_tokens)
             dec.generate(text, SamplingParams(temperature=0.0, max_new_tokens=8))  # warm-up
             start = time.perf_counter()
@@ -422,7 +437,7 @@ def serve(
     model: str = typer.Option("smollm2-135m-instruct", help="catalog name or path (see `verispec models`)"),
     host: str = typer.Option("127.0.0.1", help="bind address"),
     port: int = typer.Option(8000, help="bind port"),
-    drafter: list[str] = typer.Option(["prompt-lookup", "none"], "--drafter", help="drafters requests may pick (repeatable; the first is the default)"),
+    drafter: list[str] = typer.Option(["auto", "none"], "--drafter", help="drafters requests may pick (repeatable; the first is the default; auto: the hybrid of suffix and the draft model for a target with one, else prompt lookup)"),
     drafter_option: list[str] = typer.Option([], "--drafter-option", "-o", help="key=value for the default drafter, repeatable"),
     num_draft_tokens: int = typer.Option(4, "-k", "--num-draft-tokens", help="draft budget per step (prompt lookup: 4 beats 8 on Spec-Bench, docs/cpu.md)"),
     policy: str = typer.Option("fixed", help="draft length policy: fixed or heuristic"),

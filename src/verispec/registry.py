@@ -221,7 +221,33 @@ def _rest(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
                             max_candidates=int(opts.pop("max_candidates", 256)))
 
 
+def best_method(target: "LoadedModel", batched: bool = False) -> tuple[str, dict[str, Any]]:
+    """The default lossless method for ``target`` (``--drafter auto``), from the measured figures
+    in docs/benchmarks.md: a target with a catalog draft model on the compiled runtime gets the
+    hybrid (suffix first, where the answer copies its context, the draft model where it does
+    not); any other target gets SuffixDecoding (the fastest measured on SmolLM2), or prompt
+    lookup in the batched server (``batched``: the server's measured best, docs/cpu.md)."""
+    from .models.catalog import CATALOG
+    from .models.loading import is_installed
+
+    entry = CATALOG.get(target.name)
+    if entry and entry.draft and target.backend_kind == "cpu" and is_installed(entry.draft):
+        return "hybrid", {"learned": "draft"}
+    return ("prompt-lookup", {}) if batched else ("suffix", {})
+
+
+def describe_method(name: str, target: "LoadedModel") -> str:
+    """``name`` as run for ``target``: ``auto`` names what it resolved to."""
+    if ALIASES.get(name, name) != "auto":
+        return ALIASES.get(name, name)
+    method, opts = best_method(target)
+    return f"auto: {method}" + (f" ({', '.join(f'{k}={v}' for k, v in opts.items())})" if opts else "")
+
+
 DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
+    "auto": (lambda target, opts: make_drafter("auto", target, opts), "the best lossless method measured for the target (the default): with a catalog draft model "
+             "(Qwen2.5-Coder 1.5B: the 0.5B) the hybrid of suffix and the draft, else suffix (serve: prompt lookup); "
+             "options go to that method"),
     "none": (lambda target, opts: NoDrafter(), "plain autoregressive decoding (the baseline)"),
     "prompt-lookup": (_prompt_lookup, "n-gram match over prompt + output (options: max_ngram, min_ngram, num_candidates)"),
     "eagle": (_eagle, "EAGLE feature head on target hidden states, EAGLE-2 dynamic trees (options: mode=tree|chain, depth, top_k, weights=<dir>, runtime=auto|compiled|torch, head_quant=q8_0|f32, budget=measured|fixed)"),
@@ -239,9 +265,14 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
 ALIASES = {"recycling": "token-recycling", "retrieval": "rest", "pld": "prompt-lookup"}  # the names the issues use
 
 
-def make_drafter(name: str, target: "LoadedModel", options: dict[str, Any] | None = None) -> Drafter:
-    """Build a drafter by name (or an alias); unknown names and unknown options raise ValueError."""
+def make_drafter(name: str, target: "LoadedModel", options: dict[str, Any] | None = None,
+                 batched: bool = False) -> Drafter:
+    """Build a drafter by name (or an alias; ``auto``: ``best_method``, for the batched server
+    when ``batched``); unknown names and unknown options raise ValueError."""
     name = ALIASES.get(name, name)
+    if name == "auto":
+        name, base = best_method(target, batched)
+        options = base | dict(options or {})
     if name not in DRAFTERS:
         raise ValueError(f"unknown drafter {name!r}; choose one of: {', '.join(DRAFTERS)}")
     opts = dict(options or {})

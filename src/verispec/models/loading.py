@@ -129,6 +129,25 @@ def _resolve_catalog(name: str, entry: CatalogEntry) -> ModelSource:
     return ModelSource(name, entry.kind, model, tokenizer_path=tok, chat=entry.chat)
 
 
+def is_installed(name: str) -> bool:
+    """Is catalog model ``name`` on this machine (its package, its pip parts or their assembled
+    file)? Cheap: package metadata only, nothing is assembled, hashed or imported."""
+    entry = CATALOG.get(name)
+    if entry is None:
+        return False
+    loc = entry.location
+    try:
+        if isinstance(loc, PackageFile):
+            importlib.metadata.distribution(loc.distribution)
+        elif isinstance(loc, PackageParts):
+            if is_verified(default_cache_dir() / "models" / loc.file, loc.size, loc.sha256):
+                return True
+            return all(importlib.metadata.distribution(d).version == loc.version for d in loc.distributions())
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def _locate_package_file(name: str, loc: PackageFile) -> Path:
     """The file inside an installed distribution; the package itself is never imported."""
     try:

@@ -46,7 +46,7 @@ from ..engine.batch import BatchEngine, SpecSchedule
 from ..engine.prefix_cache import DEFAULT_MAX_MB as DEFAULT_PREFIX_CACHE_MB
 from ..engine.prefix_cache import PrefixCache
 from ..models.catalog import DEFAULT_MODEL
-from ..registry import make_drafter
+from ..registry import best_method, make_drafter
 from ..types import SamplingParams, TokenLogprob, sample_seed
 from .guard import Limits, RequestGuard, header_timeout_protocol
 from .metrics import ServerMetrics
@@ -66,7 +66,7 @@ class ServerConfig:
     backend: str = "auto"
     dtype: str = "float32"
     quant: str = "auto"
-    drafters: tuple[str, ...] = ("prompt-lookup", "none")
+    drafters: tuple[str, ...] = ("auto", "none")
     drafter_options: tuple[tuple[str, str], ...] = ()
     num_draft_tokens: int = 4
     policy: str = "fixed"
@@ -108,6 +108,7 @@ class ServerState:
     created: int
     max_prompt_chars: int  # longer text cannot fit the context: refused before tokenizing
     tokenizer_pool: ThreadPoolExecutor  # one thread: a HF fast tokenizer must not be shared across threads
+    aliases: dict[str, str] = field(default_factory=dict)  # a drafter name requests may use -> its engine ("auto")
 
     def start(self) -> None:
         """Start the engine thread (the app's lifespan, or a Ray replica, calls it)."""
@@ -128,10 +129,14 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
     target = model.backend
     prefix = PrefixCache.from_mb(config.prefix_cache_mb)  # one for all drafters: they share the target
     engines: dict[str, Engine] = {}
+    aliases = {"auto": best_method(model, batched=True)[0]} if "auto" in config.drafters else {}
     for i, name in enumerate(config.drafters):
         opts = dict(config.drafter_options) if i == 0 else {}
-        engines[name] = Engine(target, make_drafter(name, model, opts), config.num_draft_tokens, config.policy,
-                               prefix)
+        key = aliases.get(name, name)  # auto runs (and is reported) as the method it resolves to
+        if key not in engines:
+            engines[key] = Engine(target, make_drafter(name, model, opts, batched=True), config.num_draft_tokens,
+                                  config.policy, prefix)
+    config = replace(config, drafters=tuple(dict.fromkeys(aliases.get(n, n) for n in config.drafters)))
     for name, drafter in (extra_drafters or {}).items():
         engines[name] = Engine(target, drafter, config.num_draft_tokens, config.policy, prefix)
     max_len = (fits_context(target, config.max_batch) if config.max_model_len == 0
@@ -144,7 +149,7 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
     worker = EngineWorker(batch, model.tokenizer, metrics, config.max_queue, replica)
     pool = ThreadPoolExecutor(1, thread_name_prefix="verispec-tokenize")
     return ServerState(config, model, worker, metrics, name, max_len, int(time.time()),
-                       max_text_chars(model.tokenizer, max_len), pool)
+                       max_text_chars(model.tokenizer, max_len), pool, aliases)
 
 
 def fits_context(target, max_batch: int, share: float = 0.6) -> int:
@@ -236,7 +241,7 @@ def check_common(state: ServerState, body: CompletionRequest | ChatCompletionReq
     bad = body.unsupported()
     if bad:
         raise ApiError(400, bad[1], bad[0])
-    drafter = body.drafter or state.config.drafters[0]
+    drafter = state.aliases.get(body.drafter, body.drafter) or state.config.drafters[0]
     if not state.worker.engine.engines.get(drafter):
         raise ApiError(400, f"unknown drafter {drafter!r}; this server has: {', '.join(state.worker.engine.engines)}",
                        "drafter")

@@ -1,0 +1,76 @@
+"""``--drafter auto`` (the default of generate, demo, serve and SpecDecoder): the best lossless
+method measured for the target. Without a catalog draft model it is SuffixDecoding (serve:
+prompt lookup); the Qwen2.5-Coder 1.5B gets the hybrid of suffix and its 0.5B draft, whose
+greedy output is plain decoding's, alone and in batched server rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from verispec.api import SpecDecoder, encode_prompt, load_model
+from verispec.drafters.hybrid import HybridDrafter
+from verispec.drafters.suffix_tree import SuffixDecodingDrafter
+from verispec.registry import best_method, describe_method, make_drafter
+from verispec.types import SamplingParams
+
+TARGET = "qwen2.5-coder-1.5b-instruct"
+
+
+def test_auto_without_a_draft_model_is_suffix(stories_native):
+    assert best_method(stories_native) == ("suffix", {})
+    assert best_method(stories_native, batched=True) == ("prompt-lookup", {})
+    assert isinstance(make_drafter("auto", stories_native), SuffixDecodingDrafter)
+    assert isinstance(SpecDecoder(stories_native).drafter, SuffixDecodingDrafter)  # the API's default
+    assert describe_method("auto", stories_native) == "auto: suffix"
+    assert describe_method("pld", stories_native) == "prompt-lookup"
+
+
+def test_auto_passes_options_and_refuses_unknown_ones(stories_native):
+    drafter = make_drafter("auto", stories_native, {"max_depth": 40})
+    assert drafter.max_depth == 40
+    with pytest.raises(ValueError, match="has no option"):
+        make_drafter("auto", stories_native, {"bogus": 1})
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return load_model(TARGET)
+
+
+@pytest.mark.qwen
+def test_auto_on_the_qwen_pair_is_the_hybrid_with_its_draft(qwen):
+    assert best_method(qwen) == ("hybrid", {"learned": "draft"})
+    assert best_method(qwen, batched=True) == ("hybrid", {"learned": "draft"})
+    assert describe_method("auto", qwen) == "auto: hybrid (learned=draft)"
+
+
+@pytest.mark.qwen
+def test_auto_greedy_equals_plain_alone_and_batched(qwen):
+    """Greedy: the default method's tokens are plain decoding's, run alone and as rows of one
+    batched server step (two requests: a code task and a rewrite), and it drafts with both."""
+    from verispec.engine.batch import BatchEngine, SpecSchedule
+    from verispec.engine.engine import Engine
+
+    prompts = [encode_prompt(qwen, "Write a Python function is_prime(n) with a docstring."),
+               encode_prompt(qwen, "Repeat this function with a new name:\n\ndef add(a, b):\n    return a + b\n")]
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    plain, auto = SpecDecoder(qwen, "none"), SpecDecoder(qwen, "auto", num_draft_tokens=8)
+    assert isinstance(auto.drafter, HybridDrafter)
+    alone = []
+    for ids in prompts:
+        ref = plain.engine.add_request(ids, params)
+        while not ref.finished:
+            plain.engine.step(ref)
+        req = auto.engine.add_request(ids, params)
+        while not req.finished:
+            auto.engine.step(req)
+        assert req.generated == ref.generated
+        assert req.stats.accepted > 10
+        alone.append(ref.generated)
+    engine = Engine(qwen.backend, make_drafter("auto", qwen, batched=True), 8)
+    be = BatchEngine(qwen.backend, {"auto": engine}, max_batch=2, max_length=256, schedule=SpecSchedule("budget", 0))
+    reqs = [be.add_request(f"r{i}", ids, params, "auto") for i, ids in enumerate(prompts)]
+    while not all(r.finished for r in reqs):
+        step = be.step([r for r in reqs if not r.finished])
+        assert not any(isinstance(x, Exception) for x in step.results), step.results
+    assert [r.generated for r in reqs] == alone
