@@ -268,7 +268,7 @@ def demo(
     emit(spec.text)
     backend = getattr(lm.backend, "description", lm.backend_kind)
     table = Table("decoding", "tokens", "seconds", "tokens/s", "tau", "speed-up", title=f"{lm.name} on {backend}"
-                  + ("" if "threads" in backend else f", {n_threads} threads"))
+                  + ("" if "threads" in backend else f", {n_threads} thread{'s' * (n_threads != 1)}"))
     for name, (out, t) in runs.items():
         table.add_row(name, str(len(out.token_ids)), f"{t:.2f}", f"{len(out.token_ids) / t:.1f}",
                       f"{out.stats.tau:.2f}", f"{t_plain / t:.2f}x")
