@@ -74,3 +74,9 @@ def test_auto_greedy_equals_plain_alone_and_batched(qwen):
         step = be.step([r for r in reqs if not r.finished])
         assert not any(isinstance(x, Exception) for x in step.results), step.results
     assert [r.generated for r in reqs] == alone
+
+
+def test_a_draft_with_another_tokenizer_is_refused_naming_both(stories_native):
+    with pytest.raises(ValueError, match="draft model smollm2-135m-instruct does not share the tokenizer of the "
+                                         "target stories260k"):
+        make_drafter("draft", stories_native, {"model": "smollm2-135m-instruct"})

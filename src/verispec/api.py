@@ -317,11 +317,21 @@ def load_draft_model(target: LoadedModel, spec: str, vocab: int | None = None,
                              quant=quant, head_rows=rows)[0]
     if vocab is not None or requant is not None:
         return _load_gguf_draft(target, spec, vocab, requant)
+    source = resolve_model(spec)
+    if source.kind == "gguf":  # refused before any weight is read
+        from .models.loading import load_gguf_tokenizer, open_gguf
+
+        _check_same_tokenizer(target, spec, load_gguf_tokenizer(open_gguf(source)[0]))
     draft = load_model(spec, dtype=str(info.dtype).removeprefix("torch."), backend=target.backend_kind,
                        device=str(info.device), quant="auto" if target.backend_kind == "cpu" else target.quant)
-    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
-        raise ValueError(f"draft model {spec} does not share the target's tokenizer")
+    _check_same_tokenizer(target, spec, draft.tokenizer)
     return draft.backend
+
+
+def _check_same_tokenizer(target: LoadedModel, spec: str, tokenizer) -> None:
+    if tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise ValueError(f"draft model {spec} does not share the tokenizer of the target {target.name} "
+                         "(drafting across tokenizers is not supported): pick a draft of the same family")
 
 
 def _load_gguf_draft(target: LoadedModel, spec: str, vocab: int | None, requant: str | None) -> CausalLM:
@@ -335,8 +345,7 @@ def _load_gguf_draft(target: LoadedModel, spec: str, vocab: int | None, requant:
                          "use vocab=full quant=file")
     info, cfg = open_gguf(source)
     tokenizer = load_gguf_tokenizer(info)
-    if tokenizer.get_vocab() != target.tokenizer.get_vocab():
-        raise ValueError(f"draft model {spec} does not share the target's tokenizer")
+    _check_same_tokenizer(target, spec, tokenizer)
     rows = None if vocab is None else frequent_tokens(source.name, vocab, sorted(tokenizer.added_tokens_decoder))
     tags = ([] if rows is None else [f"vocab {len(rows)}"]) + ([] if requant is None else [requant])
     return _gguf_backend(source, info, cfg, f"{source.name}[{', '.join(tags)}]", target.backend.info.dtype, "cpu",
