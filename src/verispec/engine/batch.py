@@ -12,9 +12,9 @@ Each ``BatchEngine.step`` takes the running requests and
 3. verifies, compacts and commits each request on its own (``Engine.complete_step``).
 
 Requests join between steps (``add_request`` prefills them) and leave as soon as they
-finish (``release``). Backends with ``forward_batch`` (the native runtime with its cache
-pool) run step 2 as one forward; other backends (transformers) step the requests one by one
-through the same three phases. A failing request never takes the batch down: a drafter
+finish (``release``). Backends with ``forward_batch`` and a cache pool (the compiled CPU
+runtime and the native PyTorch runtime: ``models/cache_pool.PooledLM``) run step 2 as one
+forward; transformers steps the requests one by one through the same three phases. A failing request never takes the batch down: a drafter
 error fails that request only, and a failed batched forward is retried row by row so the
 culprit fails alone.
 
@@ -48,8 +48,15 @@ class SpecSchedule:
         unit of forward cost over the whole batch (SmartSpec, Liu et al. 2024, arXiv
         2406.14066), from each request's acceptance rate so far (``goodput_cap``). The cost
         model is affine in the rows of the batched forward, ``fixed_cost_rows + rows``: the
-        fixed part (reading the weights) expressed in rows; 18 is what we measured for
-        SmolLM2 fp32 on the native runtime (docs/benchmarks.md, "Serving (issue 7)").
+        fixed part (reading the weights) expressed in rows. If a forward of n token rows
+        costs t(n) ~ a + b n, then fixed_cost_rows = a / b. Least-squares fits of the
+        compiled runtime's measured t(n) (docs/cpu.md, "Measurements"; docs/benchmarks.md)
+        give a / b = 5.8-7.8 for SmolLM2 at 2 threads and contexts of 128-512 (4.0 at 1,500),
+        2.3 at 1 thread (short context, also for 1-32 rows of a batched forward), and 4.0 /
+        2.2 for the Qwen2.5-Coder 1.5B at contexts 512 / 2,048. The default 6 fits the
+        default server (SmolLM2, one thread per core on a 2-core machine, chat contexts up to
+        512 tokens); with 1 thread or long contexts set 2-4. (The earlier 18 was measured on
+        the fp32 native runtime, whose padded rows make small forwards cost alike.)
     policy "budget": at most ``token_budget`` tokens (roots + drafts) per forward, summed over
         the batch (``draft_cap``); 0 = unlimited.
     disable_at: batch size from which speculation is off (0 = never), under either policy.
@@ -61,7 +68,7 @@ class SpecSchedule:
     policy: Literal["goodput", "budget"] = "goodput"
     token_budget: int = 32
     disable_at: int = 0
-    fixed_cost_rows: float = 18.0
+    fixed_cost_rows: float = 6.0
 
     def __post_init__(self) -> None:
         if self.policy not in ("goodput", "budget"):
@@ -168,7 +175,8 @@ def padded_tokens(target: CausalLM) -> int:
 
 
 def supports_batching(target: CausalLM) -> bool:
-    """A backend batches when it has a cache pool and ``forward_batch`` (models/native.py)."""
+    """A backend batches when it has a cache pool and ``forward_batch`` (``PooledLM``:
+    models/cpu.py, models/native.py)."""
     return callable(getattr(target, "forward_batch", None)) and callable(getattr(target, "new_cache_pool", None))
 
 

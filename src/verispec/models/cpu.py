@@ -2,8 +2,10 @@
 
 Python keeps the orchestration (drafters, verification, caches' bookkeeping); each forward
 is one ``vs_forward`` call through ctypes, which releases the GIL. Weights stay in their
-checkpoint's precision: GGUF Q4_0 / Q4_1 / Q8_0 blocks are read from the file itself and
-repacked into 16-row panels (no fp32 copy), HF checkpoints run in fp32. Activations are
+checkpoint's precision: a GGUF's blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, F32: the
+format table of ``csrc/formats``) are read from the memory-mapped file itself and repacked
+into 16-row panels (no fp32 copy; ``requantize`` re-encodes a draft's wider blocks to Q4_0);
+HF checkpoints run in fp32 or are quantized at load (``quantize_matrix``). Activations are
 quantized per 32-block to int8 (llama.cpp's Q8_1) for quantized weights; their K/V cache is
 fp16 (rounded once when written, widened exactly when read).
 

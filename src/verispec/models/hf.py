@@ -87,7 +87,8 @@ class HFCausalLM:
         )
         self.exactness = Exactness(False, "transformers backend: its kernels are not batch-invariant (a "
                                           "multi-token verify forward may round differently from one-token "
-                                          "decoding); use the native backend for bit-exact output")
+                                          "decoding); for bit-exact output use --backend cpu (the compiled "
+                                          "runtime, Llama-family models on CPU) or native (PyTorch, CUDA)")
 
     @classmethod
     def from_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32,

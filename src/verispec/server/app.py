@@ -75,7 +75,7 @@ class ServerConfig:
     max_model_len: int = 2048  # 0: what fits (fits_context)
     default_max_tokens: int = 256
     spec_schedule: str = "goodput"
-    fixed_cost_rows: float = 18.0
+    fixed_cost_rows: float = SpecSchedule.fixed_cost_rows  # a forward's fixed cost in token rows (derived there)
     token_budget: int = 32
     disable_spec_at: int = 0
     served_model_name: str | None = None
