@@ -103,6 +103,21 @@ def load_spec_bench(path: str | Path | None = None, categories: tuple[str, ...] 
     return _read(path, {c: 0 for c in categories}, limit_per_category)
 
 
+def load_spec_bench_category(category: str, limit: int | None = None) -> list[BenchPrompt]:
+    """The shipped Spec-Bench conversations of one original category (e.g. ``coding``, one of
+    MT_BENCH_CATEGORIES), all turns, in file order, at most ``limit``."""
+    from ..data import data_file
+    from ..paths import read_text_file
+
+    path, out = data_file(SPEC_BENCH), []
+    for number, line in enumerate(read_text_file(path, "benchmark file").splitlines(), 1):
+        if line.strip() and (limit is None or len(out) < limit):
+            row = _row(path, number, line)
+            if row["category"] == category:
+                out.append(BenchPrompt(row["question_id"], category, tuple(row["turns"])))
+    return out
+
+
 def load_agentic(limit: int | None = None) -> list[BenchPrompt]:
     """Our agentic sessions in file order (the categories interleave, so any prefix mixes them)."""
     return _read(agentic_path(), {AGENTIC: 0}, limit)
