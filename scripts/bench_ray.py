@@ -13,10 +13,10 @@ the whole history plus a new user message); the hit rate is the share of prompt 
 K/V came from a replica's prefix cache (``cached_tokens`` / ``prompt_tokens`` summed over the
 responses). The same conversations run under each router on a fresh deployment (cold caches).
 
-``throughput``: each round starts each server in turn and runs one loadtest on it
-(``--concurrency 1,<clients>``: the 1-client cell gives time to first token, the other the
-aggregate throughput), so load from other jobs on the machine hits every configuration alike;
-ratios are reported per round and as the median over rounds.
+``throughput``: all setups are started at once (an idle server costs no CPU); each round
+then runs one loadtest cell (``scripts/loadtest.py``'s mixed workload: greedy, logprobs,
+n = 2, penalties) against each setup in turn, so load from other jobs on the machine hits
+every setup alike; round 0 warms up and is left out; ratios are reported per round.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -80,7 +79,13 @@ def routing(args: argparse.Namespace) -> None:
     from ray import serve
 
     from verispec.server.app import ServerConfig
-    from verispec.server.ray_serve import APP_NAME, QUIET, RayConfig, build_app, no_usage_stats
+    from verispec.server.ray_serve import (
+        APP_NAME,
+        QUIET,
+        RayConfig,
+        build_app,
+        no_usage_stats,
+    )
 
     no_usage_stats()
     ray.init(num_cpus=2, logging_level="ERROR", log_to_driver=False)
@@ -140,43 +145,46 @@ def start(args: argparse.Namespace, setup: str, clients: int) -> tuple[subproces
 
 
 def throughput(args: argparse.Namespace) -> None:
+    """Every setup up at once (an idle server costs no CPU), then rounds of one loadtest cell
+    per setup; round 0 warms up and is left out."""
+    import asyncio
+
     import loadtest
 
+    prompts = loadtest.load_prompts(args.model, 4 * args.clients, 320)
+    mix = ("greedy", "logprobs", "n2", "penalties")
+    servers = {name: start(args, name, max(1, round(args.clients * share)))
+               for name, (_, _, share) in SETUPS.items()}
     results: dict[str, list[dict]] = {name: [] for name in SETUPS}
-    for rnd in range(args.rounds):
-        for name, (_, _, share) in SETUPS.items():
-            clients = max(1, round(args.clients * share))
-            proc, url = start(args, name, clients)
-            try:
-                with tempfile.NamedTemporaryFile(suffix=".json") as f:
-                    subprocess.run([sys.executable, str(HERE / "loadtest.py"), "--url", url,
-                                    "--model", args.model, "--modes", "spec", "--concurrency", f"1,{clients}",
-                                    "--requests-per-client", "2", "--min-requests", "4", "--max-tokens",
-                                    str(args.max_tokens), "--max-prompt-tokens", "320",
-                                    "--mix", "greedy,logprobs,n2,penalties", "--json", f.name],
-                                   check=True, stdout=subprocess.DEVNULL)
-                    rows = json.load(open(f.name))["rows"]
-            finally:
-                loadtest.stop_server(proc)
-            by = {r["clients"]: r for r in rows}
-            res = {"round": rnd, "clients": clients, "ttft_p50_1": by[1]["ttft_p50"], "tok_s": by[clients]["tok_s"],
-                   "failed": sum(r["failed"] for r in rows), "load": os.getloadavg()[0]}
-            results[name].append(res)
-            print(json.dumps({"setup": name} | res), file=sys.stderr, flush=True)
-    print("| setup | aggregate tok/s per round | TTFT p50 (1 client) s per round | failed |")
-    print("|---|---|---|---:|")
+    try:
+        for rnd in range(args.rounds + 1):
+            for name, (_, url) in servers.items():
+                clients = max(1, round(args.clients * SETUPS[name][2]))
+                before = loadtest.scrape(url)
+                recs, wall = asyncio.run(loadtest.run_cell(url, args.model, prompts, clients, 3 * clients,
+                                                           "prompt-lookup", args.max_tokens, 600, None, None, mix))
+                row = loadtest.summarize(recs, wall, before, loadtest.scrape(url))
+                res = {"round": rnd, "clients": clients, "tok_s": row["tok_s"], "ttft_p50": row["ttft_p50"],
+                       "failed": row["failed"], "load": os.getloadavg()[0]}
+                print(json.dumps({"setup": name} | res), file=sys.stderr, flush=True)
+                if rnd:
+                    results[name].append(res)
+    finally:
+        for proc, _ in servers.values():
+            loadtest.stop_server(proc)
+    print("| setup | clients | aggregate tok/s per round | TTFT p50 s per round | failed |")
+    print("|---|---:|---|---|---:|")
     for name, rs in results.items():
         tok = " / ".join(f"{r['tok_s']:.1f}" for r in rs)
-        first = " / ".join(f"{r['ttft_p50_1']:.3f}" for r in rs)
-        print(f"| {name} | {tok} | {first} | {sum(r['failed'] for r in rs)} |")
+        first = " / ".join(f"{r['ttft_p50']:.3f}" for r in rs)
+        print(f"| {name} | {rs[0]['clients']} | {tok} | {first} | {sum(r['failed'] for r in rs)} |")
     tput = [a["tok_s"] / b["tok_s"] for a, b in zip(results["ray 2x1"], results["ray 1x2"])]
-    ttft = [a["ttft_p50_1"] - b["ttft_p50_1"] for a, b in zip(results["ray 1x2"], results["plain x2"])]
     model = [a["tok_s"] / (2 * b["tok_s"]) for a, b in zip(results["ray 2x1"], results["plain x1, half the clients"])]
+    ray = [a["tok_s"] / b["tok_s"] for a, b in zip(results["ray 1x2"], results["plain x2"])]
     print(f"\nthroughput 2x1 / 1x2 per round: {[round(x, 3) for x in tput]}, median {statistics.median(tput):.3f}")
-    print(f"2x1 measured / (2 x one 1-thread server at half the clients) per round: {[round(x, 3) for x in model]}")
-    print(f"TTFT overhead of Ray (1x2 - plain, 1 client, p50) per round: {[round(x * 1000) for x in ttft]} ms, "
-          f"median {statistics.median(ttft) * 1000:.0f} ms")
-    print(f"model {args.model}, {args.clients} clients, max_tokens {args.max_tokens}, mix greedy,logprobs,n2,penalties, "
+    print(f"2x1 / (2 x one 1-thread plain server at half the clients) per round: {[round(x, 3) for x in model]}")
+    print(f"ray 1x2 / plain x2 per round: {[round(x, 3) for x in ray]}")
+    print(f"model {args.model}, {args.clients} clients, max_tokens {args.max_tokens}, mix {','.join(mix)}, "
           f"load averages {[round(r['load'], 1) for rs in results.values() for r in rs]}")
 
 

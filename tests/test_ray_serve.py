@@ -25,6 +25,8 @@ import pytest
 
 from verispec.server.routing import PrefixTable, prefix_keys, routing_text
 
+RETRIES_HEADER = "x-verispec-retries"  # ray_serve.RETRIES_HEADER (that module needs Ray)
+
 MODEL = "stories260k"
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_ARGS = ["--model", MODEL, "--max-batch", "4", "--max-model-len", "512"]
@@ -55,20 +57,31 @@ def test_prefix_keys_name_whole_prefixes() -> None:
     assert len(prefix_keys("z" * 10_000, max_blocks=5)) == 5
 
 
-def test_prefix_table_longest_live_owner_and_eviction() -> None:
+def _match(t: PrefixTable, text: str, alive=("r1", "r2")):
+    return t.match(prefix_keys(text), text, set(alive))
+
+
+def _insert(t: PrefixTable, text: str, replica: str) -> None:
+    t.insert(prefix_keys(text), text, replica)
+
+
+def test_prefix_table_longest_live_owner_continuations_and_eviction() -> None:
     t = PrefixTable(capacity=4)
-    t.insert(prefix_keys("s" * 64), "r1")  # a system prompt alone, served by r1
-    t.insert(prefix_keys("s" * 64 + "u" * 32), "r2")  # one conversation on r2
-    assert t.match(prefix_keys("s" * 64 + "u" * 32 + "v" * 32), {"r1", "r2"}) == ("r2", 3, True)  # its next turn
-    assert t.match(prefix_keys("s" * 64 + "w" * 32), {"r1", "r2"}) == ("r2", 2, False)  # r2 now owns the shared part
-    assert t.match(prefix_keys("s" * 64 + "u" * 32), {"r1"}) == (None, 0, False)  # r2 is not a candidate
-    t.insert(prefix_keys("s" * 64 + "x" * 32), "r2")
-    assert t.match(prefix_keys("s" * 64 + "u" * 32 + "v" * 32), {"r2"}) == ("r2", 3, True)  # still an end
+    system, turn1 = "s" * 64, "s" * 64 + "u" * 40  # a system prompt; a first turn (3 blocks + 8 chars)
+    _insert(t, system + "hi", "r1")
+    _insert(t, turn1, "r2")
+    assert _match(t, turn1 + "answer, then turn 2") == ("r2", 3, True)  # its next turn
+    assert _match(t, turn1) == ("r2", 3, True)  # the same prompt again
+    assert _match(t, "s" * 64 + "u" * 32 + "v" * 8) == ("r2", 3, False)  # same blocks, another tail
+    assert _match(t, system + "w" * 40) == ("r2", 2, False)  # r2 now owns the shared part
+    assert _match(t, turn1, alive=("r1",)) == (None, 0, False)  # r2 is not a candidate
+    _insert(t, turn1[:-8] + "x" * 8, "r2")  # a second prompt ending after the same block
+    assert _match(t, turn1 + "more")[2] and _match(t, turn1[:-8] + "x" * 8 + "more")[2]
     t.drop("r2")
-    assert len(t) == 0 and t.match(prefix_keys("s" * 64), {"r1", "r2"}) == (None, 0, False)
-    t.insert(prefix_keys("q" * 32 * 6), "r1")  # 6 keys into a table of 4: the oldest two go
-    assert len(t) == 4 and t.match(prefix_keys("q" * 32 * 6), {"r1"}) == ("r1", 6, True)
-    assert t.match(prefix_keys("q" * 64), {"r1"}) == (None, 0, False)
+    assert len(t) == 0 and _match(t, system) == (None, 0, False)
+    _insert(t, "q" * 32 * 6, "r1")  # 6 keys into a table of 4: the oldest two go
+    assert len(t) == 4 and _match(t, "q" * 32 * 6) == ("r1", 6, True)
+    assert _match(t, "q" * 64) == (None, 0, False)
     with pytest.raises(ValueError):
         PrefixTable(0)
 
@@ -317,50 +330,61 @@ def _engine_replicas() -> dict[str, int]:
 
 @pytest.mark.ray
 def test_killing_a_replica_under_load(ray_url, plain) -> None:
-    """A replica dies while streams and plain requests run on both: every client gets an
-    answer in time (a correct one, a retried one, or a clean 503 / final error event), Ray
-    brings the deployment back to two replicas, and later requests are correct."""
+    """A replica dies while a stream and plain requests run on it and on the other: every
+    client gets an answer in time (the stream a final error event, the plain requests a retry
+    on the survivor or a clean 503, the survivor's requests their own answers), Ray brings the
+    deployment back to two replicas, and later requests are correct."""
     import ray
 
     from verispec.server.ray_serve import APP_NAME, ENGINE
 
-    long = [_greedy(p, 400, ignore_eos=True) for p in PROMPTS]
-    want = {b["prompt"]: r.json()["choices"][0]["text"] for b, r in
-            zip(long, _plain_answers(plain, [("/v1/completions", b) for b in long]))}
-    results: list = []
-    plain_threads = [threading.Thread(target=lambda b=b: results.append((b["prompt"], _safe_post(ray_url, b))))
-                     for b in long[2:]]
+    stream_body = _greedy(PROMPTS[0], 400, ignore_eos=True)
+    # continuations of the stream's prompt: the router sends them to the stream's replica
+    on_victim = [_greedy(PROMPTS[0] + tail, 300, ignore_eos=True) for tail in (" cat.", " bird.", " fox.")]
+    elsewhere = [_greedy(p, 300, ignore_eos=True) for p in PROMPTS[4:7]]
+    bodies = on_victim + elsewhere
+    want = [r.json()["choices"][0]["text"] for r in _plain_answers(plain, [("/v1/completions", b) for b in bodies])]
+    results: list = [None] * len(bodies)
+
+    def post(i: int) -> None:
+        results[i] = _safe_post(ray_url, bodies[i])
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(len(bodies))]
     with httpx.stream("POST", f"{ray_url}/v1/completions", timeout=60,
-                      json={"model": MODEL, "stream": True} | long[0]) as stream:
+                      json={"model": MODEL, "stream": True} | stream_body) as stream:
         victim = stream.headers["x-verispec-replica"]
         lines = stream.iter_lines()
         assert next(lines).startswith("data: {")  # tokens are flowing
-        for t in plain_threads:
+        for t in threads:
             t.start()
-        time.sleep(0.2)
+        time.sleep(0.5)
         ray.kill(ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#{ENGINE}#{victim}", namespace="serve"))
         events = [line for line in lines if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     error = json.loads(events[-2][len("data: "):])
     assert error["error"]["code"] == "replica_unavailable", events[-3:]  # the stream was cut: said so
-    for t in plain_threads:
+    for t in threads:
         t.join(120)
-    assert not any(t.is_alive() for t in plain_threads), "a client waited past its timeout"
-    assert len(results) == len(long) - 2
-    for prompt, r in results:
+    assert not any(t.is_alive() for t in threads), "a client waited past its timeout"
+    hit = 0
+    for i, r in enumerate(results):
         assert not isinstance(r, Exception), r
         if r.status_code == 503:
             assert r.json()["error"]["code"] == "replica_unavailable"
-        else:
-            assert r.status_code == 200, r.text
-            assert r.json()["choices"][0]["text"] == want[prompt]  # on the survivor, or retried there
+            hit += 1
+            continue
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == want[i]  # on the survivor, or retried there
+        assert r.json()["verispec"]["replica"] != victim
+        hit += RETRIES_HEADER in r.headers
+    assert hit >= 1  # the requests caught on the dead replica were retried (or refused), none was lost
     _wait(lambda: (s := _engine_replicas()).get("RUNNING") == 2 and len(s) == 1, 180,
           f"the deployment did not return to two replicas: {_engine_replicas()}")
     after = _concurrently(lambda p: _post(ray_url, _greedy(p, 16)), PROMPTS[:4])
-    for p, r in zip(PROMPTS[:4], after):
+    again = _plain_answers(plain, [("/v1/completions", _greedy(p, 16)) for p in PROMPTS[:4]])
+    for r, w in zip(after, again):
         assert r.status_code == 200 and r.json()["verispec"]["replica"] != victim
-        assert r.json()["choices"][0]["text"] == _plain_answers(plain, [("/v1/completions", _greedy(p, 16))])[0].json()[
-            "choices"][0]["text"]
+        assert r.json()["choices"][0]["text"] == w.json()["choices"][0]["text"]
 
 
 def _safe_post(url: str, body: dict) -> httpx.Response | Exception:

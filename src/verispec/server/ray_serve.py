@@ -36,11 +36,16 @@ from typing import Any
 
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError
-from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.serve.request_router import (
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
 
 from .app import ServerConfig, build_state, create_app
 from .guard import Limits, RequestGuard
-from .routing import PrefixTable, prefix_keys, routing_text
+from .routing import BLOCK_CHARS, MAX_BLOCKS, PrefixTable, prefix_keys, routing_text
 from .schemas import error_body
 
 ENGINE = "VerispecEngine"
@@ -49,6 +54,8 @@ APP_NAME = "verispec"
 ROUTER = "verispec.server.ray_serve:PrefixAwareRouter"
 DEFAULT_ROUTER = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
 REPLICA_HEADER = "x-verispec-replica"
+ROUTE_CHARS = (MAX_BLOCKS + 1) * BLOCK_CHARS  # the routing text's keys and the tail after them
+RETRIES_HEADER = "x-verispec-retries"  # set when the answer comes from a retry (its replica died)
 logger = logging.getLogger("ray.serve")
 QUIET = {"log_level": "WARNING", "enable_access_log": False}  # `verispec serve --ray`: warnings and errors only
 
@@ -62,7 +69,8 @@ class HttpCall:
     query: bytes
     headers: tuple[tuple[bytes, bytes], ...]
     body: bytes
-    prefix: tuple[int, ...] = ()  # routing.prefix_keys of the request's prompt
+    text: str = ""  # routing.routing_text of the request's prompt (at most ROUTE_CHARS)
+    prefix: tuple[int, ...] = ()  # routing.prefix_keys(text)
 
 
 @dataclass(frozen=True)
@@ -215,15 +223,15 @@ class PrefixAwareRouter(RequestRouter):
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         try:  # an exception here would leave the request unrouted for ever: never raise
-            keys = _prefix_of(pending_request)
+            keys, text = _route_of(pending_request)
             by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-            owner, _, continues = self._table.match(keys, by_id.keys()) if keys else (None, 0, False)
+            owner, _, continues = self._table.match(keys, text, by_id.keys()) if keys else (None, 0, False)
             # a continuation stays unless its replica is overloaded; a shared prefix only breaks ties
             slack = self._imbalanced_threshold if continues else 0
             if owner is not None and self._excess(by_id[owner], candidate_replicas) <= slack:
                 rest = [r for r in candidate_replicas if r is not by_id[owner]]
                 return [[by_id[owner]], rest] if rest else [[by_id[owner]]]
-        except Exception:  # noqa: BLE001
+        except Exception:
             logger.exception("prefix-aware routing failed; routing by queue length")
         return [candidate_replicas]  # one rank: the base class takes the shortest queue
 
@@ -234,20 +242,23 @@ class PrefixAwareRouter(RequestRouter):
         return (cache.get(replica.replica_id) or 0) - min(cache.get(r.replica_id) or 0 for r in candidates)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
-        keys = _prefix_of(pending_request)
+        keys, text = _route_of(pending_request)
         if keys:
-            self._table.insert(keys, replica_id.unique_id)
+            self._table.insert(keys, text, replica_id.unique_id)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._table.drop(replica_id.unique_id)  # its prefix cache died with it
 
 
-def _prefix_of(pending_request: PendingRequest | None) -> tuple[int, ...]:
+def _route_of(pending_request: PendingRequest | None) -> tuple[tuple[int, ...], str]:
+    """(prefix keys, routing text) of a request; an HttpCall is duck-typed (Ray may ship a
+    copy of the class)."""
     if pending_request is None or not pending_request.args:
-        return ()
-    prefix = getattr(pending_request.args[0], "prefix", ())  # an HttpCall (duck-typed: Ray may ship a copy of the class)
-    return prefix if isinstance(prefix, tuple) else ()
+        return (), ""
+    call = pending_request.args[0]
+    keys, text = getattr(call, "prefix", ()), getattr(call, "text", "")
+    return (keys, text) if isinstance(keys, tuple) and isinstance(text, str) else ((), "")
 
 
 # ----------------------------------------------------------------------------- the frontend
@@ -274,8 +285,9 @@ class Frontend:
         if scope["method"] not in ("GET", "HEAD", "OPTIONS", "DELETE"):
             body = (await receive()).get("body", b"")  # the guard replays the whole, bounded body
         path = scope["path"]
+        text = routing_text(path, body)[:ROUTE_CHARS] if body else ""
         call = HttpCall(scope["method"], path, scope.get("query_string", b""), tuple(scope.get("headers", ())),
-                        body, prefix_keys(routing_text(path, body)) if body else ())
+                        body, text, prefix_keys(text))
         await self.forward(call, send)
 
     async def forward(self, call: HttpCall, send: Any) -> None:
@@ -294,6 +306,8 @@ class Frontend:
             except StopAsyncIteration:
                 return await _send_json(send, 500, error_body("the replica sent no answer", "server_error"))
             break
+        if attempt:
+            headers = [*headers, (RETRIES_HEADER.encode(), str(attempt).encode())]
         try:
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": first, "more_body": True})
@@ -436,5 +450,15 @@ def _wait_for_signal() -> None:
         pass
 
 
-__all__ = ["RayConfig", "HttpCall", "EngineReplica", "Frontend", "PrefixAwareRouter", "asgi_call", "build_app",
-           "app_builder", "config_from_args", "serve_ray"]
+__all__ = [
+    "EngineReplica",
+    "Frontend",
+    "HttpCall",
+    "PrefixAwareRouter",
+    "RayConfig",
+    "app_builder",
+    "asgi_call",
+    "build_app",
+    "config_from_args",
+    "serve_ray",
+]

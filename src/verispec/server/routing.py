@@ -5,16 +5,21 @@ chat's messages joined role by role), so a conversation's next turn extends the 
 previous turn. The text is cut into ``BLOCK_CHARS``-character blocks; block i's key hashes
 block i with the key of block i - 1 (a chained hash, as the engine's prefix cache keys its
 16-token blocks), so a key names a whole prefix. ``PrefixTable`` remembers, for each key, the
-replica that last served a request with that prefix (LRU, bounded); the deepest key of a new
-request found in the table names the replica whose cache holds the longest shared prefix.
+replica that last served a request with that prefix (LRU, bounded) and the tails of prompts
+that ended just after it; the deepest key of a new request found in the table names the
+replica whose cache holds the longest shared prefix, and the tails say whether the request
+continues a whole earlier prompt.
 
     >>> t = PrefixTable(capacity=100)
-    >>> t.insert(prefix_keys("x" * 64), "r1")      # a prompt of two blocks, served by r1
-    >>> t.match(prefix_keys("x" * 64 + "y" * 40), {"r1", "r2"})   # extends it: a continuation
+    >>> a = "x" * 64 + "end"                        # two whole blocks and a tail
+    >>> t.insert(prefix_keys(a), a, "r1")
+    >>> b = a + " and more"                          # extends it: a continuation
+    >>> t.match(prefix_keys(b), b, {"r1", "r2"})
     ('r1', 2, True)
-    >>> t.match(prefix_keys("x" * 32 + "z" * 32), {"r1", "r2"})   # shares its first block only
-    ('r1', 1, False)
-    >>> t.match(prefix_keys("z" * 64), {"r1", "r2"})
+    >>> c = "x" * 64 + "other"                       # shares the two blocks, not the tail
+    >>> t.match(prefix_keys(c), c, {"r1", "r2"})
+    ('r1', 2, False)
+    >>> t.match(prefix_keys("z" * 64), "z" * 64, {"r1", "r2"})
     (None, 0, False)
 
 The Ray Serve request router (``ray_serve.PrefixAwareRouter``) is a thin wrapper over this.
@@ -82,39 +87,48 @@ def prefix_keys(text: str, block: int = BLOCK_CHARS, max_blocks: int = MAX_BLOCK
 
 
 class PrefixTable:
-    """key -> (the replica that last served that prefix, whether a prompt ended there), least
-    recently used first.
+    """key -> (the replica that last served that prefix, the tails of the prompts that ended
+    in the block after it), least recently used first.
 
-    A match that ends where an earlier prompt ended is a *continuation* (the next turn of a
-    conversation, or the same prompt again: the owner's cache holds that whole prompt and its
-    answer); one that ends inside earlier prompts is a *shared* prefix (a common system
-    prompt): worth less, and known to other replicas soon.
+    A request *continues* an earlier prompt when that whole prompt, tail included, is a
+    prefix of it (the next turn of a conversation, or the same prompt again): the owner's
+    cache holds that prompt and its answer. A request that only *shares* a prefix (a common
+    system prompt, the same first words) gains less, and other replicas soon hold it too.
 
-    Invariant: ``len(self) <= capacity``; a replica dropped with ``drop`` owns no key."""
+    Invariants: ``len(self) <= capacity``; at most ``MAX_TAILS`` tails per key (the most
+    recent); a replica dropped with ``drop`` owns no key."""
 
-    def __init__(self, capacity: int = 200_000):
+    MAX_TAILS = 4
+
+    def __init__(self, capacity: int = 200_000, block: int = BLOCK_CHARS):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
-        self.capacity = capacity
-        self._owner: OrderedDict[int, tuple[str, bool]] = OrderedDict()
+        self.capacity, self.block = capacity, block
+        self._owner: OrderedDict[int, tuple[str, tuple[str, ...]]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._owner)
 
-    def match(self, keys: Sequence[int], alive: Collection[str]) -> tuple[str | None, int, bool]:
-        """(replica, blocks, continuation) of the longest prefix of ``keys`` owned by a replica in
-        ``alive``; (None, 0, False) when none is."""
+    def match(self, keys: Sequence[int], text: str, alive: Collection[str]) -> tuple[str | None, int, bool]:
+        """(replica, blocks, continuation) of the longest prefix of ``keys`` (the keys of
+        ``text``) owned by a replica in ``alive``; (None, 0, False) when none is."""
         for depth in range(len(keys), 0, -1):
-            owner, end = self._owner.get(keys[depth - 1], (None, False))
+            owner, tails = self._owner.get(keys[depth - 1], (None, ()))
             if owner is not None and owner in alive:
-                return owner, depth, end
+                rest = text[depth * self.block:]
+                return owner, depth, any(rest.startswith(t) for t in tails)
         return None, 0, False
 
-    def insert(self, keys: Sequence[int], replica: str) -> None:
-        """``replica`` now holds every prefix in ``keys`` (its cache saw the whole prompt)."""
+    def insert(self, keys: Sequence[int], text: str, replica: str) -> None:
+        """``replica`` now holds every prefix in ``keys`` and the whole ``text`` (its cache saw
+        the prompt); ``text``'s tail (what follows its last whole block) is remembered."""
         for i, k in enumerate(keys):
-            old = self._owner.get(k)
-            self._owner[k] = (replica, i == len(keys) - 1 or (old is not None and old == (replica, True)))
+            old_owner, old_tails = self._owner.get(k, (None, ()))
+            tails = old_tails if old_owner == replica else ()
+            if i == len(keys) - 1:
+                tail = text[len(keys) * self.block:][:self.block]
+                tails = ((*[t for t in tails if t != tail], tail))[-self.MAX_TAILS:]
+            self._owner[k] = (replica, tails)
             self._owner.move_to_end(k)
         while len(self._owner) > self.capacity:
             self._owner.popitem(last=False)
