@@ -20,10 +20,10 @@ except metadata.PackageNotFoundError:  # run from a source tree that was never i
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "load_model": "verispec.api",
+    "load_model": "verispec.models.load",
     "SpecDecoder": "verispec.api",
-    "LoadedModel": "verispec.api",
-    "distilled_draft_dir": "verispec.api",
+    "LoadedModel": "verispec.models.load",
+    "distilled_draft_dir": "verispec.models.load",
     "SamplingParams": "verispec.types",
     "GenerationOutput": "verispec.types",
 }
@@ -31,7 +31,8 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from .api import LoadedModel, SpecDecoder, distilled_draft_dir, load_model
+    from .api import SpecDecoder
+    from .models.load import LoadedModel, distilled_draft_dir, load_model
     from .types import GenerationOutput, SamplingParams
 
 

@@ -11,14 +11,14 @@ from .drafters.draft_model import DraftModelDrafter
 from .drafters.prompt_lookup import PromptLookupDrafter
 
 if TYPE_CHECKING:
-    from .api import LoadedModel
+    from .models.load import LoadedModel
 
 DrafterFactory = Callable[["LoadedModel", dict[str, Any]], Drafter]
 
 
 def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
-    from .api import load_draft_model
     from .models.catalog import CATALOG
+    from .models.load import load_draft_model
     from .weights import VOCAB_FREQ, has_shipped
 
     min_conf = float(opts.pop("min_confidence", 0.0))
@@ -84,8 +84,8 @@ REQUANTS = ("q4_0",)  # models.cpu.REQUANTS, without importing the compiled runt
 
 
 def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> Drafter:
-    from .api import target_embedding
     from .drafters.eagle import EagleDrafter, EagleHead, check_tree_options
+    from .models.load import target_embedding
     from .weights import shipped_weights
 
     path = opts.pop("weights", None) or shipped_weights(kind, target.name)
@@ -125,8 +125,8 @@ def _compiled_head_fits(target: "LoadedModel", head) -> bool:
 
 
 def _medusa(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
-    from .api import target_embedding
     from .drafters.medusa import MedusaDrafter, MedusaHeads
+    from .models.load import target_embedding
     from .weights import shipped_weights
 
     path = opts.pop("weights", None) or shipped_weights("medusa", target.name)

@@ -100,7 +100,7 @@ def _check_empty(label: str, opts: dict[str, str]) -> None:
 
 
 def _hf_runner(spec, opts: dict[str, str], k: int, lm, o: BenchOptions, shared: _Shared):
-    from ..api import DTYPES
+    from ..models.load import DTYPES
     from ..models.draft_checkpoint import is_draft_weights
     from .peers import HFGenerateRunner, configure_assistant, load_hf_model
 
@@ -121,7 +121,7 @@ def _hf_runner(spec, opts: dict[str, str], k: int, lm, o: BenchOptions, shared: 
     confidence = float(opts.pop("confidence", 0.4))
     _check_empty(spec.label, opts)
     if draft == "shipped" or is_draft_weights(draft):
-        from ..api import distilled_draft_dir
+        from ..models.load import distilled_draft_dir
 
         try:
             assistant = load_hf_model(distilled_draft_dir(lm, draft), dtype)
@@ -263,7 +263,7 @@ def run_bench(o: BenchOptions) -> tuple[dict, int]:
 
 
 def _run_loaded(o: BenchOptions, specs, params, prompts) -> tuple[dict, int]:
-    from ..api import load_model
+    from ..models.load import load_model
     from .harness import num_generations, run
     from .lossless import check_records
     from .methods import BASELINE

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import _Detokenizer  # the one incremental detokenizer (stop strings, UTF-8 hold-back)
+from ..detokenize import Detokenizer  # the one incremental detokenizer (stop strings, UTF-8 hold-back)
 from ..engine.batch import BatchEngine
 from ..engine.request import Request
 from ..types import SamplingParams, TokenLogprob
@@ -66,7 +66,7 @@ class Job:
 class _Running:
     job: Job
     req: Request
-    detok: _Detokenizer
+    detok: Detokenizer
     admitted: float
     max_batch_size: int = 1
     sent: int = 0  # generated tokens already reported
@@ -183,7 +183,7 @@ class EngineWorker:
             self._send(job, Event(job.request_id, "", [], error=str(e), status=400 if isinstance(e, ValueError) else 500))
             return
         now = time.perf_counter()
-        run = _Running(job, req, _Detokenizer(self._tokenizer, job.params.stop), admitted=now)
+        run = _Running(job, req, Detokenizer(self._tokenizer, job.params.stop), admitted=now)
         self._running.append(run)
         self.metrics.first_token(len(job.prompt_ids), now - job.submitted)
         self._progress(run, req.generated)

@@ -108,7 +108,7 @@ def run_train(kind: str, model_name: str, data: list[str | Path], out: str | Pat
     the validation metrics and final loss. ``corpus_tokens``: train on a corpus's first
     tokens only (eagle, medusa, draft). ``gsm8k``: the GSM8K train.jsonl the default data
     starts from (needed without ``data``)."""
-    from ..api import load_model
+    from ..models.load import load_model
     from .loop import TrainConfig
     from .prompts import gsm8k_file
 

@@ -401,7 +401,7 @@ def main_corpus(out: str | Path, model_name: str = "smollm2-135m-instruct", toke
                 progress: bool = True) -> dict:
     """``verispec train data``: the default prompt mix (all GSM8K train questions, templated
     instructions, Magpie turns) answered by ``model_name`` on its default backend."""
-    from ..api import load_model
+    from ..models.load import load_model
     from .prompts import gsm8k_file, read_gsm8k_questions
 
     if tokens < 1 or batch < 1 or threads < 1 or n_magpie < 0:

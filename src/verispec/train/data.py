@@ -124,7 +124,7 @@ def main_generate(out: str, model_name: str = "smollm2-135m-instruct", gsm8k: st
     """Entry point: build the non-Spec-Bench prompt set and answer it with the target."""
     from transformers import AutoModelForCausalLM
 
-    from ..api import load_model
+    from ..models.load import load_model
     from .prompts import build_prompts, read_gsm8k_questions
 
     questions = read_gsm8k_questions(gsm8k, limit=n_gsm8k) if gsm8k else []
@@ -167,7 +167,7 @@ def build_default_data(model_name: str, out_dir: str | Path, gsm8k: str | Path |
     answers, teacher-forced). Returns the paths to pass to the trainers."""
     from transformers import AutoModelForCausalLM
 
-    from ..api import load_model
+    from ..models.load import load_model
     from . import features
     from .prompts import gsm8k_file
 
