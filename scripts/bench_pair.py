@@ -52,10 +52,10 @@ def forward_curve(model, sizes, context=256, reps=7) -> dict[int, float]:
     return {n: best[n] / best[0] for n in sizes} | {"t0_ms": best[0] * 1e3}
 
 
-def run(dec, ids, n):
+def run(dec, ids, n, temperature=0.0, seed=0):
     engine = dec.engine
     t = time.perf_counter()
-    req = engine.add_request(ids, SamplingParams(max_new_tokens=n, ignore_eos=True))
+    req = engine.add_request(ids, SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=temperature, seed=seed))
     t1 = time.perf_counter()
     while not req.finished:
         engine.step(req)
@@ -71,6 +71,10 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=3, help="prompts per source (spec-bench: per category)")
     ap.add_argument("-n", "--max-new-tokens", type=int, default=96)
     ap.add_argument("--ks", default="2,3,4,5,6,8")
+    ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled (outputs differ by design; "
+                    "the sampling law is tested in tests/, not here)")
+    ap.add_argument("--methods", default="", help="comma-separated extra drafters run as they are by default "
+                    "(e.g. auto,draft): the default configuration beside the fixed-k rows")
     ap.add_argument("--markdown", type=Path)
     args = ap.parse_args()
     target = load_model(args.target)  # the runtime's pool takes torch's thread count at load
@@ -96,6 +100,8 @@ def main() -> None:
     for k in ks:
         decs[f"k={k}"] = SpecDecoder(target, "draft", {"model": args.draft, "vocab": args.vocab, "stop": "fixed"},
                                      num_draft_tokens=k)
+    for name in filter(None, args.methods.split(",")):
+        decs[name] = SpecDecoder(target, name, num_draft_tokens=16)  # as `verispec generate`
     decs["cost-sized (k<=12)"] = SpecDecoder(target, "draft", {"model": args.draft, "vocab": args.vocab, "stop": "cost"},
                                              num_draft_tokens=12)
     stats = {name: [0.0, 0, 0, 0, 0] for name in decs}  # seconds, tokens, steps, accepted, drafted
@@ -103,7 +109,7 @@ def main() -> None:
         order = list(decs) if i % 2 == 0 else list(reversed(decs))  # interleaved, alternating order
         outs = {}
         for name in order:
-            req, secs, _ = run(decs[name], ids, args.max_new_tokens)
+            req, secs, _ = run(decs[name], ids, args.max_new_tokens, args.temperature, seed=i)
             outs[name] = req.generated
             s = stats[name]
             s[0] += secs
@@ -113,7 +119,10 @@ def main() -> None:
             s[4] += req.stats.drafted
         ref = outs["plain"]
         bad = [n for n, o in outs.items() if o != ref]
-        print(f"prompt {i + 1}/{len(ps)}: {'all equal to plain' if not bad else 'MISMATCH ' + ', '.join(bad)}")
+        if args.temperature > 0:
+            print(f"prompt {i + 1}/{len(ps)}: sampled at T = {args.temperature}")
+        else:
+            print(f"prompt {i + 1}/{len(ps)}: {'all equal to plain' if not bad else 'MISMATCH ' + ', '.join(bad)}")
     base = stats["plain"][0] / stats["plain"][1]
     say("| method | tokens/step E | alpha | predicted | measured speed-up | ms/token |")
     say("|---|---|---|---|---|---|")
