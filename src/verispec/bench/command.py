@@ -329,7 +329,7 @@ def bench(
     method: list[str] = typer.Option([], "--method", "-m", help="drafter[:k=v,...] or a peer (hf-generate, hf-pld, hf-assisted:model=truncated:4, llamacpp, llamacpp-pld); repeatable; the baseline `none` always runs"),
     model: str = typer.Option("smollm2-135m-instruct", help="catalog name or path"),
     backend: str = typer.Option("auto", help="auto (the compiled CPU runtime for Llama-family models on CPU), cpu, native or hf"),
-    quant: str = typer.Option("auto", help="native weights: auto (the checkpoint's precision), none, int8 or int4"),
+    quant: str = typer.Option("auto", help="weights: auto (the checkpoint's own: a GGUF's blocks on cpu, int4 for a Q4 GGUF on native), none (float32), int8 or int4 (quantized at load: Q8_0 / Q4_1 on cpu, int8 / int4 on native; hf: auto or none)"),
     dtype: str = typer.Option("float32", help="float32 or bfloat16"),
     temperature: float = typer.Option(0.0, help="0 = greedy (exactness is checked); > 0 = sampling"),
     top_p: float = typer.Option(1.0),
