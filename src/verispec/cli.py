@@ -19,6 +19,9 @@ PREFIX_CACHE_MB = 1024.0  # = engine.prefix_cache.DEFAULT_MAX_MB (not imported: 
 PREFIX_CACHE_HELP = ("MiB of K/V kept across requests so a prompt reuses its longest cached prefix "
                      "(multi-turn chats, shared system prompts); 0 = off; the cpu backend only (exact there)")
 THREADS_HELP = "threads of the compiled runtime's pool and of torch (as llama.cpp's -t; default: one per core)"
+QUANT_HELP = ("weights: auto (the checkpoint's own: a GGUF's blocks on cpu, int4 for a Q4 GGUF on native), "
+              "none (float32), int8 or int4 (quantized at load: Q8_0 / Q4_1 on cpu, int8 / int4 on native; "
+              "hf: auto or none)")
 
 
 def fail(message: str) -> None:
@@ -147,7 +150,7 @@ def generate(
     dtype: str = typer.Option("float32", help="activation dtype (and weights' when unquantized): float32 or bfloat16"),
     backend: str = typer.Option("auto", help="auto (the compiled CPU runtime for Llama-family models on CPU), "
                                 "cpu, native (PyTorch) or hf"),
-    quant: str = typer.Option("auto", help="weights: auto (the checkpoint's own: a GGUF's blocks on cpu, int4 for a Q4 GGUF on native), none (float32), int8 or int4 (quantized at load: Q8_0 / Q4_1 on cpu, int8 / int4 on native; hf: auto or none)"),
+    quant: str = typer.Option("auto", help=QUANT_HELP),
     prefix_cache_mb: float = typer.Option(PREFIX_CACHE_MB, help=PREFIX_CACHE_HELP),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
 ) -> None:
@@ -453,7 +456,7 @@ def serve(
     prefix_cache_mb: float = typer.Option(PREFIX_CACHE_MB, help=PREFIX_CACHE_HELP),
     dtype: str = typer.Option("float32", help="float32 or bfloat16"),
     backend: str = typer.Option("auto", help="auto, cpu, native or hf (cpu and native batch verification)"),
-    quant: str = typer.Option("auto", help="weights: auto (the checkpoint's own: a GGUF's blocks on cpu, int4 for a Q4 GGUF on native), none (float32), int8 or int4 (quantized at load: Q8_0 / Q4_1 on cpu, int8 / int4 on native; hf: auto or none)"),
+    quant: str = typer.Option("auto", help=QUANT_HELP),
     threads: int = typer.Option(0, help=THREADS_HELP.replace("default: ", "0 = ")),
     graceful_timeout: float = typer.Option(30.0, help="seconds in-flight requests get on shutdown; then they end with 503"),
     api_key: Optional[str] = typer.Option(None, envvar="VERISPEC_API_KEY", show_envvar=True,
