@@ -43,39 +43,15 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         stop = "cost" if model not in ("shipped",) and not model.startswith("truncated:") else "fixed"
     cost = None
     if stop == "cost":
+        from .cost_curve import cached_cost_curve, measure_draft_step
         from .drafters.draft_model import DraftCost
-        from .policies.tree_shape import cached_cost_curve, measure_cost_curve
 
         key = _cost_key(target)
         curve = cached_cost_curve(target.backend, key)
         ratio = cached_cost_curve(draft, f"{key}-draftstep-{draft.info.name}", sizes=(1,), repeats=5,
-                                  measure=lambda m, sizes, repeats: _draft_step_cost(target.backend, m))
+                                  measure=lambda m, sizes, repeats: measure_draft_step(target.backend, m))
         cost = DraftCost(ratio[1], curve)
     return DraftModelDrafter(draft, min_confidence=min_conf, cost=cost)
-
-
-def _draft_step_cost(target, draft, rounds: int = 7) -> dict[int, float]:
-    """{1: one draft decode step / one target decode step}, 128-token context: the fastest of
-    ``rounds`` each, the two models alternating, so that load on a shared machine (which
-    only ever adds delay) weighs on both alike."""
-    import torch
-
-    from .policies.tree_shape import _probe_context, _seconds
-
-    steps = []
-    for model in (target, draft):
-        cache, ids, out = _probe_context(model, 128, 1)
-        root = out.logits[0, -1:].argmax(-1)[None]
-
-        def step(model=model, cache=cache, root=root):
-            model.forward(root, torch.tensor([[128]]), cache)
-            cache.truncate(128)
-        steps.append(step)
-    best = [float("inf"), float("inf")]
-    for _ in range(rounds):
-        for i, step in enumerate(steps):
-            best[i] = min(best[i], _seconds(step, 1, torch.device("cpu")))
-    return {1: best[1] / best[0]}
 
 
 DEFAULT_DRAFT_VOCAB = 32768  # FR-Spec head rows of a catalog draft (plus its control tokens)
@@ -108,7 +84,7 @@ def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> 
                                     max_draft=max(64, depth * top_k))  # a chain's or a tree's expanded nodes
     cost = None
     if budget == "measured":  # the target's t(n), measured once per configuration, then cached
-        from .policies.tree_shape import cached_cost_curve
+        from .cost_curve import cached_cost_curve
 
         cost = cached_cost_curve(target.backend, _cost_key(target))
     return EagleDrafter(head, embed, mode=mode, depth=depth, top_k=top_k, runner=runner, cost=cost)
@@ -133,7 +109,7 @@ def _medusa(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     tree = str(opts.pop("tree", "sparse"))
     cost = None
     if tree == "sequoia":  # hardware-aware size: t(n) measured once per configuration, then cached
-        from .policies.tree_shape import cached_cost_curve
+        from .cost_curve import cached_cost_curve
 
         cost = cached_cost_curve(target.backend, _cost_key(target))
     return MedusaDrafter(MedusaHeads.load(path), target_embedding(target), tree=tree, cost=cost)
@@ -151,8 +127,8 @@ def _cost_key(target: "LoadedModel") -> str:
 def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     import hashlib
 
+    from .cost_curve import cached_cost_curve, measure_draft_cost
     from .drafters.hybrid import HybridDrafter
-    from .policies.tree_shape import cached_cost_curve, measure_draft_cost
 
     retrieval, learned = str(opts.pop("retrieval", "suffix")), str(opts.pop("learned", "eagle"))
     if retrieval not in ("suffix", "prompt-lookup") or learned not in ("eagle", "eagle3", "draft"):

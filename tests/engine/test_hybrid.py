@@ -24,7 +24,7 @@ from verispec.drafters.suffix_tree import SuffixDecodingDrafter
 from verispec.engine import Engine
 from verispec.policies import draft_budget
 from verispec.policies.draft_budget import DepthAcceptance, best_size, interpolate
-from verispec.policies.tree_shape import measure_draft_cost
+from verispec.cost_curve import measure_draft_cost
 from verispec.registry import make_drafter
 from verispec.sampling import make_generator
 from verispec.tree import DraftTree

@@ -9,13 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verispec.cost_curve import cached_cost_curve, measure_cost_curve
 from verispec.drafters.medusa import sparse_tree_paths
 from verispec.policies.tree_shape import (
-    cached_cost_curve,
     choose_size,
     conditional_from_marginal,
     expected_accepted,
-    measure_cost_curve,
     optimal_tree,
     rank_probs,
     sequoia_tree,

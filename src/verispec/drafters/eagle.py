@@ -59,6 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models.loading import load_target_embedding  # noqa: F401 - re-exported (tests, scripts)
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
 from .base import DraftContext, Observation, RequestTable
@@ -460,18 +461,3 @@ def _top_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     vals = np.take_along_axis(logp, idx, -1)
     order = np.lexsort((idx, -vals), axis=-1)
     return np.take_along_axis(vals, order, -1), np.take_along_axis(idx, order, -1)
-
-
-def load_target_embedding(hf_dir: str | Path) -> torch.Tensor:
-    """[V, H] input embedding of an HF Llama checkpoint (tied LM head), read lazily."""
-    from safetensors import safe_open
-
-    path = Path(hf_dir)
-    files = sorted(path.glob("*.safetensors"))
-    for f in files:
-        with safe_open(str(f), framework="pt") as sf:
-            for key in ("model.embed_tokens.weight", "lm_head.weight"):
-                if key in sf.keys():
-                    return sf.get_tensor(key).float()
-    raise ValueError(f"no embedding (model.embed_tokens.weight) found in {path}")
-

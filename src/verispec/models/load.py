@@ -240,7 +240,7 @@ def target_embedding(model: LoadedModel) -> torch.Tensor:
         from .loading import gguf_tensor, read_gguf
 
         return gguf_tensor(read_gguf(model.source.path), "token_embd.weight")
-    from ..drafters.eagle import load_target_embedding
+    from .loading import load_target_embedding
 
     return load_target_embedding(model.hf_dir)
 

@@ -914,3 +914,17 @@ def glob_escape(text: str) -> str:
     import glob
 
     return glob.escape(text)
+
+
+def load_target_embedding(hf_dir: str | Path) -> torch.Tensor:
+    """[V, H] input embedding of an HF Llama checkpoint (tied LM head), read lazily."""
+    from safetensors import safe_open
+
+    path = Path(hf_dir)
+    files = sorted(path.glob("*.safetensors"))
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            for key in ("model.embed_tokens.weight", "lm_head.weight"):
+                if key in sf.keys():
+                    return sf.get_tensor(key).float()
+    raise ValueError(f"no embedding (model.embed_tokens.weight) found in {path}")

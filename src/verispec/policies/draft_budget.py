@@ -7,9 +7,9 @@ Glossary:
                prefix of them is a tree; ``E(n) = sum(values[:n])`` is the expected
                number of accepted drafted tokens of the first n nodes.
   t(n)         the target's time to verify root + n nodes over its 1-token decode time
-               (``tree_shape.measure_cost_curve``).
+               (``cost_curve.measure_cost_curve``).
   c(n)         the drafter's own time to draft n nodes, in the same unit
-               (``tree_shape.measure_draft_cost``); 0 for model-free drafters (microseconds).
+               (``cost_curve.measure_draft_cost``); 0 for model-free drafters (microseconds).
   rate         ``(E(n) + 1) / (t(n) + c(n))``: committed tokens per unit of target time;
                plain decoding (n = 0, no drafter call) has rate 1.
 

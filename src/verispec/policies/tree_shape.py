@@ -13,8 +13,8 @@ depth limit. A 1-D ``p`` is the same vector at every depth (Sequoia's setting); 
 
 Hardware-aware size (Sequoia, Sec. 3.3): with ``t(n)`` the target's time to verify ``n``
 drafted nodes relative to one plain decoding step, pick ``n`` maximising
-``(E[accepted](n) + 1) / t(n)``. ``measure_cost_curve`` times ``t(n)`` on a backend;
-``cached_cost_curve`` keeps it in the verispec cache directory.
+``(E[accepted](n) + 1) / t(n)``. ``verispec.cost_curve.measure_cost_curve`` times ``t(n)`` on
+a backend; ``cached_cost_curve`` there keeps it in the verispec cache directory.
 
 Trees are returned as rank paths (``(0, 1)`` = the rank-1 child of the rank-0 child of the
 root), parents before children: the format ``MedusaDrafter`` consumes.
@@ -22,12 +22,9 @@ root), parents before children: the format ``MedusaDrafter`` consumes.
 
 from __future__ import annotations
 
-import json
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -184,130 +181,3 @@ def sequoia_tree(p: Sequence[float] | Sequence[Sequence[float]], cost: dict[int,
     sizes = {n: c for n, c in cost.items() if n <= max_budget}
     n = choose_size(lambda k: optimal_tree(p, k, max_depth).expected_accepted, sizes)
     return optimal_tree(p, n, max_depth)
-
-
-# --------------------------------------------------------------------------- measuring t(n)
-
-DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32)
-
-
-def _bushy_parents(n: int) -> list[int]:
-    """Parents of a root + n node tree, 3 children per node (a representative tree mask)."""
-    return [-1] + [(i - 1) // 3 for i in range(1, n + 1)]
-
-
-ESTIMATOR = "min"  # stored with cached curves: curves timed another way are measured again
-
-
-def _seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
-    """Fastest wall time of ``fn()`` over ``repeats`` runs after one warm-up run: other work
-    on a shared machine only ever adds delay, so the minimum is the least noisy estimate
-    (a median still moved t(1) by 2x under load)."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times = []
-    for _ in range(repeats + 1):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return min(times[1:])
-
-
-def _probe_context(model, context: int, extra: int, **hidden):
-    """A cache holding a ``context``-token prefill (synthetic ids), its ids and output;
-    ``hidden``: the forward's hidden-state arguments (``drafters.base.hidden_request``)."""
-    dev = model.info.device
-    cache = model.new_cache(context + extra + 1)
-    ids = torch.arange(context, device=dev).remainder(model.info.vocab_size - 1).add(1)[None]
-    out = model.forward(ids, torch.arange(context, device=dev)[None], cache, last_logits_only=True, **hidden)
-    return cache, ids, out
-
-
-@torch.inference_mode()
-def measure_cost_curve(model, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5,
-                       context: int = 128) -> dict[int, float]:
-    """``t(n)``: time of one target forward over root + n tree nodes (tree mask, after a
-    ``context``-token prefill) divided by the time of a 1-token decode step (``_seconds``)."""
-    from ..tree import DraftTree
-
-    dev = model.info.device
-    cache, _, _ = _probe_context(model, context, max(sizes, default=0))
-
-    def timed(n: int) -> float:
-        tree = DraftTree(tuple(range(1, n + 2)), tuple(_bushy_parents(n)))
-        x = torch.tensor([tree.tokens], device=dev)
-        pos = torch.tensor([tree.depths], device=dev) + context
-        mask = tree.ancestor_mask(dev)
-
-        def step():
-            model.forward(x, pos, cache, tree_mask=mask)
-            cache.truncate(context)
-        return _seconds(step, repeats, dev)
-
-    base = timed(0)
-    return {n: timed(n) / base for n in sizes}
-
-
-@torch.inference_mode()
-def measure_draft_cost(model, drafter, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 3,
-                       context: int = 128) -> dict[int, float]:
-    """``c(n)``: time of ``drafter.propose`` with budget n (``_seconds``; greedy, after a
-    ``context``-token prompt was prefilled and, for drafters that read hidden states,
-    observed with the features they read, EAGLE-3's target layers included) divided by
-    the target's 1-token decode time: what drafting n nodes adds to a step, in the unit of
-    ``t(n)``. The probe request is finished afterwards."""
-    from ..drafters.base import DraftContext, Observation, hidden_request, observed_hidden
-    from ..sampling import make_generator
-    from ..tree import DraftTree
-    from ..types import SamplingParams
-
-    dev = model.info.device
-    cache, ids, out = _probe_context(model, context, 1, **hidden_request(drafter))
-    prompt = ids[0].tolist()
-    first = int(out.logits[0, -1].argmax())
-    root = torch.tensor([[first]], device=dev)
-
-    def decode():
-        model.forward(root, torch.tensor([[context]], device=dev), cache)
-        cache.truncate(context)
-    base = _seconds(decode, 5, dev)
-    rid = "cost-probe"
-    drafter.start(rid, prompt)
-    try:
-        if drafter.needs_hidden_states:
-            tree = DraftTree.chain(prompt[0], prompt[1:])
-            drafter.observe(Observation(rid, tree, list(range(1, context)), [*prompt[1:], first],
-                                        out.logits[0], observed_hidden(out)[0]))
-        gen = make_generator(0, 1)
-
-        def cost(n: int) -> float:
-            ctx = DraftContext(rid, [*prompt, first], n, SamplingParams(), gen)
-            return _seconds(lambda: drafter.propose(ctx), repeats, dev) / base
-        return {n: cost(n) for n in sizes}
-    finally:
-        drafter.finish(rid)
-
-
-def cached_cost_curve(model, key: str, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5,
-                      cache_dir: str | Path | None = None,
-                      measure: Callable[..., dict[int, float]] = measure_cost_curve) -> dict[int, float]:
-    """``measure(model, sizes, repeats)`` (the target's ``t(n)`` by default; a drafter's
-    ``c(n)`` with ``measure_draft_cost``) once per ``key`` (e.g. model/backend/quant/threads),
-    stored as JSON under ``<verispec cache>/cost-curves/``; later calls read it back."""
-    from ..models.loading import default_cache_dir
-
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
-    path = Path(cache_dir or default_cache_dir()) / "cost-curves" / f"{safe}.json"
-    if path.exists():
-        stored = json.loads(path.read_text())
-        curve = {int(n): float(t) for n, t in stored["t"].items()}
-        if set(sizes) <= set(curve) and stored.get("estimator") == ESTIMATOR:
-            return {n: curve[n] for n in sizes}
-    curve = measure(model, sizes, repeats)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": key, "repeats": repeats, "estimator": ESTIMATOR, "t": {str(n): t for n, t in curve.items()}},
-                              indent=1) + "\n")
-    tmp.replace(path)
-    return curve

@@ -1,0 +1,159 @@
+"""Measured costs on this machine, for sizing drafts (Sequoia's hardware-aware size,
+``policies.tree_shape``; the draft budgets of ``policies.draft_budget``): the target's
+``t(n)`` (``measure_cost_curve``), a drafter's ``c(n)`` (``measure_draft_cost``), a draft
+model's decode step against the target's (``measure_draft_step``), each in units of one
+target decode step and kept per configuration (``cached_cost_curve``). Above ``drafters``,
+``models`` and ``policies`` (it drives a model and a drafter), so none of them imports it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32)
+
+
+def _bushy_parents(n: int) -> list[int]:
+    """Parents of a root + n node tree, 3 children per node (a representative tree mask)."""
+    return [-1] + [(i - 1) // 3 for i in range(1, n + 1)]
+
+
+ESTIMATOR = "min"  # stored with cached curves: curves timed another way are measured again
+
+
+def _seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """Fastest wall time of ``fn()`` over ``repeats`` runs after one warm-up run: other work
+    on a shared machine only ever adds delay, so the minimum is the least noisy estimate
+    (a median still moved t(1) by 2x under load)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times = []
+    for _ in range(repeats + 1):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return min(times[1:])
+
+
+def _probe_context(model, context: int, extra: int, **hidden):
+    """A cache holding a ``context``-token prefill (synthetic ids), its ids and output;
+    ``hidden``: the forward's hidden-state arguments (``drafters.base.hidden_request``)."""
+    dev = model.info.device
+    cache = model.new_cache(context + extra + 1)
+    ids = torch.arange(context, device=dev).remainder(model.info.vocab_size - 1).add(1)[None]
+    out = model.forward(ids, torch.arange(context, device=dev)[None], cache, last_logits_only=True, **hidden)
+    return cache, ids, out
+
+
+@torch.inference_mode()
+def measure_cost_curve(model, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5,
+                       context: int = 128) -> dict[int, float]:
+    """``t(n)``: time of one target forward over root + n tree nodes (tree mask, after a
+    ``context``-token prefill) divided by the time of a 1-token decode step (``_seconds``)."""
+    from .tree import DraftTree
+
+    dev = model.info.device
+    cache, _, _ = _probe_context(model, context, max(sizes, default=0))
+
+    def timed(n: int) -> float:
+        tree = DraftTree(tuple(range(1, n + 2)), tuple(_bushy_parents(n)))
+        x = torch.tensor([tree.tokens], device=dev)
+        pos = torch.tensor([tree.depths], device=dev) + context
+        mask = tree.ancestor_mask(dev)
+
+        def step():
+            model.forward(x, pos, cache, tree_mask=mask)
+            cache.truncate(context)
+        return _seconds(step, repeats, dev)
+
+    base = timed(0)
+    return {n: timed(n) / base for n in sizes}
+
+
+@torch.inference_mode()
+def measure_draft_cost(model, drafter, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 3,
+                       context: int = 128) -> dict[int, float]:
+    """``c(n)``: time of ``drafter.propose`` with budget n (``_seconds``; greedy, after a
+    ``context``-token prompt was prefilled and, for drafters that read hidden states,
+    observed with the features they read, EAGLE-3's target layers included) divided by
+    the target's 1-token decode time: what drafting n nodes adds to a step, in the unit of
+    ``t(n)``. The probe request is finished afterwards."""
+    from .drafters.base import DraftContext, Observation, hidden_request, observed_hidden
+    from .sampling import make_generator
+    from .tree import DraftTree
+    from .types import SamplingParams
+
+    dev = model.info.device
+    cache, ids, out = _probe_context(model, context, 1, **hidden_request(drafter))
+    prompt = ids[0].tolist()
+    first = int(out.logits[0, -1].argmax())
+    root = torch.tensor([[first]], device=dev)
+
+    def decode():
+        model.forward(root, torch.tensor([[context]], device=dev), cache)
+        cache.truncate(context)
+    base = _seconds(decode, 5, dev)
+    rid = "cost-probe"
+    drafter.start(rid, prompt)
+    try:
+        if drafter.needs_hidden_states:
+            tree = DraftTree.chain(prompt[0], prompt[1:])
+            drafter.observe(Observation(rid, tree, list(range(1, context)), [*prompt[1:], first],
+                                        out.logits[0], observed_hidden(out)[0]))
+        gen = make_generator(0, 1)
+
+        def cost(n: int) -> float:
+            ctx = DraftContext(rid, [*prompt, first], n, SamplingParams(), gen)
+            return _seconds(lambda: drafter.propose(ctx), repeats, dev) / base
+        return {n: cost(n) for n in sizes}
+    finally:
+        drafter.finish(rid)
+
+
+def cached_cost_curve(model, key: str, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5,
+                      cache_dir: str | Path | None = None,
+                      measure: Callable[..., dict[int, float]] = measure_cost_curve) -> dict[int, float]:
+    """``measure(model, sizes, repeats)`` (the target's ``t(n)`` by default; a drafter's
+    ``c(n)`` with ``measure_draft_cost``) once per ``key`` (e.g. model/backend/quant/threads),
+    stored as JSON under ``<verispec cache>/cost-curves/``; later calls read it back."""
+    from .models.loading import default_cache_dir
+
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
+    path = Path(cache_dir or default_cache_dir()) / "cost-curves" / f"{safe}.json"
+    if path.exists():
+        stored = json.loads(path.read_text())
+        curve = {int(n): float(t) for n, t in stored["t"].items()}
+        if set(sizes) <= set(curve) and stored.get("estimator") == ESTIMATOR:
+            return {n: curve[n] for n in sizes}
+    curve = measure(model, sizes, repeats)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "repeats": repeats, "estimator": ESTIMATOR, "t": {str(n): t for n, t in curve.items()}},
+                              indent=1) + "\n")
+    tmp.replace(path)
+    return curve
+
+
+def measure_draft_step(target, draft, rounds: int = 7) -> dict[int, float]:
+    """{1: one draft decode step / one target decode step}, 128-token context: the fastest of
+    ``rounds`` each, the two models alternating, so that load on a shared machine (which
+    only ever adds delay) weighs on both alike."""
+    steps = []
+    for model in (target, draft):
+        cache, _, out = _probe_context(model, 128, 1)
+        root = out.logits[0, -1:].argmax(-1)[None]
+
+        def step(model=model, cache=cache, root=root):
+            model.forward(root, torch.tensor([[128]]), cache)
+            cache.truncate(128)
+        steps.append(step)
+    best = [float("inf"), float("inf")]
+    for _ in range(rounds):
+        for i, step in enumerate(steps):
+            best[i] = min(best[i], _seconds(step, 1, torch.device("cpu")))
+    return {1: best[1] / best[0]}
