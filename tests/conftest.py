@@ -1,11 +1,19 @@
-"""Shared fixtures. Tests pin torch to 2 threads (CI machines have 2 cores)."""
+"""Shared fixtures and the test groups. Tests pin torch to 2 threads (CI machines have 2 cores).
+
+Layout (by what a test needs): ``unit/`` pure functions, drafters and caches (seconds);
+``engine/`` the engine, every drafter and backend on toy, tiny random and stories260K models;
+``real/`` the real targets (SmolLM2-135M, the Qwen2.5-Coder pair), marked ``real`` here. The
+default suite (``make test``) runs unit/, engine/, the ``core`` subset of real/ and the
+docstring examples of ``src/verispec``; ``.ci/run`` then runs the rest of real/."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from tiny_models import make_tiny_dirs, tiny_llama
 from verispec.models.hf import HFCausalLM
 
 torch.set_num_threads(2)
@@ -25,15 +33,15 @@ def pytest_sessionstart(session):
             pytest.exit(f"VERISPEC_REQUIRE_COMPILED=1 but the compiled runtime is unavailable: {err}", returncode=1)
 
 
-def tiny_llama(seed: int, vocab: int = 96, layers: int = 2) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=512, bos_token_id=1, eos_token_id=2)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # sharper logits than the default init: fewer near-ties
-        model.lm_head.weight.mul_(20)
-    return model.eval()
+REAL = Path(__file__).parent / "real"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects
+def pytest_collection_modifyitems(config, items):
+    """Every test under real/ is marked ``real``."""
+    for item in items:
+        if REAL in item.path.parents:
+            item.add_marker(pytest.mark.real)
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +52,12 @@ def toy_target() -> HFCausalLM:
 @pytest.fixture(scope="session")
 def toy_draft() -> HFCausalLM:
     return HFCausalLM(tiny_llama(1), "toy-draft")
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """{kind: (HF dir, transformers model)} of tiny random llama, llama3-tied and qwen2-bias models."""
+    return make_tiny_dirs(tmp_path_factory.mktemp("tiny-models"))
 
 
 @pytest.fixture(scope="session")

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
 from verispec.drafters.base import DraftContext, StatelessDrafter
-from verispec.drafters.eagle import Eagle3Head, EagleConfig, EagleDrafter, load_target_embedding
+from verispec.drafters.draft_model import DraftModelDrafter
+from verispec.drafters.eagle import Eagle3Head, EagleConfig, EagleDrafter, EagleHead, load_target_embedding
 from verispec.engine import Engine
 from verispec.sampling import target_probs
 from verispec.tree import DraftTree
@@ -74,6 +76,21 @@ def stories_eagle3(model, mode: str = "tree", layers: tuple[int, ...] = (0, 2, 4
     return EagleDrafter(head, embed, mode=mode, depth=3, top_k=3)
 
 
+class Recorder:
+    """A target that records every forward's logits (delegates everything else)."""
+
+    def __init__(self, model):
+        self.model, self.logits = model, []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def forward(self, *args, **kw):
+        out = self.model.forward(*args, **kw)
+        self.logits.append(out.logits.clone())
+        return out
+
+
 def run(target, drafter, prompt, params: SamplingParams, k: int = 6, policy: str = "fixed"):
     """Generate to completion; returns (generated ids, stats)."""
     engine = Engine(target, drafter, k, policy)
@@ -127,3 +144,39 @@ def assert_target_law(target, context: list[int], samples: list[int], params: Sa
     ids = torch.tensor([context])
     logits = target.forward(ids, torch.arange(ids.shape[1])[None], target.new_cache()).logits[0, -1:]
     assert law_pvalue(torch.tensor(samples), target_probs(logits, params)[0]) > 1e-3
+
+
+class TemperedSelfDraft(DraftModelDrafter):
+    """The target itself at a lower temperature: q close to but unlike p, so acceptance is
+    frequent and any bias in the acceptance rule shows in the law."""
+
+    def propose(self, ctx):
+        return super().propose(replace(ctx, params=replace(ctx.params, temperature=0.6)))
+
+
+def forced_logits(target, prompt: list[int], generated: list[int]) -> torch.Tensor:
+    """[len(generated), V] logits that emitted each generated token, computed as plain
+    decoding does: a prefill (last logits only), then one-token forwards."""
+    cache = target.new_cache()
+    rows = [target.forward(torch.tensor([prompt]), torch.arange(len(prompt))[None], cache,
+                           last_logits_only=True).logits[0, -1]]
+    for i, t in enumerate(generated[:-1]):
+        pos = torch.tensor([[len(prompt) + i]])
+        rows.append(target.forward(torch.tensor([[t]]), pos, cache).logits[0, -1])
+    return torch.stack(rows)
+
+
+def random_eagle_head(layers: tuple[int, ...], seed: int = 0, vocab: int = 96, draft_vocab: int = 48,
+                      hidden: int = 64) -> EagleHead:
+    """A random EAGLE (``layers`` empty) or EAGLE-3 head of a ``hidden``-wide target, weights
+    jittered away from the init; its reduced vocabulary: ``draft_vocab`` random ids."""
+    cfg = EagleConfig(hidden_size=hidden, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16,
+                      rms_norm_eps=1e-5, rope_theta=10000.0, vocab_size=vocab, draft_vocab_size=draft_vocab,
+                      hidden_layers=layers)
+    torch.manual_seed(seed)
+    head = (Eagle3Head if layers else EagleHead)(cfg)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+        head.draft_vocab.copy_(torch.randperm(vocab)[:draft_vocab].sort().values)
+    return head.eval()

@@ -304,21 +304,6 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert message in result.output and "Traceback" not in result.output
 
 
-@pytest.mark.real
-def test_bench_quick_runs_and_greedy_outputs_match(tmp_path):
-    out = tmp_path / "quick"
-    result = CliRunner().invoke(app, ["bench", "--quick", "--output-dir", str(out), "--strict"])
-    assert result.exit_code == 0, result.output
-    data = json.loads((out / "results.json").read_text())
-    records = data["records"]
-    assert {r["method"] for r in records} == {"none", "prompt-lookup"}
-    assert {r["category"] for r in records} == {"summarization", "rag"}
-    assert len(records) == 4 and all(r["new_tokens"] > 0 for r in records)
-    counts = data["exactness"]["counts"]["prompt-lookup"]
-    assert counts["mismatch"] == 0 and counts["equal"] + counts["near-tie"] == 2
-    assert (out / "results.md").is_file() and (out / "speedup.png").is_file()
-
-
 def test_transformers_peers_match_our_baseline_on_a_toy_target(toy_target):
     from verispec.bench.peers import HFGenerateRunner
 

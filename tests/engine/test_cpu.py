@@ -13,38 +13,35 @@ import textwrap
 
 import pytest
 import torch
-from test_native import (  # noqa: F401  (tiny_dirs is a fixture)
+
+import tiny_models
+from tiny_models import (
     PARENTS,
     VOCAB,
     ancestor_mask,
+    assert_batch_bitwise,
     assert_chain_bitwise,
+    assert_same_bits,
     assert_tree_bitwise,
+    available_isas,
     feed_one_by_one,
+    has_isa,
     path_to,
     prefill,
-    tiny_dirs,
+    scenario,
     tokens,
 )
-
 from verispec.models.base import ModelError
 
 cpu = pytest.importorskip("verispec.models.cpu")
 if not cpu.available():
     pytest.skip("the compiled runtime verispec._vscpu is not built", allow_module_level=True)
 CpuLlama = cpu.CpuLlama
+ISAS = available_isas()  # scalar (the reference) first
 
 
-def _has_isa(isa: str) -> bool:
-    try:
-        return cpu.isa_name(isa) == isa
-    except ValueError:
-        return False
-
-
-ISAS = [isa for isa in ("scalar", "avx2", "avx512") if _has_isa(isa)]  # scalar is the reference
 KINDS = ("llama", "llama3-tied", "qwen2-bias")
 QUANTS = ("f32", "q8_0", "q4_1", "q4_0")
-SMOL_VOCAB = 49152
 
 
 @pytest.fixture(scope="module")
@@ -61,86 +58,6 @@ def load(tiny_dirs):
         return models[key]
 
     return get
-
-
-def assert_batch_bitwise(model: CpuLlama, vocab: int) -> None:
-    """Three requests of one pool with different cache lengths (one past a 64-slot tile),
-    rows given out of order, ragged ``num_tokens``: a padded batch prefill and a batched
-    tree/chain verify give bitwise the logits and hidden states of each request run alone;
-    padding is neither cached nor given logits; ``last_logits_only`` picks each row's last."""
-    lengths, n_draft = [9, 70, 21], [3, 5, 4]
-    pool = model.new_cache_pool(3, 128)
-    caches = [pool.acquire() for _ in lengths]
-    order = [2, 0, 1]  # batch row b serves request order[b]
-    prompts = [tokens(n, seed=20 + i, vocab=vocab) for i, n in enumerate(lengths)]
-    n = max(lengths)
-    ids = torch.zeros(3, n, dtype=torch.long)
-    for b, r in enumerate(order):
-        ids[b, :lengths[r]] = prompts[r][0]
-    pre = model.forward_batch(ids, torch.arange(n).expand(3, n), [caches[r] for r in order], want_hidden=True,
-                              num_tokens=[lengths[r] for r in order])
-    assert [c.length for c in caches] == lengths
-
-    masks_by_req = [torch.ones(3, 3, dtype=torch.bool).tril(), ancestor_mask([-1, 0, 0, 1, 1]),
-                    ancestor_mask([-1, 0, 1, 1])]
-    drafts = torch.zeros(3, 5, dtype=torch.long)
-    masks = torch.zeros(3, 5, 5, dtype=torch.bool)
-    positions = torch.zeros(3, 5, dtype=torch.long)
-    for b, r in enumerate(order):
-        k = n_draft[r]
-        drafts[b, :k] = tokens(k, seed=30 + r, vocab=vocab)[0]
-        masks[b, :k, :k] = masks_by_req[r]
-        positions[b, :k] = lengths[r] + masks_by_req[r].sum(1) - 1
-    num_tokens = [n_draft[r] for r in order]
-    out = model.forward_batch(drafts, positions, [caches[r] for r in order], masks, want_hidden=True,
-                              num_tokens=num_tokens)
-    assert [c.length for c in caches] == [a + b for a, b in zip(lengths, n_draft)]
-    for c in caches:
-        c.truncate(c.length - n_draft[caches.index(c)])
-    last = model.forward_batch(drafts, positions, [caches[r] for r in order], masks, num_tokens=num_tokens,
-                               last_logits_only=True)
-    assert last.logits.shape == (3, 1, vocab)
-
-    for b, r in enumerate(order):
-        k, m = n_draft[r], lengths[r]
-        assert torch.equal(pre.logits[b, m:], torch.zeros(n - m, vocab)), f"request {r}: padding has logits"
-        single = model.new_cache(128)
-        alone = model.forward(prompts[r], torch.arange(m)[None], single, want_hidden=True)
-        assert torch.equal(pre.logits[b, :m], alone.logits[0]), f"request {r}: batched prefill differs"
-        assert torch.equal(pre.hidden[b, :m], alone.hidden[0]), f"request {r}: batched prefill hidden differs"
-        ref = model.forward(drafts[b:b + 1, :k], positions[b:b + 1, :k], single, masks[b, :k, :k], want_hidden=True)
-        assert torch.equal(out.logits[b, :k], ref.logits[0]), f"request {r} differs in a batch"
-        assert torch.equal(out.hidden[b, :k], ref.hidden[0]), f"request {r}: hidden differs in a batch"
-        assert torch.equal(out.logits[b, k:], torch.zeros(5 - k, vocab)), f"request {r}: padding has logits"
-        assert torch.equal(last.logits[b, 0], ref.logits[0, k - 1]), f"request {r}: last_logits_only differs"
-
-
-def scenario(model: CpuLlama, vocab: int, prompt_len: int = 70) -> list[torch.Tensor]:
-    """A fixed sequence of forwards (prompt past a 64-slot tile, a tree verify, a chain step,
-    a 2-row batch): every logits and hidden tensor it produced, for cross-ISA comparison."""
-    ids = tokens(prompt_len + len(PARENTS), seed=40, vocab=vocab)
-    cache = model.new_cache()
-    outs = []
-    o = model.forward(ids[:, :prompt_len], torch.arange(prompt_len)[None], cache, want_hidden=True)
-    outs += [o.logits, o.hidden]
-    mask = ancestor_mask(PARENTS)
-    o = model.forward(ids[:, prompt_len:], (prompt_len + mask.sum(1) - 1)[None], cache, tree_mask=mask,
-                      want_hidden=True)
-    outs += [o.logits, o.hidden]
-    cache.compact([prompt_len + i for i in path_to(PARENTS, 6)], prompt_len)
-    o = model.forward(ids[:, -1:], torch.tensor([[cache.length]]), cache)
-    outs.append(o.logits)
-    pool = model.new_cache_pool(2, 128)
-    caches = [pool.acquire(), pool.acquire()]
-    o = model.forward_batch(ids[:, :6].expand(2, 6), torch.arange(6).expand(2, 6), caches, num_tokens=[6, 2])
-    outs.append(o.logits)
-    return outs
-
-
-def assert_same_bits(ref: list[torch.Tensor], got: list[torch.Tensor], what: str) -> None:
-    assert len(ref) == len(got)
-    for i, (a, b) in enumerate(zip(ref, got)):
-        assert torch.equal(a, b), f"{what}: output {i} differs (max abs {float((a - b).abs().max()):.3g})"
 
 
 # ----------------------------------------------------------------------------- library facts
@@ -183,7 +100,7 @@ def test_forced_isa_from_environment(monkeypatch, tiny_dirs):
         CpuLlama.from_hf_dir(tiny_dirs["llama"][0], max_length=64, isa="bogus")
 
 
-@pytest.mark.skipif(_has_isa("avx512"), reason="this CPU has AVX-512")
+@pytest.mark.skipif(has_isa("avx512"), reason="this CPU has AVX-512")
 def test_missing_isa_is_refused(tiny_dirs):
     with pytest.raises(ValueError):
         cpu.isa_name("avx512")
@@ -497,179 +414,12 @@ def test_unsupported_gguf_tensor_type(tiny_dirs, tmp_path):
 # ----------------------------------------------------------------------------- real SmolLM2 (GGUF Q4_1)
 
 
-@pytest.fixture(scope="module")
-def smollm():
-    """(hf dir, get(isa, threads) -> CpuLlama on the GGUF's own blocks); the GGUF is read once."""
-    from verispec.models.loading import materialize, resolve_model
-
-    try:
-        src = resolve_model("smollm2-135m-instruct")
-        hf_dir = materialize(src)
-    except ModelError as err:
-        pytest.skip(f"SmolLM2 not available: {err}")
-    cfg = json.loads((hf_dir / "config.json").read_text())
-    weights, quant = cpu.gguf_weights(src.path, cfg)
-    models = {}
-
-    def get(isa: str | None = None, threads: int = 2) -> CpuLlama:
-        if (isa, threads) not in models:
-            models[isa, threads] = CpuLlama.from_weights(cfg, weights, 512, name="smollm2", quant=quant, isa=isa,
-                                                         threads=threads)
-        return models[isa, threads]
-
-    assert "q4_1" in quant, quant
-    return hf_dir, src, get
-
-
-@pytest.mark.real
-def test_real_smollm2_from_hf_dir(smollm):
-    hf_dir, src, get = smollm
-    model = CpuLlama.from_hf_dir(hf_dir, gguf=src.path, max_length=512)
-    assert model.isa == ISAS[-1] and "q4_1" in model.quant
-    ids = tokens(4, seed=9, vocab=SMOL_VOCAB)
-    a = model.forward(ids, torch.arange(4)[None], model.new_cache()).logits
-    b = get().forward(ids, torch.arange(4)[None], get().new_cache()).logits
-    assert torch.equal(a, b)
-
-
-@pytest.mark.real
-@pytest.mark.parametrize("threads", [1, 2])
-def test_real_smollm2_bitwise(smollm, threads):
-    model = smollm[2](None, threads)
-    assert_chain_bitwise(model, SMOL_VOCAB, prefix_len=24)
-    assert_tree_bitwise(model, SMOL_VOCAB, prefix_len=24)
-
-
-@pytest.mark.real
-@pytest.mark.skipif(not _has_isa("avx512"), reason="AVX2 is the default ISA here")
-def test_real_smollm2_avx2_forced_bitwise(smollm):
-    model = smollm[2]("avx2")
-    assert model.isa == "avx2"
-    assert_chain_bitwise(model, SMOL_VOCAB, prefix_len=24)
-    assert_tree_bitwise(model, SMOL_VOCAB, prefix_len=24)
-
-
-@pytest.mark.real
-def test_real_smollm2_isas_agree(smollm):
-    """A 4-token prompt and a 3-node tree on every ISA give the scalar bits (scalar takes ~1 s)."""
-    get = smollm[2]
-    ids = tokens(7, seed=11, vocab=SMOL_VOCAB)
-    mask = ancestor_mask([-1, 0, 0])
-
-    def run(model):
-        cache = model.new_cache(64)
-        a = model.forward(ids[:, :4], torch.arange(4)[None], cache, want_hidden=True)
-        b = model.forward(ids[:, 4:], torch.tensor([[4, 5, 5]]), cache, tree_mask=mask)
-        return [a.logits, a.hidden, b.logits]
-
-    ref = run(get("scalar", 2))
-    for isa in ISAS[1:]:
-        assert_same_bits(ref, run(get(isa, 2)), isa)
-
-
-@pytest.fixture(scope="module")
-def smollm_native(smollm):
-    from verispec.models.native import NativeLlama
-
-    return NativeLlama.from_hf_dir(smollm[0], dtype=torch.float32, max_length=512, batch_invariant=False)
-
-
-@pytest.fixture(scope="module")
-def smollm_f32(smollm):
-    """The compiled runtime in fp32 on the GGUF's dequantized weights (the materialized HF dir)."""
-    return CpuLlama.from_hf_dir(smollm[0], max_length=512)
-
-
-def _logits(model, seq: list[int]) -> torch.Tensor:
-    return model.forward(torch.tensor([seq]), torch.arange(len(seq))[None], model.new_cache()).logits[0]
-
-
-def assert_close_top1(out: torch.Tensor, ref: torch.Tensor, atol: float, min_agree: int, max_margin: float) -> None:
-    """max |out - ref| < atol; top-1 agrees at >= min_agree rows, and where it does not, the
-    reference's own top-1 beat ``out``'s choice by less than max_margin (a near-tie)."""
-    err = float((out - ref).abs().max())
-    assert err < atol, f"max abs logit diff {err:.3g}"
-    picked = out.argmax(-1)
-    diff = (picked != ref.argmax(-1)).nonzero().flatten().tolist()
-    assert len(ref) - len(diff) >= min_agree, f"top-1 agrees at {len(ref) - len(diff)}/{len(ref)} rows"
-    margins = [float(ref[i].max() - ref[i, picked[i]]) for i in diff]
-    assert all(m < max_margin for m in margins), f"top-1 flips at rows {diff} with reference margins {margins}"
-
-
-@pytest.mark.real
-def test_real_smollm2_close_to_native_fp32(smollm, smollm_native, smollm_f32):
-    """fp32 compiled == fp32 PyTorch to 1e-3 (measured 1e-4) on the dequantized weights; the
-    GGUF's own Q4_1/Q8_0 blocks with Q8_1 activations (llama.cpp's scheme) vs the same:
-    measured on 24 random tokens max abs logit diff 1.1-1.3 (logits span -20..35) and top-1
-    agreement 21-23/24, disagreeing only where fp32's top two are within 0.25."""
-    seq = tokens(24, seed=12, vocab=SMOL_VOCAB)[0].tolist()
-    ref = _logits(smollm_native, seq)
-    torch.testing.assert_close(_logits(smollm_f32, seq), ref, atol=1e-3, rtol=1e-4)
-    assert_close_top1(_logits(smollm[2](), seq), ref, atol=3.0, min_agree=20, max_margin=0.5)
-
-
-@pytest.mark.real
-def test_real_smollm2_gguf_blocks_are_read_exactly(smollm):
-    """Reading the GGUF's own blocks (with the Q/K RoPE row permutation) gives bitwise what
-    quantizing its dequantized HF dir to Q4_1 again gives (Q4_1 round-trips exactly)."""
-    requant = CpuLlama.from_hf_dir(smollm[0], max_length=512, quant="q4_1")
-    seq = tokens(16, seed=13, vocab=SMOL_VOCAB)[0].tolist()
-    assert torch.equal(_logits(requant, seq), _logits(smollm[2](), seq))
-
-
-def _greedy(model, prompt: list[int], steps: int) -> list[int]:
-    cache = model.new_cache(128)
-    logits = model.forward(torch.tensor([prompt]), torch.arange(len(prompt))[None], cache,
-                           last_logits_only=True).logits[0, -1]
-    out = []
-    for _ in range(steps):
-        tok = int(logits.argmax())
-        out.append(tok)
-        logits = model.forward(torch.tensor([[tok]]), torch.tensor([[cache.length]]), cache).logits[0, 0]
-    return out
-
-
-def _chat_prompts(hf_dir) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(hf_dir)
-    out = []
-    for text in ("What is the capital of France?", "Write a haiku about the sea."):
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    return out
-
-
-@pytest.mark.real
-def test_real_smollm2_greedy_close_to_fp32(smollm, smollm_f32):
-    """Free-running greedy text of the GGUF model may part from fp32's at the first near-tie
-    (measured: position 0 of the France prompt, fp32 margin 0.08: "L'Étoile" vs "The
-    capital"), so compare along fp32's greedy continuation (teacher-forced): measured top-1
-    agreement 23/24 and 21/24, flips only where fp32's margin is < 0.25."""
-    for prompt in _chat_prompts(smollm[0]):
-        cont = _greedy(smollm_f32, prompt, 24)
-        seq, n = prompt + cont, len(prompt)
-        ref = _logits(smollm_f32, seq)[n - 1:-1]
-        assert ref.argmax(-1).tolist() == cont  # a forward of the whole text is greedy's own
-        assert_close_top1(_logits(smollm[2](), seq)[n - 1:-1], ref, atol=3.0, min_agree=19, max_margin=0.5)
-
-
-@pytest.mark.real
-@pytest.mark.slow
-def test_real_smollm2_f32_greedy_is_native_fp32(smollm, smollm_native, smollm_f32):
-    """Greedy 24 tokens of two chat prompts: the compiled fp32 runtime and the PyTorch fp32
-    runtime write the same text (measured: identical; ~10 s a native forward here)."""
-    for prompt in _chat_prompts(smollm[0]):
-        cont = _greedy(smollm_f32, prompt, 24)
-        assert _logits(smollm_native, prompt + cont)[len(prompt) - 1:-1].argmax(-1).tolist() == cont
-
-
 # ----------------------------------------------------------------------------- memory safety
 
 
 VALGRIND_SCRIPT = textwrap.dedent("""
     import sys, torch
-    from test_native import PARENTS, ancestor_mask
+    from tiny_models import PARENTS, ancestor_mask
     from verispec.models.cpu import CpuLlama
     torch.set_num_threads(1)
     for quant in ("f32", "q8_0", "q4_1"):
@@ -699,7 +449,7 @@ def test_valgrind_memcheck(tiny_dirs, tmp_path, isa):
     script = tmp_path / "forward.py"
     script.write_text(VALGRIND_SCRIPT)
     env = dict(os.environ, VERISPEC_ISA=isa, PYTHONMALLOC="malloc",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([os.path.dirname(tiny_models.__file__), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(["valgrind", "--leak-check=no", sys.executable, str(script), str(tiny_dirs["llama"][0])],
                           env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-6000:]

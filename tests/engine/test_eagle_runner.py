@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_llama
-from helpers import run
+
+from helpers import random_eagle_head, run
+from tiny_models import tiny_llama
 
 from verispec.drafters.base import NoDrafter
-from verispec.drafters.eagle import Eagle3Head, EagleConfig, EagleDrafter, EagleHead
+from verispec.drafters.eagle import EagleDrafter
 from verispec.drafters.eagle_runner import CompiledHeadRunner, TorchHeadRunner
 from verispec.models import cpu
 from verispec.types import SamplingParams
@@ -18,19 +19,6 @@ from verispec.types import SamplingParams
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="the compiled runtime is not built")
 
 H, V = 64, 96
-
-
-def _head(layers: tuple[int, ...], seed: int = 0, vocab: int = V, draft_vocab: int = 48) -> EagleHead:
-    cfg = EagleConfig(hidden_size=H, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16,
-                      rms_norm_eps=1e-5, rope_theta=10000.0, vocab_size=vocab, draft_vocab_size=draft_vocab,
-                      hidden_layers=layers)
-    torch.manual_seed(seed)
-    head = (Eagle3Head if layers else EagleHead)(cfg)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
-        head.draft_vocab.copy_(torch.randperm(vocab)[:draft_vocab].sort().values)
-    return head.eval()
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +33,7 @@ def target():
 def test_compiled_f32_head_equals_torch(layers):
     """extend in two pieces, then two proposals of three depths with tree ancestors (the
     second overwrites the first's draft slots): step_out and logits match PyTorch."""
-    head, embed = _head(layers), torch.randn(V, H)
+    head, embed = random_eagle_head(layers), torch.randn(V, H)
     ref, fast = TorchHeadRunner(head, embed), CompiledHeadRunner(head, embed, 128, quant="f32")
     rs, fs = ref.open(), fast.open()
     feats, toks = torch.randn(9, H), torch.randint(0, V, (9,)).tolist()
@@ -75,7 +63,7 @@ def test_compiled_head_drafts_like_torch_and_is_lossless(target, layers, mode):
     """Greedy decoding with the compiled head equals plain decoding; with fp32 weights it
     drafts exactly what the PyTorch head drafts (same drafted and accepted counts), and the
     Q8_0 head (the default) is lossless too."""
-    head, embed = _head(layers, seed=3), torch.randn(V, H) * 3
+    head, embed = random_eagle_head(layers, seed=3), torch.randn(V, H) * 3
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
     prompt = [1, 17, 40, 5, 66]
     plain, _ = run(target, NoDrafter(), prompt, params)
@@ -91,7 +79,7 @@ def test_compiled_head_drafts_like_torch_and_is_lossless(target, layers, mode):
 
 
 def test_compiled_head_errors(target):
-    head, embed = _head((0, 1)), torch.randn(V, H)
+    head, embed = random_eagle_head((0, 1)), torch.randn(V, H)
     runner = CompiledHeadRunner(head, embed, 64, quant="f32", max_draft=8)
     st = runner.open()
     runner.extend(st, torch.randn(4, H), [1, 2, 3, 4], 0)
@@ -116,7 +104,7 @@ def test_measured_budget_sizes_drafts_by_cost(target, mode):
     """With the target's cost curve the drafter keeps the prefix of its best-first nodes
     that pays most: free verification keeps the whole budget (as without a curve), a prohibitive one drafts
     nothing, and in between the draft shrinks; greedy output stays plain decoding's."""
-    head, embed = _head((0, 1), seed=3), torch.randn(V, H) * 3
+    head, embed = random_eagle_head((0, 1), seed=3), torch.randn(V, H) * 3
     params = SamplingParams(max_new_tokens=24, ignore_eos=True)
     prompt = [1, 17, 40, 5, 66]
     plain, _ = run(target, NoDrafter(), prompt, params)
@@ -135,7 +123,7 @@ def test_measured_budget_sizes_drafts_by_cost(target, mode):
 def test_drafts_fit_the_compiled_runner(target):
     """A chain longer than the runner's draft room is shortened, not an error mid-request;
     a tree that could not fit is refused when the drafter is built."""
-    head, embed = _head((0, 1), seed=3), torch.randn(V, H) * 3
+    head, embed = random_eagle_head((0, 1), seed=3), torch.randn(V, H) * 3
     runner = CompiledHeadRunner(head, embed, 256, max_draft=4)
     params = SamplingParams(max_new_tokens=16, ignore_eos=True)
     plain, _ = run(target, NoDrafter(), [1, 17, 40], params)

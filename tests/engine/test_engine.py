@@ -3,12 +3,11 @@ drafter, deterministic counts, stopping, and sampling-distribution equality."""
 
 import pytest
 from collections import Counter
-from dataclasses import replace
 
 import torch
 from scipy.stats import chisquare
 
-from helpers import OracleDrafter, RandomDrafter, run
+from helpers import OracleDrafter, RandomDrafter, TemperedSelfDraft, run
 from verispec.drafters.base import NoDrafter
 from verispec.drafters.draft_model import DraftCost, DraftModelDrafter
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
@@ -82,14 +81,6 @@ def test_seeded_sampling_is_deterministic(toy_target, toy_draft):
     a = run(toy_target, DraftModelDrafter(toy_draft), PROMPT, params)[0]
     b = run(toy_target, DraftModelDrafter(toy_draft), PROMPT, params)[0]
     assert a == b
-
-
-class TemperedSelfDraft(DraftModelDrafter):
-    """The target itself at a lower temperature: q close to but unlike p, so acceptance is
-    frequent and any bias in the acceptance rule shows in the histogram."""
-
-    def propose(self, ctx):
-        return super().propose(replace(ctx, params=replace(ctx.params, temperature=0.6)))
 
 
 def test_cost_sized_drafts(toy_target):

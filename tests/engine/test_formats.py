@@ -14,15 +14,22 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from test_cpu import ISAS, assert_batch_bitwise, assert_same_bits, scenario
-from test_native import assert_chain_bitwise, assert_tree_bitwise
 
+from tiny_models import (
+    assert_batch_bitwise,
+    assert_chain_bitwise,
+    assert_same_bits,
+    assert_tree_bitwise,
+    available_isas,
+    scenario,
+)
 from verispec.models import cpu
 from verispec.models.cpu import FORMATS, CpuLlama, quantize_matrix
 from verispec.models.ggml_quants import quantize
 
 if not cpu.available():
     pytest.fail("the compiled runtime is not built", pytrace=False)
+ISAS = available_isas()  # scalar (the reference) first
 
 QUANTIZED = ("q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k")
 

@@ -1,15 +1,14 @@
 """Hostile and careless input (issue 16): the server and the CLI stay up, answer with one
 clean error, and keep every user in their own chat turn.
 
-Server tests run a real uvicorn server (``test_server.running_server``) on the 260K-parameter
+Server tests run a real uvicorn server (``serving.running_server``) on the 260K-parameter
 stories model, driven by httpx, raw sockets and the openai client; CLI tests run the typer
-app in-process (CliRunner), as tests/test_cli.py does.
+app in-process (CliRunner), as tests/engine/test_cli.py does.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import socket
 import threading
@@ -20,9 +19,9 @@ import httpx
 import openai
 import pytest
 from transformers import AutoTokenizer
-from typer.testing import CliRunner
 
-from test_server import MODEL, running_server, stories_native_model
+from serving import AUTH, KEY, MODEL, TEMPLATE, assert_error, one_line_exit_2, post, runner, running_server
+from serving import chatml, guarded, url  # noqa: F401  (fixtures)
 from verispec.chat import content_spans, encode_chat
 from verispec.cli import app as cli_app
 from verispec.drafters.base import DraftContext, StatelessDrafter
@@ -32,10 +31,7 @@ from verispec.server.guard import Limits
 from verispec.tree import DraftTree
 from verispec.types import MAX_SEED, SamplingParams
 
-KEY = "sk-test-key"
-# ChatML-like template on the stories tokenizer, whose added tokens <s> (1) and </s> (2) act as
-# the control tokens of the turns
-TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}<s>assistant\n"
+# the stories tokenizer's added tokens <s> (1) and </s> (2) act as the control tokens of the turns (serving.TEMPLATE)
 CONTROL = {1, 2}
 
 
@@ -47,44 +43,6 @@ class SlowDrafter(StatelessDrafter):
     def propose(self, ctx: DraftContext) -> DraftTree:
         time.sleep(0.02)
         return DraftTree.chain(ctx.tokens[-1], [])
-
-
-@pytest.fixture(scope="module")
-def chatml():
-    model = stories_native_model()
-    tok = copy.deepcopy(model.tokenizer)
-    tok.chat_template = TEMPLATE
-    return dataclasses.replace(model, tokenizer=tok, has_chat_template=True)
-
-
-@pytest.fixture(scope="module")
-def guarded(chatml):
-    limits = Limits(max_body_bytes=32_768, header_timeout_s=0.5, body_timeout_s=0.5, api_key=KEY)
-    with running_server(chatml, max_queue=3, limits=limits) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def url(guarded) -> str:
-    return guarded[0]
-
-
-AUTH = {"authorization": f"Bearer {KEY}"}
-
-
-def post(url: str, route: str, body: dict | bytes, **kw) -> httpx.Response:
-    content = body if isinstance(body, bytes) else json.dumps({"model": MODEL} | body).encode()
-    return httpx.post(f"{url}/v1/{route}", content=content, timeout=60,
-                      headers={"content-type": "application/json"} | AUTH | kw.pop("headers", {}), **kw)
-
-
-def assert_error(r: httpx.Response, status: int, code: str | None = None, param: str | None = None) -> dict:
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    assert code is None or err["code"] == code
-    assert param is None or err["param"] == param
-    return err
 
 
 # ----------------------------------------------------------------------------- 1. size and time
@@ -328,18 +286,6 @@ def test_negative_grace_is_rejected(chatml) -> None:
 
 # ----------------------------------------------------------------------------- CLI
 
-runner = CliRunner()
-
-
-def one_line_exit_2(*args: str, input: bytes | str | None = None, needle: str = "") -> str:
-    r = runner.invoke(cli_app, list(args), input=input)
-    assert r.exit_code == 2, r.output
-    lines = [line for line in r.output.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in r.output, r.output
-    assert needle.lower() in lines[0].lower(), lines[0]
-    return lines[0]
-
-
 @pytest.mark.parametrize("args,needle", [
     (["--temperature", "inf"], "temperature"),
     (["--temperature", "nan"], "temperature"),
@@ -469,20 +415,3 @@ def test_datastore_prints_the_path_it_writes(tmp_path) -> None:
 
 
 # ----------------------------------------------------------------------------- 14. README
-
-
-@pytest.mark.slow  # about a minute on 2 cores: loads SmolLM2 and its distilled draft
-@pytest.mark.real
-def test_readme_draft_example_accepts_tokens() -> None:
-    """The README's draft-model example, run as written (fewer tokens): the drafter's
-    tokens are really accepted (the old truncated:6 example accepted 0 of 242)."""
-    import shlex
-    from pathlib import Path
-
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    line = next(x for x in readme.splitlines() if x.startswith("verispec generate --drafter draft "))
-    args = shlex.split(line.split("#")[0])[1:]
-    r = runner.invoke(cli_app, [*args, "-n", "32", "--json"])
-    assert r.exit_code == 0, r.output
-    stats = json.loads(r.stdout)["stats"]
-    assert stats["drafted"] > 0 and stats["accepted"] / stats["drafted"] >= 0.05, stats

@@ -1,6 +1,6 @@
 """Hostile input, round 2 (issue 25): one section per class of failure, several values each.
 
-Server tests run a real uvicorn server on 127.0.0.1 (``test_server.running_server``) with the
+Server tests run a real uvicorn server on 127.0.0.1 (``serving.running_server``) with the
 260K-parameter stories model; CLI tests run the typer app in-process (CliRunner) or, where the
 process itself matters (stdout on /dev/full, a FIFO), as a subprocess.
 """
@@ -18,8 +18,8 @@ import httpx
 import pytest
 import torch
 
-from test_hostile import AUTH, KEY, MODEL, assert_error, chatml, guarded, one_line_exit_2, post, runner, url  # noqa: F401
-from test_server import running_server, stories_native_model
+from serving import AUTH, KEY, MODEL, assert_error, one_line_exit_2, post, runner, running_server, stories_native_model
+from serving import chatml, guarded, url  # noqa: F401  (fixtures)
 from verispec import memory
 from verispec.api import _Detokenizer
 from verispec.chat import content_spans, encode_chat

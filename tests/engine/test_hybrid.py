@@ -2,18 +2,17 @@
 (fusion, per-step sizing, acceptance tracking), strict greedy equality with plain decoding
 on the toy target, which sub-drafter proposed under each cost curve, EAGLE-3 as the learned
 drafter (the target layers it reads, asked for only while it is in), the exact sampling law,
-and lifecycle errors. The real SmolLM2 target runs in test_real_native.py."""
+and lifecycle errors. The real SmolLM2 target runs in tests/real/test_real_native.py."""
 
 from __future__ import annotations
 
 import doctest
 from collections import Counter
-from dataclasses import replace
 
 import pytest
 import torch
 
-from helpers import assert_target_law, run, stories_eagle3
+from helpers import TemperedSelfDraft, assert_target_law, run, stories_eagle3
 from verispec.drafters import hybrid as hybrid_module
 from verispec.drafters.base import DraftContext, NoDrafter, hidden_request
 from verispec.drafters.draft_model import DraftModelDrafter
@@ -208,14 +207,6 @@ def test_eagle3_from_the_registry_and_its_measured_cost(stories_native, tmp_path
 
 
 # ---- the exact sampling law ---------------------------------------------------------------------
-class TemperedSelfDraft(DraftModelDrafter):
-    """The target at a lower temperature: q close to but unlike p (acceptance is frequent
-    and any bias in the acceptance rule shows in the histogram)."""
-
-    def propose(self, ctx):
-        return super().propose(replace(ctx, params=replace(ctx.params, temperature=0.6)))
-
-
 # the fused point-mass tree runs by default; the sources passed through unchanged are the
 # prompt-lookup and draft-model law tests of test_engine.py, re-run here under -m slow
 @pytest.mark.parametrize("mode,min_score,source", [

@@ -377,33 +377,3 @@ def test_truncated_gguf_data(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- the real target (slow)
-
-
-@pytest.mark.slow
-@pytest.mark.real
-def test_smollm2_gguf_matches_transformers_gguf_loader(tmp_path: Path) -> None:
-    pytest.importorskip("accelerate", reason="transformers' GGUF loader needs accelerate")
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, LlamaForCausalLM
-
-    try:
-        source = resolve_model(DEFAULT_MODEL)
-    except ModelError as err:
-        pytest.skip(str(err))
-    assert (source.kind, source.chat) == ("gguf", True)
-    hf_dir = materialize(source, tmp_path)
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert im_end in json.loads((hf_dir / "generation_config.json").read_text())["eos_token_id"]
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}], tokenize=False, add_generation_prompt=True
-    )
-    assert prompt.endswith("<|im_start|>assistant\n")
-    ids = tokenizer(prompt, return_tensors="pt").input_ids  # [1, T]
-    assert tokenizer.decode(ids[0]) == prompt
-    ours = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    theirs = AutoModelForCausalLM.from_pretrained(
-        str(source.path.parent), gguf_file=source.path.name,
-        quantization_config=GgufConfig(dequantize=True), dtype=torch.float32,
-    ).eval()  # fmt: skip
-    with torch.no_grad():
-        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, atol=1e-4, rtol=1e-4)

@@ -3,72 +3,24 @@ invariance), static-cache rollback, batched forwards and input validation."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from verispec.models.base import CausalLM, KVCache, ModelError, causal_tree_mask
 import verispec.models.native as native
+from tiny_models import (
+    PARENTS,
+    VOCAB,
+    ancestor_mask,
+    assert_chain_bitwise,
+    assert_tree_bitwise,
+    feed_one_by_one,
+    path_to,
+    prefill,
+    tokens,
+)
+from verispec.models.base import CausalLM, KVCache, ModelError, causal_tree_mask
 from verispec.models.native import NativeLlama, invariant_attention, linear, pairwise_sum, tail_layout, window_mask
-
-VOCAB = 256
-# a branching tree: node i's parent; node 0 is the root (last committed token)
-PARENTS = [-1, 0, 0, 1, 1, 2, 3, 5]
-
-
-def ancestor_mask(parents: list[int]) -> torch.Tensor:
-    """[N, N] bool: True where column j is node i itself or one of its ancestors."""
-    n = len(parents)
-    mask = torch.eye(n, dtype=torch.bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            mask[i] |= mask[p]
-    return mask
-
-
-def path_to(parents: list[int], i: int) -> list[int]:
-    path = []
-    while i >= 0:
-        path.append(i)
-        i = parents[i]
-    return path[::-1]
-
-
-def tiny_config(kind: str):
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    if kind == "llama":
-        return LlamaConfig(**common, tie_word_embeddings=False)
-    if kind == "llama3-tied":
-        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-        return LlamaConfig(**common, tie_word_embeddings=True, rope_parameters=rope)
-    if kind == "qwen2-bias":
-        return Qwen2Config(**common, tie_word_embeddings=False)
-    raise ValueError(kind)
-
-
-@pytest.fixture(scope="module")
-def tiny_dirs(tmp_path_factory):
-    """HF dirs of tiny random models (and the transformers reference models)."""
-    out = {}
-    for i, kind in enumerate(("llama", "llama3-tied", "qwen2-bias")):
-        torch.manual_seed(i)
-        cfg = tiny_config(kind)
-        model = (Qwen2ForCausalLM if kind.startswith("qwen2") else LlamaForCausalLM)(cfg).eval()
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("bias"):
-                    p.normal_(0, 0.5)  # HF initializes biases to zero: make them matter
-        path = tmp_path_factory.mktemp(kind)
-        model.save_pretrained(path)
-        out[kind] = (path, model)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -88,62 +40,6 @@ def load(tiny_dirs):
         return models[key]
 
     return get
-
-
-def tokens(n: int, seed: int = 0, vocab: int = VOCAB) -> torch.Tensor:
-    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
-
-
-def prefill(model: NativeLlama, ids: torch.Tensor):
-    cache = model.new_cache()
-    model.forward(ids, torch.arange(ids.shape[1])[None], cache)
-    return cache
-
-
-def feed_one_by_one(model, cache, toks: list[int]) -> list[torch.Tensor]:
-    """Logits of each token fed alone; returns [V] float32 per token."""
-    out = []
-    for t in toks:
-        pos = torch.tensor([[cache.length]])
-        out.append(model.forward(torch.tensor([[t]]), pos, cache).logits[0, 0])
-    return out
-
-
-def assert_chain_bitwise(model: NativeLlama, vocab: int, prefix_len: int = 12, k: int = 8) -> None:
-    assert model.exactness.bit_exact, model.exactness.reason  # the claim is what is tested
-    ids = tokens(prefix_len + k, vocab=vocab)
-    cache = prefill(model, ids[:, :prefix_len])
-    chain = ids[0, prefix_len:].tolist()
-    seq = feed_one_by_one(model, cache, chain)
-    cache.truncate(prefix_len)
-    out = model.forward(ids[:, prefix_len:], torch.arange(prefix_len, prefix_len + k)[None], cache,
-                        tree_mask=causal_tree_mask(k), want_hidden=True)
-    for j in range(k):
-        assert torch.equal(out.logits[0, j], seq[j]), f"token {j} of the chain differs"
-    assert out.hidden.shape == (1, k, model.info.hidden_size)
-
-
-def assert_tree_bitwise(model: NativeLlama, vocab: int, prefix_len: int = 12) -> None:
-    """Each node's logits from one tree forward == feeding its root-to-node path one token
-    at a time (depth-first: feed a node, recurse into its children, roll back one slot)."""
-    assert model.exactness.bit_exact, model.exactness.reason
-    n = len(PARENTS)
-    ids = tokens(prefix_len + n, seed=1, vocab=vocab)
-    cache = prefill(model, ids[:, :prefix_len])
-    node_tokens = ids[0, prefix_len:].tolist()
-    mask = ancestor_mask(PARENTS)
-    out = model.forward(ids[:, prefix_len:], (prefix_len + mask.sum(1) - 1)[None], cache, tree_mask=mask)
-    cache.truncate(prefix_len)
-
-    def visit(i: int) -> None:
-        seq = feed_one_by_one(model, cache, [node_tokens[i]])[0]
-        assert torch.equal(out.logits[0, i], seq), f"tree node {i} differs from its path"
-        for child in (c for c, p in enumerate(PARENTS) if p == i):
-            visit(child)
-        cache.truncate(cache.length - 1)
-
-    visit(0)
-    assert cache.length == prefix_len
 
 
 # ----------------------------------------------------------------------------- protocol + reference
@@ -496,81 +392,3 @@ def test_load_errors(tmp_path, tiny_path):
 
 
 # ----------------------------------------------------------------------------- real SmolLM2
-
-
-@pytest.fixture(scope="module")
-def smollm_dir():
-    from verispec.models.loading import materialize, resolve_model
-
-    try:
-        return materialize(resolve_model("smollm2-135m-instruct"))
-    except ModelError as err:
-        pytest.skip(f"SmolLM2 not available: {err}")
-
-
-REAL_PATHS = [(torch.bfloat16, "none"), (torch.float32, "none"), (torch.float32, "int8"), (torch.float32, "int4")]
-
-
-@pytest.mark.real
-@pytest.mark.parametrize("dtype,quant", REAL_PATHS, ids=["bf16", "fp32", "int8", "int4"])
-def test_real_smollm2_bitwise(smollm_dir, dtype, quant):
-    model = NativeLlama.from_hf_dir(smollm_dir, dtype=dtype, quant=quant, max_length=512)
-    assert_chain_bitwise(model, 49152, prefix_len=24)
-    assert_tree_bitwise(model, 49152, prefix_len=24)
-
-
-@pytest.mark.real
-@pytest.mark.parametrize("dtype,quant", REAL_PATHS, ids=["bf16", "fp32", "int8", "int4"])
-def test_real_smollm2_invariance_claim_is_honest(smollm_dir, dtype, quant):
-    """Re-measure the claim on fresh data at the real shapes: every linear's rows agree at
-    every count from ``min_rows`` up, and one row fewer shows a difference (the dependence
-    that made calibration pad is real, not a reporting slip). fp32 (MKL) pads everywhere."""
-    model = NativeLlama.from_hf_dir(smollm_dir, dtype=dtype, quant=quant, max_length=512)
-    assert model.exactness.bit_exact, model.exactness.reason
-    m, top = model.options.min_rows, model.options.max_rows
-    lw = model.layers[0]
-    g = torch.Generator().manual_seed(123)
-    below = []
-    for w in (lw.wqkv, lw.wo, lw.w13, lw.w2, model.lm_head):
-        rows = top * max(1, -(-2 ** 17 // (top * w.shape[0])))
-        x = torch.randn(rows, w.shape[1], generator=g).to(dtype)
-        ref = torch.cat([linear(x[j:j + top], w) for j in range(0, rows, top)])
-        for c in range(m, top):
-            assert all(torch.equal(linear(x[j:j + c], w), ref[j:j + c]) for j in range(0, rows - c + 1, c)), (w.shape, c)
-        if m > 1:
-            below.append(any(not torch.equal(linear(x[j:j + m - 1], w), ref[j:j + m - 1])
-                             for j in range(0, rows - m + 2, m - 1)))
-    assert m == 1 or any(below), f"min_rows={m} but no linear differs at {m - 1} rows"
-    if dtype == torch.float32 and quant == "none":
-        assert m > 1  # MKL's fp32 GEMV/small-M kernels differ from its large-M GEMM on every ISA we run
-
-
-AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-
-
-@pytest.mark.real
-def test_real_exactness_under_avx2_kernels(smollm_dir):
-    """What an AVX2-only CPU runs, checked here: the real-model exactness and honesty tests
-    again in a subprocess with ATen and oneDNN capped at AVX2 (on an AVX2 machine this
-    repeats the default run; the default run is the AVX-512 check where that is present)."""
-    if all(os.environ.get(k) == v for k, v in AVX2_ENV.items()):
-        return  # already the AVX2 run: this test is its own parent
-    env = os.environ | AVX2_ENV
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-           "-k", "real_smollm2_bitwise or real_smollm2_invariance_claim"]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "8 passed" in done.stdout, done.stdout[-2000:]
-
-
-@pytest.mark.real
-def test_real_smollm2_fp32_matches_transformers(smollm_dir):
-    model = NativeLlama.from_hf_dir(smollm_dir, dtype=torch.float32, max_length=512)
-    hf = LlamaForCausalLM.from_pretrained(smollm_dir, dtype=torch.float32).eval()
-    ids = tokens(24, seed=9, vocab=49152)
-    with torch.no_grad():
-        ref = hf(ids).logits
-    cache = model.new_cache()
-    first = model.forward(ids[:, :16], torch.arange(16)[None], cache)
-    rest = model.forward(ids[:, 16:], torch.arange(16, 24)[None], cache)
-    torch.testing.assert_close(torch.cat([first.logits, rest.logits], 1), ref, atol=2e-3, rtol=1e-3)

@@ -17,9 +17,9 @@ import json
 
 import pytest
 import torch
-from test_native import VOCAB, tiny_dirs, tokens  # noqa: F401  (tiny_dirs is a fixture)
 
-from helpers import RandomDrafter
+from helpers import RandomDrafter, Recorder, random_eagle_head
+from tiny_models import VOCAB, tokens
 from verispec.drafters.base import NoDrafter
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
 from verispec.drafters.suffix_tree import SuffixDecodingDrafter
@@ -206,21 +206,6 @@ def test_transformers_backend_keeps_the_cache_off(toy_target):
 # ----------------------------------------------------------------------------- engine
 
 
-class Recorder:
-    """A target that records every forward's logits (delegates everything else)."""
-
-    def __init__(self, model):
-        self.model, self.logits = model, []
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def forward(self, *args, **kw):
-        out = self.model.forward(*args, **kw)
-        self.logits.append(out.logits.clone())
-        return out
-
-
 def conversation(model, drafter_factory, turns: list[list[int]], params: SamplingParams,
                  prefix_cache: PrefixCache | None, k: int = 6):
     """Turn t's prompt = everything so far (prompts and answers) + turns[t]. Returns
@@ -246,12 +231,10 @@ TURNS = [tokens(40, seed=10)[0].tolist(), tokens(23, seed=11)[0].tolist(), token
          tokens(30, seed=13)[0].tolist()]
 def _eagle(layers: tuple[int, ...], mode: str):
     """An EAGLE (no layers) or EAGLE-3 drafter with a random head, on the compiled runtime."""
-    from test_eagle_runner import _head
-
     from verispec.drafters.eagle import EagleDrafter
     from verispec.drafters.eagle_runner import CompiledHeadRunner
 
-    head, embed = _head(layers, seed=3, vocab=VOCAB, draft_vocab=96), torch.randn(VOCAB, 64, generator=torch.Generator().manual_seed(4)) * 3
+    head, embed = random_eagle_head(layers, seed=3, vocab=VOCAB, draft_vocab=96), torch.randn(VOCAB, 64, generator=torch.Generator().manual_seed(4)) * 3
     return lambda: EagleDrafter(head, embed, mode=mode, depth=3, top_k=3,
                                 runner=CompiledHeadRunner(head, embed, 512, quant="q8_0", max_draft=16))
 
@@ -406,7 +389,7 @@ def test_server_reuses_prefixes_reports_them_and_returns_to_idle(tiny_cpu_model)
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
-    from test_server import metrics, running_server, wait_until
+    from serving import metrics, running_server, wait_until
 
     base = "Once upon a time there was a little girl named Lily. She liked to play in the park with her dog. "
     prompts = [base, base + "One day", base + "One day she found a shiny red ball under a big tree."]
@@ -492,34 +475,3 @@ def test_bench_runner_reuses_its_own_turns_and_forgets_the_warm_up(tiny_cpu_mode
     assert (g1.cached_tokens, g2.cached_tokens) == (0, 32) and g2.target_forwards == 8
     runner.reset_learned()
     assert runner.generate(prompt, params).cached_tokens == 0
-
-
-@pytest.mark.real
-def test_real_smollm2_chat_turns_bitwise_with_the_cache():
-    """SmolLM2 (GGUF Q4_1, compiled runtime) through its chat template: a second turn that
-    reuses the first turn's K/V gives the tokens and bitwise the logits of a full prefill."""
-    from verispec.api import encode_prompt, load_model
-    from verispec.models.base import ModelError
-
-    try:
-        lm = load_model("smollm2-135m-instruct", backend="cpu")
-    except ModelError as err:
-        pytest.skip(f"SmolLM2 not available: {err}")
-    params = SamplingParams(max_new_tokens=24)
-    runs = {}
-    for pc in (None, PrefixCache(1 << 30, B)):
-        rec = Recorder(lm.backend)
-        engine = Engine(rec, SuffixDecodingDrafter(), 16, prefix_cache=pc)
-        messages, cached = [{"role": "user", "content": "Name three colours of the rainbow."}], []
-        for follow_up in ("Now name two more.", "Which one is your favourite?"):
-            req = engine.add_request(encode_prompt(lm, messages), params)
-            while not req.finished:
-                engine.step(req)
-            engine.finish(req, req.finished)
-            cached.append(req.stats.cached_tokens)
-            messages += [{"role": "assistant", "content": lm.tokenizer.decode(req.generated, skip_special_tokens=True)},
-                         {"role": "user", "content": follow_up}]
-        runs[pc is not None] = (messages, rec.logits, cached)
-    assert runs[True][0] == runs[False][0] and len(runs[True][1]) == len(runs[False][1])
-    assert all(torch.equal(a, b) for a, b in zip(runs[True][1], runs[False][1]))
-    assert runs[False][2] == [0, 0] and runs[True][2][1] >= 32  # the system prompt + turn 1

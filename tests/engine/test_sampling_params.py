@@ -12,8 +12,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import RandomDrafter, law_pvalue, run
-from test_engine import PROMPT, TemperedSelfDraft
+from helpers import RandomDrafter, TemperedSelfDraft, forced_logits, law_pvalue, run
 from verispec.drafters.base import NoDrafter
 from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
@@ -23,6 +22,8 @@ from verispec.models.base import exactness_of
 from verispec.sampling import target_probs
 from verispec.tree import DraftTree
 from verispec.types import SamplingParams
+
+PROMPT = [1, 5, 6, 7, 8, 5, 6, 7, 9, 10, 11]  # repetitive: prompt lookup accepts drafts
 
 PENALTIES = dict(repetition_penalty=1.4, presence_penalty=0.6, frequency_penalty=0.5, logit_bias=((9, 3.0), (17, -50.0)))
 GREEDY = SamplingParams(max_new_tokens=40, ignore_eos=True, **PENALTIES)
@@ -42,18 +43,6 @@ def ref_adjust(row: torch.Tensor, params: SamplingParams, prompt: list[int], gen
     for t, c in counts.items():
         out[t] -= params.frequency_penalty * c + params.presence_penalty
     return out
-
-
-def forced_logits(target, prompt: list[int], generated: list[int]) -> torch.Tensor:
-    """[len(generated), V] logits that emitted each generated token, computed as plain
-    decoding does: a prefill (last logits only), then one-token forwards."""
-    cache = target.new_cache()
-    rows = [target.forward(torch.tensor([prompt]), torch.arange(len(prompt))[None], cache,
-                           last_logits_only=True).logits[0, -1]]
-    for i, t in enumerate(generated[:-1]):
-        pos = torch.tensor([[len(prompt) + i]])
-        rows.append(target.forward(torch.tensor([[t]]), pos, cache).logits[0, -1])
-    return torch.stack(rows)
 
 
 def ref_greedy(target, prompt: list[int], params: SamplingParams) -> list[int]:

@@ -11,9 +11,6 @@ work, a failing request not hurting others, graceful shutdown, metrics, and the 
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
-import functools
 import json
 import signal
 import socket
@@ -21,31 +18,40 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import ClassVar
 
 import httpx
 import openai
 import pytest
 import torch
-import uvicorn
 
 from helpers import OracleDrafter, RandomDrafter
-from verispec.api import load_model
-from verispec.drafters.base import DraftContext, NoDrafter, StatelessDrafter
+from serving import (
+    BOOM,
+    MODEL,
+    ExplodingDrafter,
+    complete,
+    metrics,
+    running_server,
+    stories_native_model,
+    wait_until,
+    with_chat_template,
+)
+from verispec.drafters.base import NoDrafter
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
 from verispec.engine import Engine
-from verispec.engine.batch import (BatchEngine, SpecSchedule, acceptance_estimate, draft_cap, expected_tokens,
-                                   goodput_cap, pack_trees)
+from verispec.engine.batch import (
+    BatchEngine,
+    SpecSchedule,
+    acceptance_estimate,
+    draft_cap,
+    expected_tokens,
+    goodput_cap,
+    pack_trees,
+)
 from verispec.models.native import NativeLlama
-from verispec.server.app import ServerConfig, build_state, make_server
 from verispec.tree import DraftTree
 from verispec.types import SamplingParams
-
-MODEL = "stories260k"
-BOOM = 509  # a prompt containing this token id makes the "explode" drafter raise
-
 
 # ----------------------------------------------------------------------------- unit
 
@@ -190,20 +196,6 @@ def test_batch_engine_schedule_caps_drafts(tiny_native) -> None:
         be.release(reqs[1])
 
 
-class ExplodingDrafter(StatelessDrafter):
-    """Raises in propose for requests whose context holds ``boom``; drafts nothing otherwise."""
-
-    name: ClassVar[str] = "explode"
-
-    def __init__(self, boom: int = BOOM):
-        self.boom = boom
-
-    def propose(self, ctx: DraftContext) -> DraftTree:
-        if self.boom in ctx.tokens:
-            raise RuntimeError("drafter exploded")
-        return DraftTree.chain(ctx.tokens[-1], [])
-
-
 def test_batch_engine_isolates_a_failing_request(tiny_native) -> None:
     target = tiny_native
     be = BatchEngine(target, {"x": Engine(target, ExplodingDrafter(77), 4)}, 3, 64)
@@ -223,50 +215,9 @@ def test_batch_engine_isolates_a_failing_request(tiny_native) -> None:
 # ----------------------------------------------------------------------------- server
 
 
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
-
-
-@functools.lru_cache(1)
-def stories_native_model():
-    """stories260k on the native backend (batched), loaded once per session (its load-time
-    kernel calibration takes a while); tests/test_hostile.py shares it."""
-    torch.set_num_threads(2)
-    return load_model(MODEL, backend="native")
-
-
 @pytest.fixture(scope="module")
 def stories():
-    """The native stories260k given a toy chat template (on its own tokenizer copy) so the
-    chat route can be exercised on a 260K-parameter model."""
-    model = stories_native_model()
-    tok = copy.deepcopy(model.tokenizer)
-    tok.chat_template = CHAT_TEMPLATE
-    return dataclasses.replace(model, tokenizer=tok, has_chat_template=True)
-
-
-@contextlib.contextmanager
-def running_server(model, name: str = MODEL, graceful_timeout: float = 20.0, drafters: dict | None = None,
-                   **config) -> Iterator[tuple[str, object, uvicorn.Server]]:
-    """A real uvicorn server on 127.0.0.1:<free port> in a thread; yields (base_url, state, server)."""
-    cfg = ServerConfig(model=name, **({"max_batch": 8, "max_model_len": 512} | config))
-    state = build_state(cfg, model=model, extra_drafters={"explode": ExplodingDrafter()} | (drafters or {}))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = make_server(state, graceful_timeout, log_level="warning")
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        assert thread.is_alive() and time.time() < deadline, "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", state, server
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
-        assert not thread.is_alive()
-        assert not state.worker._thread.is_alive()  # the engine thread stopped with the server
+    return with_chat_template(stories_native_model())
 
 
 @pytest.fixture(scope="module")
@@ -278,29 +229,6 @@ def server(stories):
 @pytest.fixture(scope="module")
 def base_url(server) -> str:
     return server[0]
-
-
-def metrics(base_url: str) -> dict[str, float]:
-    text = httpx.get(f"{base_url}/metrics").text
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
-
-
-def wait_until(pred, timeout: float = 20.0) -> None:
-    deadline = time.time() + timeout
-    while not pred():
-        assert time.time() < deadline, "condition not reached in time"
-        time.sleep(0.05)
-
-
-def complete(base_url: str, **body) -> dict:
-    r = httpx.post(f"{base_url}/v1/completions", json={"model": MODEL} | body, timeout=120)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def test_openai_client_completions_chat_and_streaming(base_url) -> None:
@@ -524,22 +452,3 @@ def test_cli_serve_rejects_bad_config() -> None:
     r = subprocess.run([sys.executable, "-m", "verispec.cli", "serve", "--model", "no-such-model"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "error" in r.stderr
-
-
-@pytest.mark.real
-def test_real_smollm2_chat_batched_equals_alone() -> None:
-    """SmolLM2 chat through the openai client: greedy, two concurrent requests vs alone."""
-    model = load_model("smollm2-135m-instruct", backend="native")
-    prompts = ["What is the capital of France?", "Write a haiku about the sea."]
-    with running_server(model, "smollm2", max_batch=4, max_model_len=512) as (url, _, _):
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-
-        def ask(p: str) -> str:
-            r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": p}],
-                                               max_tokens=24, temperature=0)
-            return r.choices[0].message.content
-
-        alone = [ask(p) for p in prompts]
-        with ThreadPoolExecutor(2) as pool:
-            assert list(pool.map(ask, prompts)) == alone
-        assert "Paris" in alone[0]

@@ -12,12 +12,17 @@ import openai
 import pytest
 import torch
 
-from test_sampling_params import forced_logits
-from test_server import MODEL, complete, running_server, stories  # noqa: F401 (stories is a fixture)
+from helpers import forced_logits
+from serving import MODEL, complete, running_server, stories_native_model, with_chat_template
 from verispec.models.base import exactness_of
 
 PROMPT = "Tim had a red ball. Tim had a red ball. Tim had a"  # repetitive: prompt lookup accepts drafts
 PLAIN = {"speculation": False}
+
+
+@pytest.fixture(scope="module")
+def stories():
+    return with_chat_template(stories_native_model())
 
 
 @pytest.fixture(scope="module")

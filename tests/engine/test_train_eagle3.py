@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from helpers import law_pvalue, run, stories_eagle3
-from test_native import tiny_dirs  # noqa: F401  (a fixture)
 from verispec.drafters.base import NoDrafter
 from verispec.drafters.eagle import Eagle3Head, EagleConfig, EagleDrafter, EagleHead
 from verispec.engine import Engine
@@ -243,33 +242,6 @@ def test_backends_return_asked_layers_without_changing_logits(tiny_dirs, backend
         torch.testing.assert_close(normed, plain.hidden, atol=1e-2, rtol=1e-2)  # native: another op order
     with pytest.raises(ValueError, match="hidden_layers"):
         model.forward(ids, pos, model.new_cache(), hidden_layers=(2,))
-
-
-@pytest.mark.real
-@pytest.mark.parametrize("mode,runtime,budget", [("tree", "compiled", "measured"), ("chain", "compiled", "measured"),
-                                                ("tree", "compiled", "fixed"), ("tree", "torch", "fixed")])
-def test_smollm2_shipped_eagle3_greedy_exact(mode, runtime, budget):
-    """The shipped EAGLE-3 head on the real target (default backend: the compiled runtime,
-    which returns the fused layers), the head itself on the compiled runtime (Q8_0, the
-    default there) or in PyTorch, drafts filling the budget or cut by the measured cost
-    curve (which depends on the machine): token-for-token plain greedy decoding, drafts accepted."""
-    from verispec.api import encode_prompt, load_model
-    from verispec.weights import has_shipped
-
-    if not has_shipped("eagle3", "smollm2-135m-instruct"):
-        pytest.skip("no shipped eagle3 weights")
-    lm = load_model("smollm2-135m-instruct")
-    params = SamplingParams(max_new_tokens=32, ignore_eos=True)
-    accepted = 0
-    for text in ("Explain what a rainbow is in two sentences.", "Write a short poem about the sea."):
-        prompt = encode_prompt(lm, text)
-        plain, _ = run(lm.backend, NoDrafter(), prompt, params)
-        drafter = make_drafter("eagle3", lm, {"mode": mode, "runtime": runtime, "budget": budget})
-        assert type(drafter.runner).__name__ == {"compiled": "CompiledHeadRunner", "torch": "TorchHeadRunner"}[runtime]
-        spec, stats = run(lm.backend, drafter, prompt, params, k=8)
-        assert spec == plain
-        accepted += stats.accepted
-    assert accepted > (10 if budget == "fixed" else 0)
 
 
 def test_corpus_feeds_the_feature_trainers(stories_native, corpus, tmp_path):

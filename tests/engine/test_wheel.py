@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.wheel
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 while not (REPO / "pyproject.toml").is_file():  # wherever the test splitter puts this file
     REPO = REPO.parent
 GOLDEN_START = "Once upon a time, there was a little girl named Lily."

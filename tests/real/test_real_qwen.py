@@ -13,16 +13,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cpu import ISAS, assert_batch_bitwise, assert_same_bits, scenario
-from test_native import assert_chain_bitwise, assert_tree_bitwise
 
+from tiny_models import (assert_batch_bitwise, assert_chain_bitwise, assert_same_bits, assert_tree_bitwise,
+                         available_isas, scenario)
 from verispec.api import SpecDecoder, encode_prompt, load_model
 from verispec.types import SamplingParams
 
 pytestmark = pytest.mark.qwen
+ISAS = available_isas()  # scalar (the reference) first
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 VOCAB = 151936
-GOLDEN = Path(__file__).parent / "data" / "qwen_llamacpp_greedy.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "qwen_llamacpp_greedy.json"
 PROMPTS = ["Write a Python function is_prime(n) with a docstring.",
            "Rewrite this loop as a list comprehension:\nresult = []\nfor x in range(10):\n    if x % 2:\n        result.append(x * x)",
            "Explain what a hash map is in two sentences."]

@@ -10,7 +10,6 @@ from verispec.api import SpecDecoder, encode_prompt, load_model
 from verispec.bench.datasets import load_spec_bench
 from verispec.types import SamplingParams
 
-pytestmark = pytest.mark.real
 NEW_TOKENS = 64
 DRAFTERS = [("prompt-lookup", {}), ("prompt-lookup", {"num_candidates": "3"}), ("draft", {"model": "truncated:6"})]
 
