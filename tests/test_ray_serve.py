@@ -313,6 +313,9 @@ def test_bad_config_is_one_line_and_exit_2(ray_cluster) -> None:
         out = proc.communicate(timeout=120)[0]
         assert proc.returncode == 2, out
         assert message in out and len(out.strip().splitlines()) == 1 and "Traceback" not in out, out
+    proc = _cli(*SERVER_ARGS, "--ray", "--port", str(_free_port()), env=env | {"RAY_ADDRESS": f"127.0.0.1:{_free_port()}"})
+    out = proc.communicate(timeout=60)[0]  # Ray itself would retry an unreachable cluster for minutes
+    assert proc.returncode == 2 and "cannot reach the Ray cluster" in out and len(out.strip().splitlines()) == 1, out
     # on a cluster (RAY_ADDRESS): its CPUs count, not this machine's
     proc = _cli(*SERVER_ARGS, "--ray", "--replicas", "2", "--threads", "2", "--port", str(_free_port()),
                 env=env | {"RAY_ADDRESS": ray_cluster})

@@ -408,6 +408,20 @@ def no_usage_stats() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``host:port`` cluster address must accept a connection now: Ray itself retries an
+    unreachable one for minutes. ``auto`` and ``ray://`` addresses are left to Ray."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if address == "auto" or "://" in address or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout_s).close()
+    except OSError as e:
+        raise ValueError(f"cannot reach the Ray cluster at {address} (RAY_ADDRESS): {e.strerror or e}") from None
+
+
 def serve_ray(config: RayConfig, host: str = "127.0.0.1", port: int = 8000,
               address: str | None = None) -> None:
     """Start (or join, with ``address`` / ``RAY_ADDRESS``) a Ray cluster, deploy, serve on
@@ -423,8 +437,14 @@ def serve_ray(config: RayConfig, host: str = "127.0.0.1", port: int = 8000,
         check_cpus(config, local_cpus(), "this machine")
     bind_socket(host, port).close()  # a busy port fails now, not inside Ray's proxy
     no_usage_stats()
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False,
-             **({} if address else {"num_cpus": local_cpus()}))
+    if address:
+        check_reachable(address)
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False,
+                 **({} if address else {"num_cpus": local_cpus()}))
+    except Exception as e:  # noqa: BLE001 - Ray's errors are many and long: one line
+        raise ValueError(f"cannot {'join the Ray cluster at ' + address if address else 'start Ray'}: "
+                         f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
     try:
         check_cpus(config, ray.cluster_resources().get("CPU", 0.0), "the Ray cluster")
         serve.start(http_options={"host": host, "port": port}, logging_config=QUIET)
