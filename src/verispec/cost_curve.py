@@ -42,7 +42,7 @@ def _seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> fl
 
 def _probe_context(model, context: int, extra: int, **hidden):
     """A cache holding a ``context``-token prefill (synthetic ids), its ids and output;
-    ``hidden``: the forward's hidden-state arguments (``drafters.base.hidden_request``)."""
+    ``hidden``: the forward's hidden-state arguments (``drafters.base.Features.forward_kwargs``)."""
     dev = model.info.device
     cache = model.new_cache(context + extra + 1)
     ids = torch.arange(context, device=dev).remainder(model.info.vocab_size - 1).add(1)[None]
@@ -83,13 +83,13 @@ def measure_draft_cost(model, drafter, sizes: Sequence[int] = DEFAULT_SIZES, rep
     observed with the features they read, EAGLE-3's target layers included) divided by
     the target's 1-token decode time: what drafting n nodes adds to a step, in the unit of
     ``t(n)``. The probe request is finished afterwards."""
-    from .drafters.base import DraftContext, Observation, hidden_request, observed_hidden
+    from .drafters.base import DraftContext, Observation, features_of
     from .sampling import make_generator
-    from .tree import DraftTree
     from .types import SamplingParams
 
     dev = model.info.device
-    cache, ids, out = _probe_context(model, context, 1, **hidden_request(drafter))
+    feats = features_of(drafter)
+    cache, ids, out = _probe_context(model, context, 1, **feats.forward_kwargs())
     prompt = ids[0].tolist()
     first = int(out.logits[0, -1].argmax())
     root = torch.tensor([[first]], device=dev)
@@ -101,10 +101,8 @@ def measure_draft_cost(model, drafter, sizes: Sequence[int] = DEFAULT_SIZES, rep
     rid = "cost-probe"
     drafter.start(rid, prompt)
     try:
-        if drafter.needs_hidden_states:
-            tree = DraftTree.chain(prompt[0], prompt[1:])
-            drafter.observe(Observation(rid, tree, list(range(1, context)), [*prompt[1:], first],
-                                        out.logits[0], observed_hidden(out)[0]))
+        if feats.wanted:
+            drafter.observe(Observation.prefill(rid, prompt, first, out.logits[0], feats.select(out)[0]))
         gen = make_generator(0, 1)
 
         def cost(n: int) -> float:

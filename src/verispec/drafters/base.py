@@ -30,7 +30,7 @@ class DraftContext:
 class Observation:
     """What one verification step taught: handed to ``Drafter.observe``.
 
-    Drafters with ``needs_hidden_states`` also observe the prefill, as the verification
+    Drafters reading ``features`` also observe the prefill, as the verification
     of a chain draft equal to the prompt: ``tree = chain(prompt[0], prompt[1:])``, every
     node accepted, ``new_tokens = prompt[1:] + [first generated token]``, the target's
     hidden states at every prompt position, and logits of the last position only ([1, V]:
@@ -42,38 +42,93 @@ class Observation:
     path: list[int]  # accepted node indices (root excluded)
     new_tokens: list[int]  # tokens committed this step (accepted + recovered/bonus)
     logits: torch.Tensor  # [N, V] target logits at every tree node ([1, V] for the prefill)
-    # [N, H] target last hidden states, if requested; [N, k * H] the outputs of the drafter's
-    # ``hidden_layers`` (k layers, concatenated) when it declares some (EAGLE-3)
+    # what the drafter's ``features`` read, if any: [N, H] target last hidden states, or
+    # [N, k * H] the outputs of its k ``Features.layers``, concatenated (EAGLE-3)
     hidden: torch.Tensor | None
+
+    @classmethod
+    def prefill(cls, request_id: str, prompt: list[int], first: int, logits: torch.Tensor,
+                hidden: torch.Tensor | None) -> Observation:
+        """The prefill of ``prompt`` as an observation (see the class docstring): the prompt
+        as a verified chain, ``first`` (the first generated token) as its bonus token;
+        ``logits`` [1, V] of the last prompt position, ``hidden`` of every prompt position."""
+        return cls(request_id, DraftTree.chain(prompt[0], prompt[1:]), list(range(1, len(prompt))),
+                   [*prompt[1:], first], logits, hidden)
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a drafter reads from the target's forwards besides tokens and logits, declared as
+    its ``features``: nothing (``NO_FEATURES``), the last hidden state after the final norm
+    (``LAST_HIDDEN``: EAGLE, Medusa), or the outputs of these decoder layers, concatenated in
+    this order (``Features(layers=...)``: EAGLE-3). A drafter reading any observes the prefill
+    too (``Observation.prefill``); the engine serves whatever is declared, so a new
+    feature-reading drafter needs no engine change."""
+
+    last_hidden: bool = False
+    layers: tuple[int, ...] = ()
+
+    @property
+    def wanted(self) -> bool:
+        """Does the drafter read any (and observe the prefill)?"""
+        return self.last_hidden or bool(self.layers)
+
+    def forward_kwargs(self) -> dict:
+        """The target forward's keyword arguments: ``want_hidden``, plus ``hidden_layers`` only
+        when layers are read (other backends need not know the argument)."""
+        if self.layers:
+            return {"want_hidden": False, "hidden_layers": self.layers}
+        return {"want_hidden": self.last_hidden}
+
+    @property
+    def tag(self) -> tuple | None:
+        """A hashable name of what is read (what a prefix cache may keep for it); None: nothing."""
+        return tuple(sorted(self.forward_kwargs().items())) if self.wanted else None
+
+    def select(self, out) -> torch.Tensor | None:
+        """[B, N, *] what was read, from a forward's ``ModelOutput``: the layers' outputs, else
+        the last hidden state."""
+        return out.layers if self.layers else out.hidden
+
+
+NO_FEATURES = Features()
+LAST_HIDDEN = Features(last_hidden=True)
+
+
+def features_of(drafter) -> Features:
+    """``drafter.features``; for a drafter written before ``Features``, what its
+    ``needs_hidden_states`` and ``hidden_layers`` flags asked for."""
+    declared = getattr(drafter, "features", None)
+    if isinstance(declared, Features):
+        return declared
+    layers = tuple(getattr(drafter, "hidden_layers", ()))
+    return Features(last_hidden=bool(getattr(drafter, "needs_hidden_states", False)) and not layers, layers=layers)
 
 
 def hidden_request(drafter) -> dict:
-    """The target forward's keyword arguments for what ``drafter`` observes: ``want_hidden``,
-    plus ``hidden_layers`` only for drafters that declare layers (other backends need not
-    know the argument)."""
-    layers = tuple(getattr(drafter, "hidden_layers", ()))
-    if layers:
-        return {"want_hidden": False, "hidden_layers": layers}
-    return {"want_hidden": drafter.needs_hidden_states}
+    """The target forward's keyword arguments for what ``drafter`` reads (``Features.forward_kwargs``)."""
+    return features_of(drafter).forward_kwargs()
 
 
-def hidden_tag(drafter) -> tuple | None:
-    """What ``drafter`` observes as a hashable tag (features a prefix cache may keep for
-    it: the last hidden state, or which layers); None when it observes none."""
-    req = hidden_request(drafter)
-    return tuple(sorted(req.items())) if req.get("want_hidden") or req.get("hidden_layers") else None
+class DeclaresFeatures:
+    """Mixin: the flags that came before ``features`` (``needs_hidden_states``,
+    ``hidden_layers``), read from it, for code that still asks for them."""
 
+    features: Features = NO_FEATURES
 
-def observed_hidden(out) -> torch.Tensor | None:
-    """[B, N, *] what the drafter asked for in ``hidden_request``: layer outputs, else hidden."""
-    return out.layers if getattr(out, "layers", None) is not None else out.hidden
+    @property
+    def needs_hidden_states(self) -> bool:
+        return self.features.wanted
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        return self.features.layers
 
 
 @runtime_checkable
 class Drafter(Protocol):
     name: ClassVar[str]
-    needs_hidden_states: ClassVar[bool]  # engine asks the target for hidden states (and reports the prefill)
-    provides_probs: ClassVar[bool]  # trees carry draft_probs when sampling
+    features: Features  # what it reads from the target's forwards besides logits (and so observes the prefill)
 
     def start(self, request_id: str, prompt_ids: list[int]) -> None: ...
 
@@ -114,11 +169,8 @@ class RequestTable(Generic[S]):
         return self._states.values()
 
 
-class StatelessDrafter:
+class StatelessDrafter(DeclaresFeatures):
     """Base for drafters with nothing to set up or learn (they read ``ctx.tokens``)."""
-
-    needs_hidden_states: ClassVar[bool] = False
-    provides_probs: ClassVar[bool] = False
 
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
         pass

@@ -12,7 +12,7 @@ import torch
 from ..models.base import CausalLM, KVCache, model_bytes
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
-from .base import DraftContext, Observation, RequestTable
+from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
     return n
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(DeclaresFeatures):
     """Chain drafts from ``model``. Greedy requests draft argmax tokens; sampled requests
     draw from the draft's processed distribution q and attach q for rejection sampling.
     ``min_confidence`` > 0 stops drafting when the draft's top probability falls below it
@@ -63,8 +63,6 @@ class DraftModelDrafter:
     would. Output is unchanged either way: only how much is drafted."""
 
     name: ClassVar[str] = "draft"
-    needs_hidden_states: ClassVar[bool] = False
-    provides_probs: ClassVar[bool] = True
 
     def __init__(self, model: CausalLM, min_confidence: float = 0.0, cost: DraftCost | None = None):
         if not 0.0 <= min_confidence < 1.0:

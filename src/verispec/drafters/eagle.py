@@ -62,7 +62,7 @@ from torch import nn
 from ..models.loading import load_target_embedding  # noqa: F401 - re-exported (tests, scripts)
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
-from .base import DraftContext, Observation, RequestTable
+from .base import LAST_HIDDEN, DeclaresFeatures, DraftContext, Features, Observation, RequestTable
 from .dynamic_tree import rerank, select_frontier, size_by_cost, tree_from_candidates
 from .eagle_runner import HeadRunner, TorchHeadRunner
 
@@ -269,7 +269,7 @@ class _EagleState:
     last_logits: torch.Tensor | None = None  # [Vd] draft logits read from it
 
 
-class EagleDrafter:
+class EagleDrafter(DeclaresFeatures):
     """EAGLE chains (``mode="chain"``) or EAGLE-2 dynamic trees (``mode="tree"``: expand
     ``top_k`` nodes per depth for ``depth`` levels, rerank to the engine's budget).
     ``runner``: where the head runs (``eagle_runner``); default PyTorch. ``cost``: the
@@ -278,8 +278,6 @@ class EagleDrafter:
     budget."""
 
     name: ClassVar[str] = "eagle"
-    needs_hidden_states: ClassVar[bool] = True
-    provides_probs: ClassVar[bool] = True
 
     def __init__(self, head: EagleHead, embed: torch.Tensor, mode: Literal["chain", "tree"] = "tree",
                  depth: int = 6, top_k: int = 8, runner: HeadRunner | None = None,
@@ -293,7 +291,8 @@ class EagleDrafter:
                              f"({cfg.vocab_size}, {cfg.hidden_size})")
         self.head = head.eval().float()
         self.name = "eagle3" if cfg.hidden_layers else "eagle"  # what stats and benchmarks call it
-        self.hidden_layers = tuple(cfg.hidden_layers)  # EAGLE-3: the engine returns these layers' outputs
+        # EAGLE: the target's last hidden state; EAGLE-3: the outputs of its fused layers
+        self.features = Features(layers=tuple(cfg.hidden_layers)) if cfg.hidden_layers else LAST_HIDDEN
         self.runner: HeadRunner = runner or TorchHeadRunner(self.head, embed.float())
         room = getattr(self.runner, "max_draft", None)  # draft nodes the runner holds per proposal
         if room is not None and mode == "tree" and (depth - 1) * top_k > room:
@@ -312,7 +311,7 @@ class EagleDrafter:
     def observe(self, obs: Observation) -> None:
         """Queue (feature of node, token that followed it) for the root and accepted path."""
         if obs.hidden is None:
-            raise ValueError("the EAGLE drafter needs target hidden states (needs_hidden_states)")
+            raise ValueError("the EAGLE drafter needs target hidden states (features)")
         st = self._states.get(obs.request_id)
         nodes = [0, *obs.path]
         if len(obs.new_tokens) != len(nodes):

@@ -27,7 +27,7 @@ score reaches ``min_score``, else the learned drafter at the full budget.
 Both sub-drafters observe every step, whoever proposed (the learned one reads the target's
 hidden states of whatever tree was verified), so each stays in sync with the committed
 context. The prefill observation goes only to sub-drafters that need hidden states. The
-hybrid declares the learned drafter's ``hidden_layers`` (EAGLE-3: the fused target layers)
+hybrid declares the learned drafter's ``features`` (EAGLE-3: the fused target layers)
 as its own, so the engine hands its observations the features it reads; a learned drafter
 left out asks for nothing.
 
@@ -46,7 +46,7 @@ from typing import ClassVar, Literal
 
 from ..policies.draft_budget import DepthAcceptance, best_size
 from ..tree import DraftTree
-from .base import DraftContext, Drafter, Observation, RequestTable
+from .base import NO_FEATURES, DeclaresFeatures, DraftContext, Drafter, Observation, RequestTable, features_of
 from .suffix_tree import SuffixDecodingDrafter
 
 Source = Literal["retrieval", "learned", "fused", "none"]
@@ -95,7 +95,7 @@ class _Proposal:
     prefilled: bool = False  # the prefill observation has been seen
 
 
-class HybridDrafter:
+class HybridDrafter(DeclaresFeatures):
     """A retrieval drafter first, a learned drafter when that pays more (or both fused),
     sized per step from the target's cost curve ``cost`` (t(n)) and the learned drafter's
     measured drafting cost ``learned_cost`` (c(n)). See the module docstring."""
@@ -109,7 +109,7 @@ class HybridDrafter:
             raise ValueError(f"mode must be fallback or fuse, not {mode!r}")
         if min_score < 0:
             raise ValueError(f"min_score must be >= 0, got {min_score}")
-        if retrieval.needs_hidden_states:
+        if features_of(retrieval).wanted:
             raise ValueError(f"the retrieval drafter {retrieval.name} must be model-free")
         self.retrieval, self.learned, self.mode, self.min_score = retrieval, learned, mode, min_score
         self.cost, self.learned_cost = cost, learned_cost
@@ -118,11 +118,9 @@ class HybridDrafter:
         largest = max(cost or {0: 1.0})  # the largest measured size
         self.learned_enabled = cost is None or best_size([1.0] * largest, cost, learned_cost)[0] > 0
         self._subs = (retrieval, learned) if self.learned_enabled else (retrieval,)
-        self.needs_hidden_states = learned.needs_hidden_states and self.learned_enabled
-        # EAGLE-3: the target layers the learned drafter reads (base.hidden_request)
-        self.hidden_layers = tuple(getattr(learned, "hidden_layers", ())) if self.learned_enabled else ()
+        # what the learned drafter reads (EAGLE-3: its target layers), only while it is in
+        self.features = features_of(learned) if self.learned_enabled else NO_FEATURES
         self._scored = isinstance(retrieval, SuffixDecodingDrafter)  # gives its own node values
-        self.provides_probs = learned.provides_probs
         self._learned_acc = DepthAcceptance()
         self._retrieval_acc = DepthAcceptance()  # node values of drafters without their own
         self._requests: RequestTable[_Proposal] = RequestTable()
@@ -154,7 +152,7 @@ class HybridDrafter:
 
     def observe(self, obs: Observation) -> None:
         state = self._requests.get(obs.request_id)
-        if self.needs_hidden_states and not state.prefilled:  # the prefill: a prompt chain
+        if self.features.wanted and not state.prefilled:  # the prefill: a prompt chain
             state.prefilled = True
             self.learned.observe(obs)
             return

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..tree import DraftTree
-from .base import DraftContext, Observation, RequestTable
+from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
 
 NGRAM_ENTRY_BYTES = 64  # a tuple header + an OrderedDict slot, per stored continuation
 TOKEN_REF_BYTES = 8
@@ -161,13 +161,11 @@ class _LookaheadState:
     harvested: int = field(default=0)
 
 
-class LookaheadDrafter:
+class LookaheadDrafter(DeclaresFeatures):
     """Jacobi window + n-gram pool. Options: ``window`` W (5), ``ngram`` N (4),
     ``guesses`` G per key (5), ``max_keys`` per request pool (8192)."""
 
     name: ClassVar[str] = "lookahead"
-    needs_hidden_states: ClassVar[bool] = False
-    provides_probs: ClassVar[bool] = False
 
     def __init__(self, window: int = 5, ngram: int = 4, guesses: int = 5, max_keys: int = 8192):
         if window < 1 or ngram < 2 or guesses < 1 or max_keys < 1:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tree import DraftTree
-from .base import DraftContext, Observation, RequestTable
+from .base import LAST_HIDDEN, DeclaresFeatures, DraftContext, Features, Observation, RequestTable
 
 
 @dataclass(frozen=True)
@@ -115,13 +115,12 @@ class _MedusaState:
 TREES = ("sparse", "sequoia")
 
 
-class MedusaDrafter:
+class MedusaDrafter(DeclaresFeatures):
     """Tree drafts from Medusa heads (``tree``: sparse or sequoia); at most ``budget`` nodes
     per step from the engine."""
 
     name: ClassVar[str] = "medusa"
-    needs_hidden_states: ClassVar[bool] = True
-    provides_probs: ClassVar[bool] = False
+    features: ClassVar[Features] = LAST_HIDDEN  # the target's last hidden state
 
     def __init__(self, heads: MedusaHeads, embed: torch.Tensor, rank_acc: list[list[float]] | None = None,
                  tree: str = "sparse", cost: dict[int, float] | None = None):
@@ -149,7 +148,7 @@ class MedusaDrafter:
 
     def observe(self, obs: Observation) -> None:
         if obs.hidden is None:
-            raise ValueError("the Medusa drafter needs target hidden states (needs_hidden_states)")
+            raise ValueError("the Medusa drafter needs target hidden states (features)")
         node = obs.path[-1] if obs.path else 0
         self._states.get(obs.request_id).feature = obs.hidden[node].float()
 

@@ -30,7 +30,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..tree import DraftTree
-from .base import DraftContext, Observation, RequestTable
+from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
 
 SEPARATOR = -1
 
@@ -240,13 +240,11 @@ def frequency_tree(root: int, conts: list[list[int]], budget: int) -> DraftTree:
     return DraftTree(tokens=tuple(tokens), parents=tuple(parents))
 
 
-class RetrievalDrafter:
+class RetrievalDrafter(DeclaresFeatures):
     """REST over a read-only ``Datastore``. Options: ``max_match`` (16), ``min_match`` (2),
     ``max_candidates`` occurrences read per step (256)."""
 
     name: ClassVar[str] = "rest"
-    needs_hidden_states: ClassVar[bool] = False
-    provides_probs: ClassVar[bool] = False
 
     def __init__(self, datastore: Datastore, max_match: int = 16, min_match: int = 2,
                  max_candidates: int = 256):

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import ClassVar, NamedTuple, Union
 
 from ..tree import DraftTree
-from .base import DraftContext, Observation, RequestTable
+from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
 
 NODE_BYTES = 48 + 224  # a two-slot object + a small dict (<= 5 children)
 LEAF_BYTES = 32 + 20  # an int object + its share of the parent's dict
@@ -382,7 +382,7 @@ class _RequestState:
     has_root: bool = False
 
 
-class SuffixDecodingDrafter:
+class SuffixDecodingDrafter(DeclaresFeatures):
     """Per-request + global suffix tries; proposes the better-scoring continuation tree.
 
     Options: ``max_depth`` (trie depth cap, 64), ``max_match`` (longest matched suffix, 32),
@@ -403,8 +403,6 @@ class SuffixDecodingDrafter:
     """
 
     name: ClassVar[str] = "suffix"
-    needs_hidden_states: ClassVar[bool] = False
-    provides_probs: ClassVar[bool] = False
 
     def __init__(self, max_depth: int = 64, max_match: int = 32, max_spec_factor: float = 2.0,
                  min_token_prob: float = 0.1, max_global_tokens: int = 100_000, min_score: float = 1.5):

@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 
 from ..tree import DraftTree
-from .base import DraftContext, Observation, RequestTable
+from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
 
 # Roughly the per-rank acceptance of a recycled top-k row on chat text (the top-1 of a
 # stale row is right about half the time); only the order of magnitude matters.
@@ -85,14 +85,12 @@ def expand_template(adjacency: torch.Tensor, root: int, template: tuple[tuple[in
     return DraftTree(tokens=tuple(tokens), parents=tuple(parents))
 
 
-class TokenRecyclingDrafter:
+class TokenRecyclingDrafter(DeclaresFeatures):
     """Adjacency-matrix drafter. Options: ``k`` successors kept per token (8),
     ``max_depth`` of the template (8), ``rank_probs`` (acceptance profile for the template).
     Vocabulary size ``vocab_size`` comes from the target."""
 
     name: ClassVar[str] = "token-recycling"
-    needs_hidden_states: ClassVar[bool] = False
-    provides_probs: ClassVar[bool] = False
 
     def __init__(self, vocab_size: int, k: int = 8, max_depth: int = 8,
                  rank_probs: tuple[float, ...] = DEFAULT_RANK_PROBS):

@@ -30,8 +30,9 @@ from typing import Literal
 
 import torch
 
+from ..drafters.base import features_of
 from ..memory import cache_pool_bytes, check_fits, logits_bytes
-from ..models.base import CausalLM, KVCache
+from ..models.base import CausalLM, KVCache, caps_of
 from ..tree import DraftTree
 from ..types import FinishReason, SamplingParams
 from .engine import Engine, StepResult, host_threads
@@ -170,14 +171,14 @@ def pack_trees(
 
 
 def padded_tokens(target: CausalLM) -> int:
-    """Tokens per row a batched forward costs at least (native ``options.min_rows``; else 1)."""
-    return int(getattr(getattr(target, "options", None), "min_rows", None) or 1)
+    """Tokens per row a batched forward costs at least (``BackendCaps.min_verify_rows``: native's padding)."""
+    return caps_of(target).min_verify_rows
 
 
 def supports_batching(target: CausalLM) -> bool:
-    """A backend batches when it has a cache pool and ``forward_batch`` (``PooledLM``:
-    models/cpu.py, models/native.py)."""
-    return callable(getattr(target, "forward_batch", None)) and callable(getattr(target, "new_cache_pool", None))
+    """A backend batches when it declares so (``BackendCaps.batched``): it has a cache pool and
+    ``forward_batch`` (``PooledLM``: models/cpu.py, models/native.py)."""
+    return caps_of(target).batched
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ class BatchStep:
 def batch_bytes(target: CausalLM, engines: dict[str, Engine], max_batch: int, max_length: int) -> int:
     """Bytes a full batch needs: its cache-pool rows (measured on one row) and the logits of
     one verify forward (every row's draft plus its root, and their probabilities)."""
-    k = max((getattr(e, "num_draft_tokens", 1) for e in engines.values()), default=1)
+    k = max((e.num_draft_tokens for e in engines.values()), default=1)
     return cache_pool_bytes(target, max_batch, max_length) + logits_bytes(max_batch * (k + 1), target.info.vocab_size)
 
 
@@ -364,8 +365,9 @@ class BatchEngine:
         caches = [req.cache for req, _, _ in rows]
         device = self.target.info.device
         ids, pos, masks, num_tokens = pack_trees(trees, [c.length for c in caches], device)
-        kw = {"want_hidden": any(e.drafter.needs_hidden_states for _, e, _ in rows)}
-        layers = {tuple(getattr(e.drafter, "hidden_layers", ())) for _, e, _ in rows} - {()}
+        feats = [features_of(e.drafter) for _, e, _ in rows]
+        kw = {"want_hidden": any(f.wanted for f in feats)}
+        layers = {f.layers for f in feats} - {()}
         if len(layers) > 1:
             raise ValueError(f"one batch cannot serve drafters reading different target layers: {sorted(layers)}")
         if layers:
@@ -378,6 +380,6 @@ class BatchEngine:
 
     @staticmethod
     def _row_hidden(out, engine: Engine, b: int, k: int) -> torch.Tensor | None:
-        """Row b's [k, *] hidden states in the form its drafter asked for (hidden_request)."""
-        src = out.layers if getattr(engine.drafter, "hidden_layers", ()) else out.hidden
+        """Row b's [k, *] hidden states in the form its drafter asked for (``Features.select``)."""
+        src = features_of(engine.drafter).select(out)
         return None if src is None else src[b, :k]

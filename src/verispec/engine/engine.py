@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafters.base import DraftContext, Drafter, Observation, hidden_request, hidden_tag, observed_hidden
+from ..drafters.base import DraftContext, Drafter, Observation, features_of
 from ..logits_processing import adjust_tree_logits
 from ..logprobs import step_rows, token_logprobs
-from ..models.base import CausalLM, KVCache
+from ..models.base import CausalLM, KVCache, caps_of
 from ..policies.draft_length import DraftLengthPolicy, PolicyName
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
@@ -28,10 +28,10 @@ from .request import Request
 @contextmanager
 def host_threads(target: CausalLM) -> Iterator[None]:
     """Torch's thread count while a step runs. A backend computing in its own thread pool
-    (the compiled CPU runtime) sets ``host_torch_threads = 1``: the step's small torch ops
-    (verification, sampling, drafter glue) then never wake torch's OpenMP threads, which
+    (the compiled CPU runtime) declares ``BackendCaps.host_threads = 1``: the step's small torch
+    ops (verification, sampling, drafter glue) then never wake torch's OpenMP threads, which
     would spin on the cores the runtime's threads need (an EAGLE-3 step ran 25% faster)."""
-    n = getattr(target, "host_torch_threads", None)
+    n = caps_of(target).host_threads
     prev = torch.get_num_threads()
     if not n or n == prev:
         yield
@@ -108,13 +108,13 @@ class Engine:
         arguments. Falls back to a fresh prefill when the cache cannot copy or the drafter
         needs the prefill's hidden states."""
         req = self._new_request(parent.prompt_ids, params, request_id, cache, draft_limit)
-        copy = getattr(req.cache, "copy_prefix", None)
         self.drafter.start(req.request_id, req.prompt_ids)
-        if parent.prefill_logits is None or copy is None or self.drafter.needs_hidden_states:
+        if (parent.prefill_logits is None or not caps_of(self.target).copy_prefix
+                or features_of(self.drafter).wanted):
             self._prefill(req)
             return req
         t0 = time.perf_counter()
-        copy(parent.cache, len(req.prompt_ids))
+        req.cache.copy_prefix(parent.cache, len(req.prompt_ids))
         req.prefill_logits = parent.prefill_logits
         first, logprobs = self._first_token(req, parent.prefill_logits)
         req.stats.prefill_s = time.perf_counter() - t0
@@ -159,25 +159,23 @@ class Engine:
         t0 = time.perf_counter()
         device = self.target.info.device
         prompt = req.prompt_ids
-        want = self.drafter.needs_hidden_states
-        tag = hidden_tag(self.drafter) if want else None
+        feats = features_of(self.drafter)
+        want, tag = feats.wanted, feats.tag
         pc = self.prefix_cache
         start, reused = pc.restore_with_hidden(prompt, req.cache, tag) if pc is not None else (0, None)
         req.stats.cached_tokens = start
         ids = torch.tensor([prompt[start:]], device=device)
         pos = torch.arange(start, len(prompt), device=device)[None]
-        out = self.target.forward(ids, pos, req.cache, last_logits_only=True, **hidden_request(self.drafter))
+        out = self.target.forward(ids, pos, req.cache, last_logits_only=True, **feats.forward_kwargs())
         req.prefill_logits = out.logits[0, -1:]  # [1, V]
         req.stats.target_forwards += 1
         first, logprobs = self._first_token(req, req.prefill_logits)
         hidden = None
         if want:
-            hidden = observed_hidden(out)[0]  # [P - start, F]
+            hidden = feats.select(out)[0]  # [P - start, F]
             if reused is not None:
                 hidden = torch.cat([reused.to(hidden.device), hidden])
-            tree = DraftTree.chain(prompt[0], prompt[1:])
-            self.drafter.observe(Observation(req.request_id, tree, list(range(1, len(prompt))),
-                                             [*prompt[1:], first], out.logits[0], hidden))
+            self.drafter.observe(Observation.prefill(req.request_id, prompt, first, out.logits[0], hidden))
             if pc is not None:
                 req.hidden_rows = [hidden]
         if pc is not None:  # now, so requests running beside this one can share its prompt
@@ -205,7 +203,8 @@ class Engine:
             # slots past len(tokens) - 1 may hold an unverified tree if a step failed midway
             n = min(req.cache.length, len(req.tokens) - 1)
             hidden = None if req.hidden_rows is None else torch.cat(req.hidden_rows)[:n]
-            self.prefix_cache.store(req.tokens[:n], req.cache, hidden, hidden_tag(self.drafter) if hidden is not None else None)
+            self.prefix_cache.store(req.tokens[:n], req.cache, hidden,
+                                    features_of(self.drafter).tag if hidden is not None else None)
 
     # ---- one step ----------------------------------------------------------------------
     # A step is propose -> forward_tree -> complete_step; a batch scheduler (engine/batch.py)
@@ -277,8 +276,9 @@ class Engine:
         ids = torch.tensor([tree.tokens], device=device)
         pos = (start + torch.tensor(tree.depths, device=device))[None]
         mask = None if tree.is_chain else tree.ancestor_mask(device)
-        out = self.target.forward(ids, pos, req.cache, mask, **hidden_request(self.drafter))
-        hidden = observed_hidden(out)
+        feats = features_of(self.drafter)
+        out = self.target.forward(ids, pos, req.cache, mask, **feats.forward_kwargs())
+        hidden = feats.select(out)
         hidden = hidden[0] if hidden is not None else None
         return out.logits[0], hidden
 

@@ -52,6 +52,30 @@ NOT_CLAIMED = Exactness(False, "this backend does not claim batch invariance: lo
                                "bits between forwards of different sizes, so a near-tie can flip a token")
 
 
+@dataclass(frozen=True)
+class BackendCaps:
+    """What a backend can do, declared by the backend (its ``caps``), so the engine reads
+    flags instead of probing for methods. The defaults are what a backend declaring nothing
+    gets (``caps_of``): one request per forward, nothing reused, nothing claimed."""
+
+    batched: bool = False  # forward_batch over rows of one new_cache_pool (PooledLM): one verify for a batch
+    # a token's K/V is bitwise the same prefilled in one forward or in several (a reused
+    # prefix, then the rest): only then may a prefix cache reuse K/V (engine.prefix_cache)
+    prefix_reuse_exact: bool = False
+    exactness: Exactness = NOT_CLAIMED  # speculative greedy output == plain decoding, bit for bit, here?
+    # torch's thread count while a step runs (the compiled runtime computes in its own pool:
+    # 1, so the step's torch glue never wakes OpenMP threads that spin on its cores); None: leave it
+    host_threads: int | None = None
+    min_verify_rows: int = 1  # tokens per row a batched forward costs at least (native's padded rows)
+    copy_prefix: bool = False  # its caches copy a prompt's K/V from another cache (Engine.fork shares a prefill)
+
+
+def caps_of(model: object) -> BackendCaps:
+    """``model.caps``, or the defaults for a backend that declares none (a wrapper, a test double)."""
+    caps = getattr(model, "caps", None)
+    return caps if isinstance(caps, BackendCaps) else BackendCaps()
+
+
 def exactness_of(model: object) -> Exactness:
     """The backend's own ``exactness`` attribute, or ``NOT_CLAIMED``."""
     ex = getattr(model, "exactness", None)
@@ -105,10 +129,12 @@ class CausalLM(Protocol):
     other new tokens; every new token also sees all cached slots. ``tree_mask=None``
     means causal. The keys/values of the new tokens are appended to the cache.
     ``last_logits_only`` returns logits [1, 1, V] of the last token only (a prefill needs
-    no more, and the LM head over a long prompt is a large share of its cost).
+    no more, and the LM head over a long prompt is a large share of its cost). ``caps``
+    declares what else it can do (batched forwards, exact prefix reuse, ...).
     """
 
     info: ModelInfo
+    caps: BackendCaps
 
     def new_cache(self, max_length: int | None = None) -> KVCache: ...
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .base import NOT_CLAIMED, BackendCaps, Exactness
+
 
 class CachePool:
     """Rows of a preallocated K/V store. Invariant: a row is handed out by ``acquire`` at
@@ -140,6 +142,16 @@ class PooledLM:
     # Is a token's K/V bitwise the same whether the prompt was prefilled in one forward or
     # in several (a reused prefix, then the rest)? Only then may a prefix cache reuse K/V.
     prefix_reuse_exact: bool = False
+    host_torch_threads: int | None = None  # BackendCaps.host_threads
+    min_verify_rows = 1  # BackendCaps.min_verify_rows
+    exactness: Exactness = NOT_CLAIMED
+
+    @property
+    def caps(self) -> BackendCaps:
+        """Batched, with caches that copy a prefix; the rest as the backend declares it."""
+        return BackendCaps(batched=True, prefix_reuse_exact=self.prefix_reuse_exact, exactness=self.exactness,
+                           host_threads=self.host_torch_threads, min_verify_rows=self.min_verify_rows,
+                           copy_prefix=True)
 
     def new_cache(self, max_length: int | None = None) -> PooledCache:
         return self.new_cache_pool(1, max_length).acquire()

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from .base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
+from .base import BackendCaps, Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
 
 
 def load_pretrained(path: str | Path, **kwargs) -> AutoModelForCausalLM:
@@ -89,6 +89,7 @@ class HFCausalLM:
                                           "multi-token verify forward may round differently from one-token "
                                           "decoding); for bit-exact output use --backend cpu (the compiled "
                                           "runtime, Llama-family models on CPU) or native (PyTorch, CUDA)")
+        self.caps = BackendCaps(exactness=self.exactness, copy_prefix=True)  # one request per forward
 
     @classmethod
     def from_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32,

@@ -505,6 +505,11 @@ class NativeLlama(PooledLM):
         self._requested = options
         self.options = self._resolve_options(options)
 
+    @property
+    def min_verify_rows(self) -> int:
+        """Rows an invariant forward is padded to (``options.min_rows``): drafts below it are free."""
+        return self.options.min_rows or 1
+
     # ---- construction
 
     @classmethod
