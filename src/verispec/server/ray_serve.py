@@ -284,7 +284,9 @@ class Frontend:
         body = b""
         if scope["method"] not in ("GET", "HEAD", "OPTIONS", "DELETE"):
             body = (await receive()).get("body", b"")  # the guard replays the whole, bounded body
-        path = scope["path"]
+        path, root = scope["path"], scope.get("root_path", "")
+        if root and path.startswith(root):  # an app under a route prefix: the replica's routes start at /
+            path = path[len(root):] or "/"
         text = routing_text(path, body)[:ROUTE_CHARS] if body else ""
         call = HttpCall(scope["method"], path, scope.get("query_string", b""), tuple(scope.get("headers", ())),
                         body, text, prefix_keys(text))
