@@ -226,20 +226,26 @@ class PrefixAwareRouter(RequestRouter):
             keys, text = _route_of(pending_request)
             by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
             owner, _, continues = self._table.match(keys, text, by_id.keys()) if keys else (None, 0, False)
-            # a continuation stays unless its replica is overloaded; a shared prefix only breaks ties
-            slack = self._imbalanced_threshold if continues else 0
-            if owner is not None and self._excess(by_id[owner], candidate_replicas) <= slack:
+            # a continuation stays unless its replica is overloaded; a shared prefix only breaks
+            # ties, and only between known queue lengths (a burst must not all follow one owner)
+            if owner is not None and (self._excess(by_id[owner], candidate_replicas) <= self._imbalanced_threshold
+                                      if continues else self._excess(by_id[owner], candidate_replicas, 0) == 0):
                 rest = [r for r in candidate_replicas if r is not by_id[owner]]
                 return [[by_id[owner]], rest] if rest else [[by_id[owner]]]
         except Exception:
             logger.exception("prefix-aware routing failed; routing by queue length")
         return [candidate_replicas]  # one rank: the base class takes the shortest queue
 
-    def _excess(self, replica: RunningReplica, candidates: list[RunningReplica]) -> int:
-        """How many more requests ``replica`` has queued than the least-loaded candidate
-        (unknown queue lengths count as 0)."""
+    def _excess(self, replica: RunningReplica, candidates: list[RunningReplica], unknown: int | None = None) -> int:
+        """How many more requests ``replica`` has queued than the least-loaded candidate.
+        An unknown queue length counts as 0, or with ``unknown`` set, the answer is ``unknown + 1``
+        when any is unknown (so it is never taken for a tie)."""
         cache = self.replica_queue_len_cache
-        return (cache.get(replica.replica_id) or 0) - min(cache.get(r.replica_id) or 0 for r in candidates)
+        lens = [cache.get(r.replica_id) for r in candidates]
+        mine = cache.get(replica.replica_id)
+        if unknown is not None and (mine is None or None in lens):
+            return unknown + 1
+        return (mine or 0) - min(q or 0 for q in lens)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         keys, text = _route_of(pending_request)
