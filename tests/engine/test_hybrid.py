@@ -214,13 +214,14 @@ def test_eagle3_from_the_registry_and_its_measured_cost(stories_native, tmp_path
     pytest.param("fallback", 1e9, "learned", marks=pytest.mark.slow), ("fuse", 0.0, "fused")])
 def test_sampling_distribution_matches_target(toy_target, mode, min_score, source):
     """Token 2 is committed by the first speculative step, proposed by ``source``; given
-    token 1 = 94 (the likeliest, and in the prompt: prompt lookup matches it) its law must
-    be exactly the target's p(. | prompt, 94)."""
+    token 1 = 94 (among the likeliest, and in the prompt: prompt lookup matches it) its law
+    must be exactly the target's p(. | prompt, 94). A small smoke test of the engine's
+    plumbing (250 seeds): the rule itself is enumerated exactly in unit/test_verify.py."""
     prompt, t1 = [1, 40, 41, 3, 17, 94, 88, 40, 41, 3, 60, 40, 41], 94
     h = HybridDrafter(PromptLookupDrafter(max_ngram=2), TemperedSelfDraft(toy_target), mode=mode,
                       min_score=min_score)
     engine = Engine(toy_target, h, 3)
-    params = [SamplingParams(temperature=1.5, max_new_tokens=4, seed=s, ignore_eos=True) for s in range(700)]
+    params = [SamplingParams(temperature=1.5, max_new_tokens=4, seed=s, ignore_eos=True) for s in range(250)]
     pairs = []
     for p in params:
         req = engine.add_request(prompt, p)
@@ -228,7 +229,7 @@ def test_sampling_distribution_matches_target(toy_target, mode, min_score, sourc
         pairs.append(tuple(req.generated[:2]))
         engine.finish(req, "stop")
     assert h.steps[source] >= 50  # the source under test really proposed
-    assert Counter(p[0] for p in pairs).most_common(1)[0][0] == t1
+    assert Counter(p[0] for p in pairs)[t1] >= 40  # enough second tokens after t1 to test their law
     assert_target_law(toy_target, prompt + [t1], [p[1] for p in pairs if p[0] == t1], params[0])
 
 

@@ -41,4 +41,4 @@ def test_sampling_first_tokens_match_plain(stories, prompts):
     """Joint law of tokens 2-3 (committed by speculative steps) over many seeds: a draft
     model vs plain sampling, two-sample chi-square on the pooled histogram."""
     drafter = make_drafter("draft", stories, {"model": "truncated:4"})
-    assert same_first_tokens_law(stories.backend, drafter, prompts[1]) > 1e-3
+    assert same_first_tokens_law(stories.backend, drafter, prompts[1], seeds=150) > 1e-3

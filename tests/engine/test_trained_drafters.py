@@ -174,11 +174,11 @@ def test_sampling_distribution_matches_target(stories, trained, embed, which):
     else:
         drafter = _eagle(trained, embed, which.split("-")[1])
     prompt = PROMPTS[1]  # its first two sampled tokens are concentrated: enough third-token samples
-    params = [SamplingParams(temperature=0.8, max_new_tokens=3, seed=s, ignore_eos=True) for s in range(700)]
+    params = [SamplingParams(temperature=0.8, max_new_tokens=3, seed=s, ignore_eos=True) for s in range(300)]
     outs = [tuple(run(stories.backend, drafter, prompt, p, k=4)[0]) for p in params]
     head = Counter(o[:2] for o in outs).most_common(1)[0][0]
     thirds = torch.tensor([o[2] for o in outs if o[:2] == head])
-    assert len(thirds) > 150
+    assert len(thirds) > 60
     ids = torch.tensor([prompt + list(head)])
     logits = stories.backend.forward(ids, torch.arange(ids.shape[1])[None], stories.backend.new_cache()).logits[0, -1:]
     p = target_probs(logits, params[0])[0].double()
