@@ -75,7 +75,7 @@ subnormals, as in ggml. Non-finite inputs raise ValueError.
 Idempotence: ``quantize(dequantize(quantize(x)))`` equals ``quantize(x)`` only when every
 sub-block's codes reach both ends of the grid (and a sub-block reaches the super-block's
 maximum scale 63 / 127), since the rules above re-derive the scales from the data's extremes;
-for grids of that form the re-quantization is byte-exact (see tests/test_ggml_quants.py).
+for grids of that form the re-quantization is byte-exact (see tests/unit/test_ggml_quants.py).
 """
 
 from __future__ import annotations
