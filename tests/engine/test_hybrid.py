@@ -229,7 +229,7 @@ def test_sampling_distribution_matches_target(toy_target, mode, min_score, sourc
         pairs.append(tuple(req.generated[:2]))
         engine.finish(req, "stop")
     assert h.steps[source] >= 50  # the source under test really proposed
-    assert Counter(p[0] for p in pairs)[t1] >= 40  # enough second tokens after t1 to test their law
+    assert Counter(p[0] for p in pairs)[t1] >= 30  # enough second tokens after t1 to test their law
     assert_target_law(toy_target, prompt + [t1], [p[1] for p in pairs if p[0] == t1], params[0])
 
 

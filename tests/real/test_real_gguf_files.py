@@ -38,11 +38,6 @@ TRICKY = [
 
 
 @pytest.fixture(scope="module")
-def smollm2_path() -> Path:
-    return resolve_model("smollm2-135m-instruct").path
-
-
-@pytest.fixture(scope="module")
 def qwen_paths() -> dict[str, Path]:
     """Both catalog entries, assembled from their installed pip parts (once per cache)."""
     return {name: resolve_model(name).path for name in QWEN}
