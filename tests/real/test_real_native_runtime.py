@@ -72,7 +72,7 @@ def test_real_exactness_under_avx2_kernels(smollm_dir):
     if all(os.environ.get(k) == v for k, v in AVX2_ENV.items()):
         return  # already the AVX2 run: this test is its own parent
     env = os.environ | AVX2_ENV
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", __file__,  # no -m: real/ is out of the default
            "-k", "real_smollm2_bitwise or real_smollm2_invariance_claim"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
