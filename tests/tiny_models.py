@@ -225,3 +225,24 @@ def assert_same_bits(ref: list[torch.Tensor], got: list[torch.Tensor], what: str
     assert len(ref) == len(got)
     for i, (a, b) in enumerate(zip(ref, got)):
         assert torch.equal(a, b), f"{what}: output {i} differs (max abs {float((a - b).abs().max()):.3g})"
+
+
+def runtime_dequant(fmt: str, blocks, rows: int, cols: int):
+    """fp32 [rows, cols] numpy array: GGUF blocks of ``fmt`` as the compiled runtime reads them
+    (``vs_test_dequant``: repacked into panels, then each row dequantized)."""
+    import ctypes
+
+    import numpy as np
+
+    from verispec.models import cpu
+
+    lib = cpu.library()
+    fp = ctypes.POINTER(ctypes.c_float)
+    lib.vs_test_dequant.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, fp, ctypes.c_char_p,
+                                    ctypes.c_int)
+    out = np.zeros((rows, cols), dtype=np.float32)
+    err = ctypes.create_string_buffer(256)
+    data = np.ascontiguousarray(blocks)
+    assert lib.vs_test_dequant(cpu.FORMATS[fmt].ggml_type, data.ctypes.data, rows, cols, out.ctypes.data_as(fp),
+                               err, 256) == 0, err.value.decode()
+    return out

@@ -18,6 +18,7 @@ DrafterFactory = Callable[["LoadedModel", dict[str, Any]], Drafter]
 
 def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     from .models.catalog import CATALOG
+    from .models.cpu import REQUANTS
     from .models.load import load_draft_model
     from .weights import VOCAB_FREQ, has_shipped
 
@@ -25,14 +26,15 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     entry = CATALOG.get(target.name)
     default = "shipped" if has_shipped("draft", target.name) else entry.draft if entry and entry.draft else "truncated:4"
     model = str(opts.pop("model", default))
+    catalog_gguf = model in VOCAB_FREQ and target.backend_kind == "cpu"  # a catalog GGUF draft on the compiled runtime
     vocab = str(opts.pop("vocab", "auto"))
-    if vocab == "auto":  # an FR-Spec head where a ranking is shipped for a GGUF draft on the compiled runtime
-        vocab = str(DEFAULT_DRAFT_VOCAB) if model in VOCAB_FREQ and target.backend_kind == "cpu" else "full"
+    if vocab == "auto":  # an FR-Spec head (its token ranking is shipped)
+        vocab = str(DEFAULT_DRAFT_VOCAB) if catalog_gguf else "full"
     if vocab != "full" and not vocab.isdigit():
         raise ValueError(f"vocab must be auto, full or a token count, got {vocab!r}")
     quant = str(opts.pop("quant", "auto"))
-    if quant == "auto":  # a catalog GGUF draft on the compiled runtime streams Q4_0 (the target checks every token)
-        quant = DEFAULT_DRAFT_QUANT if model in VOCAB_FREQ and target.backend_kind == "cpu" else "file"
+    if quant == "auto":  # streams Q4_0 (the target checks every token)
+        quant = DEFAULT_DRAFT_QUANT if catalog_gguf else "file"
     if quant not in ("file", *REQUANTS):
         raise ValueError(f"quant must be auto, file or {', '.join(REQUANTS)}, got {quant!r}")
     stop = str(opts.pop("stop", "auto"))
@@ -48,15 +50,14 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
 
         key = _cost_key(target)
         curve = cached_cost_curve(target.backend, key)
-        ratio = cached_cost_curve(draft, f"{key}-draftstep-{draft.info.name}", sizes=(1,), repeats=5,
-                                  measure=lambda m, sizes, repeats: measure_draft_step(target.backend, m))
+        ratio = cached_cost_curve(draft, f"{key}-draftstep-{draft.info.name}", sizes=(1,), repeats=7,
+                                  measure=lambda m, sizes, repeats: measure_draft_step(target.backend, m, repeats))
         cost = DraftCost(ratio[1], curve)
     return DraftModelDrafter(draft, min_confidence=min_conf, cost=cost)
 
 
 DEFAULT_DRAFT_VOCAB = 32768  # FR-Spec head rows of a catalog draft (plus its control tokens)
 DEFAULT_DRAFT_QUANT = "q4_0"  # a catalog draft's wider matrices, re-encoded at load (models.cpu.requantize)
-REQUANTS = ("q4_0",)  # models.cpu.REQUANTS, without importing the compiled runtime here
 
 
 def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> Drafter:

@@ -14,15 +14,16 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
 from tiny_models import (
     assert_batch_bitwise,
     assert_chain_bitwise,
     assert_same_bits,
     assert_tree_bitwise,
     available_isas,
+    runtime_dequant,
     scenario,
 )
+
 from verispec.models import cpu
 from verispec.models.cpu import FORMATS, CpuLlama, quantize_matrix
 from verispec.models.ggml_quants import quantize
@@ -49,8 +50,6 @@ def _lib():
     p = ctypes.POINTER
     lib.vs_test_matmul.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, p(ctypes.c_float),
                                    ctypes.c_int, p(ctypes.c_float), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int)
-    lib.vs_test_dequant.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, p(ctypes.c_float),
-                                    ctypes.c_char_p, ctypes.c_int)
     return lib
 
 
@@ -122,10 +121,7 @@ def test_embedding_rows_are_the_dequantized_rows(fmt):
     rows, cols = 37, 512
     w = weights(fmt, rows, cols, seed=5)
     ref = gguf.quants.dequantize(w, GGMLQuantizationType[fmt.upper()]).astype(np.float32)
-    out = np.zeros((rows, cols), dtype=np.float32)
-    err = ctypes.create_string_buffer(256)
-    assert _lib().vs_test_dequant(FORMATS[fmt].ggml_type, np.ascontiguousarray(w).ctypes.data, rows, cols,
-                                  out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), err, 256) == 0
+    out = runtime_dequant(fmt, w, rows, cols)
     np.testing.assert_allclose(out, ref, rtol=2e-7, atol=1e-7 * float(np.abs(ref).max()))
 
 

@@ -5,10 +5,9 @@ fp16's normal range is written as zero (the repack's range check holds)."""
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
+from tiny_models import runtime_dequant
 
 from verispec.models import cpu
 from verispec.models.cpu import FORMATS, RawMatrix, requantize
@@ -19,15 +18,7 @@ if not cpu.available():
 
 
 def _dequant(m: RawMatrix) -> np.ndarray:
-    lib = cpu.library()
-    fp = ctypes.POINTER(ctypes.c_float)
-    lib.vs_test_dequant.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, fp, ctypes.c_char_p,
-                                    ctypes.c_int)
-    out = np.zeros((m.rows, m.cols), dtype=np.float32)
-    data = np.ascontiguousarray(m.data)
-    assert lib.vs_test_dequant(FORMATS[m.fmt].ggml_type, data.ctypes.data, m.rows, m.cols, out.ctypes.data_as(fp),
-                               ctypes.create_string_buffer(256), 256) == 0
-    return out
+    return runtime_dequant(m.fmt, m.data, m.rows, m.cols)
 
 
 def _signless_zero_scales(q4: np.ndarray) -> np.ndarray:
