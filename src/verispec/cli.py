@@ -157,7 +157,7 @@ def generate(
     """Generate text with speculative decoding and print speculation statistics."""
     from .api import SpecDecoder, load_model
     from .engine.prefix_cache import prefix_cache_support
-    from .models.base import ModelError, exactness_of
+    from .models.base import ModelError
     from .system import set_threads
     from .types import SamplingParams
 
@@ -192,9 +192,9 @@ def generate(
     stats = chunks[-1].stats.as_dict() | {"peak_rss_mb": round(peak_rss_mb(), 1)}
     stats["drafter"] = describe_method(drafter, lm)
     stats["drafter_memory_bytes"] = dec.drafter.memory_bytes()
-    stats["backend"] = getattr(lm.backend, "description", lm.backend_kind)
+    stats["backend"] = lm.backend.description
     stats["threads"] = n_threads
-    exact = exactness_of(lm.backend)  # greedy output == plain decoding, bit for bit, on this machine?
+    exact = lm.backend.caps.exactness  # greedy output == plain decoding, bit for bit, on this machine?
     stats |= {"bit_exact": exact.bit_exact, "bit_exact_reason": exact.reason}
     no_reuse = prefix_cache_support(lm.backend)
     stats["prefix_cache"] = "off" if not prefix_cache_mb else "on" if no_reuse is None else f"off: {no_reuse}"
@@ -269,7 +269,7 @@ def demo(
         fail(str(e))
     (plain, t_plain), (spec, t_spec) = runs.values()
     emit(spec.text)
-    backend = getattr(lm.backend, "description", lm.backend_kind)
+    backend = lm.backend.description
     table = Table("decoding", "tokens", "seconds", "tokens/s", "tau", "speed-up", title=f"{lm.name} on {backend}"
                   + ("" if "threads" in backend else f", {n_threads} thread{'s' * (n_threads != 1)}"))
     for name, (out, t) in runs.items():

@@ -19,7 +19,7 @@ from verispec.bench.methods import BASELINE, MethodSpec, parse_method, with_base
 from verispec.bench.metrics import OVERALL, Spread, summarize, tau, totals
 from verispec.bench.peers import cut_at_eos
 from verispec.bench.report import markdown, speedup_table, write_all
-from verispec.bench.runners import EngineRunner, Generation
+from verispec.bench.runners import EngineRunner, Generation, Runner
 from verispec.cli import app
 from verispec.drafters.base import NoDrafter
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
@@ -229,7 +229,7 @@ def test_cut_at_eos():
     assert cut_at_eos([5, 6, 7], (2,), 2) == ([5, 6], "length")
 
 
-class _Echo:
+class _Echo(Runner):
     """A fake runner: answers with the prompt's last token repeated; logs its calls."""
 
     def __init__(self, label, log):

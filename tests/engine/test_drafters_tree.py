@@ -107,14 +107,14 @@ class Spy:
 
     def __init__(self, inner):
         self.inner, self.branching = inner, 0
-        self.name, self.needs_hidden_states, self.provides_probs = inner.name, False, False
+        self.name = inner.name
 
     def propose(self, ctx):
         tree = self.inner.propose(ctx)
         self.branching += any(len(c) > 1 for c in tree.children)
         return tree
 
-    def __getattr__(self, attr):  # start / observe / finish / memory_bytes
+    def __getattr__(self, attr):  # features / start / observe / finish / memory_bytes / reset
         return getattr(self.inner, attr)
 
 

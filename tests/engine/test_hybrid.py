@@ -141,7 +141,7 @@ def test_cost_curves_decide_who_proposes(toy_target, plain, cost, learned_cost, 
     learned = toy_eagle(toy_target) if learned_cost and learned_cost[1] == 4.0 else DraftModelDrafter(toy_target)
     h = HybridDrafter(suffix(), learned, min_score=0.5, cost=cost, learned_cost=learned_cost)
     assert h.learned_enabled == enabled
-    assert h.needs_hidden_states == (enabled and isinstance(learned, EagleDrafter))
+    assert h.features.wanted == (enabled and isinstance(learned, EagleDrafter))
     for prompt, want in zip(PROMPTS, plain):
         assert run(toy_target, h, prompt, GREEDY, k=8)[0] == want
     assert {s for s, n in h.steps.items() if n} == expect
@@ -199,7 +199,7 @@ def test_eagle3_from_the_registry_and_its_measured_cost(stories_native, tmp_path
     learned.head.save(tmp_path)
     h = make_drafter("hybrid", stories_native, {"learned": "eagle3", "learned_weights": str(tmp_path),
                                                 "budget": "fixed", "mode": "fuse"})
-    assert isinstance(h, HybridDrafter) and h.hidden_layers == (0, 2, 4) and h.mode == "fuse"
+    assert isinstance(h, HybridDrafter) and h.features.layers == (0, 2, 4) and h.mode == "fuse"
     with pytest.raises(ValueError, match="eagle3"):
         make_drafter("hybrid", stories_native, {"learned": "medusa"})
     cost = measure_draft_cost(stories_native.backend, learned, sizes=(1, 4), repeats=1)
@@ -236,7 +236,7 @@ def test_sampling_distribution_matches_target(toy_target, mode, min_score, sourc
 # ---- lifecycle ------------------------------------------------------------------------------------
 def test_lifecycle_errors(toy_target):
     h = HybridDrafter(suffix(), toy_eagle(toy_target))
-    assert h.needs_hidden_states and h.name == "hybrid"
+    assert h.features.wanted and h.name == "hybrid"
     h.start("r1", [1, 2, 3])
     errors = [(lambda: h.start("r1", [1, 2, 3]), "already started"),
               (lambda: h.propose(DraftContext("ghost-3", [1, 2], 4, SamplingParams(), make_generator(0, 1))), "ghost-3")]

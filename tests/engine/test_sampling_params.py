@@ -18,7 +18,6 @@ from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
 from verispec.engine import Engine
 from verispec.logits_processing import adjust_tree_logits, path_counts
-from verispec.models.base import exactness_of
 from verispec.sampling import target_probs
 from verispec.tree import DraftTree
 from verispec.types import SamplingParams
@@ -183,7 +182,7 @@ def test_logprobs_equal_plain_decoding_bitwise(exact_models, backend, temperatur
     if backend not in exact_models:
         pytest.skip("compiled runtime not built")
     target = exact_models[backend]
-    assert exactness_of(target).bit_exact, exactness_of(target).reason
+    assert target.caps.exactness.bit_exact, target.caps.exactness.reason
     drafter = {"same-model": lambda: DraftModelDrafter(target), "tempered": lambda: TemperedSelfDraft(target),
                "random": lambda: RandomDrafter(target.info.vocab_size, tree=True)}[which]()
     params = SamplingParams(temperature=temperature, max_new_tokens=24, seed=3, ignore_eos=True, logprobs=5)

@@ -14,7 +14,6 @@ import torch
 
 from helpers import forced_logits
 from serving import MODEL, complete, running_server, stories_native_model, with_chat_template
-from verispec.models.base import exactness_of
 
 PROMPT = "Tim had a red ball. Tim had a red ball. Tim had a"  # repetitive: prompt lookup accepts drafts
 PLAIN = {"speculation": False}
@@ -27,7 +26,7 @@ def stories():
 
 @pytest.fixture(scope="module")
 def served(stories):
-    assert exactness_of(stories.backend).bit_exact
+    assert stories.backend.caps.exactness.bit_exact
     with running_server(stories) as s:
         yield s[0], stories
 

@@ -154,7 +154,7 @@ def test_eagle3_train_then_draft_losslessly(stories_native, corpus, tmp_path):
     for mode in ("chain", "tree"):
         drafter = make_drafter("eagle3", stories_native, {"weights": str(tmp_path / "weights"), "mode": mode,
                                                           "depth": "3", "top_k": "3"})
-        assert isinstance(drafter, EagleDrafter) and drafter.hidden_layers == (0, 2, 4)
+        assert isinstance(drafter, EagleDrafter) and drafter.features.layers == (0, 2, 4)
         spec, stats = run(stories_native.backend, drafter, prompt, params)
         assert spec == plain
         assert stats.drafted > 0

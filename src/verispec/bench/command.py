@@ -210,8 +210,8 @@ def _meta(o: BenchOptions, lm, num_prompts: int, notices: list[str]) -> dict:
     return {
         "command": shlex.join(["verispec", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else "verispec bench (API)",
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "model": lm.name, "backend": lm.backend_kind,
-        "backend_detail": getattr(lm.backend, "description", lm.backend_kind),
-        "dtype": o.dtype, "quant": getattr(lm.backend, "quant", lm.quant), "machine": f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}",
+        "backend_detail": lm.backend.description,
+        "dtype": o.dtype, "quant": lm.backend.quant, "machine": f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}",
         "threads": o.threads, "prompts": num_prompts, "categories": list(o.categories), "limit": o.limit,
         "max_new_tokens": o.max_new_tokens, "num_draft_tokens": o.num_draft_tokens, "policy": o.policy,
         "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "seed": o.seed,

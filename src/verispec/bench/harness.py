@@ -137,7 +137,7 @@ def run(runners: Sequence[Runner], prompts: Sequence[BenchPrompt], builder: Prom
         params: SamplingParams, *, repeats: int = 1, warmup: int = 1,
         on_generation: Callable[[str], None] | None = None) -> list[Record]:
     """Warm every runner up on the first ``warmup`` prompts (first turn, not recorded; then
-    runners with ``reset_learned`` forget what they learned), then run all (prompt, repeat) pairs with the method order rotated each time. Sampling
+    every runner forgets what it learned: ``reset_learned``), then run all (prompt, repeat) pairs with the method order rotated each time. Sampling
     repeats use seeds ``params.seed + repeat``; greedy repeats are identical runs."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
@@ -150,9 +150,7 @@ def run(runners: Sequence[Runner], prompts: Sequence[BenchPrompt], builder: Prom
             r.generate(builder.prompt([{"role": "user", "content": bp.turns[0]}])[0], params)
             tick(f"warm-up {r.label}")
     for r in runners:  # never measure a drafter on an answer it saw in the warm-up
-        reset = getattr(r, "reset_learned", None)
-        if reset is not None:
-            reset()
+        r.reset_learned()
     records: list[Record] = []
     for i, bp in enumerate(prompts):
         for rep in range(repeats):

@@ -24,7 +24,7 @@ import torch
 
 from ..types import SamplingParams
 from ..models.base import model_bytes
-from .runners import Generation, sync
+from .runners import Generation, Runner, sync
 
 
 def llamacpp_available() -> bool:
@@ -63,7 +63,7 @@ class _ForwardCounter:
         self._handle.remove()
 
 
-class HFGenerateRunner:
+class HFGenerateRunner(Runner):
     """transformers ``generate``: ``mode`` is "plain", "pld" or "assisted"."""
 
     def __init__(self, label: str, model: torch.nn.Module, mode: str, num_draft_tokens: int,
@@ -136,7 +136,7 @@ def configure_assistant(assistant: torch.nn.Module, num_draft_tokens: int, confi
         assistant_confidence_threshold=confidence)
 
 
-class LlamaCppRunner:
+class LlamaCppRunner(Runner):
     """llama-cpp-python on a GGUF, plain or with its prompt-lookup draft model."""
 
     def __init__(self, label: str, gguf: Path, eos_ids: tuple[int, ...], threads: int,

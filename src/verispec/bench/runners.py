@@ -39,6 +39,8 @@ class Generation:
 
 
 class Runner(Protocol):
+    """A method, timed. Runners subclass it (``reset_learned`` defaults to a no-op)."""
+
     label: str
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
@@ -47,6 +49,9 @@ class Runner(Protocol):
         """Bytes this method holds beyond the shared target (draft weights, tables, ...)."""
         ...
 
+    def reset_learned(self) -> None:
+        """Forget what was learned across requests: the warm-up's prompts are measured later."""
+
 
 def sync(device: torch.device) -> None:
     """Wait for queued device work so timers measure it (a no-op on CPU)."""
@@ -54,7 +59,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class EngineRunner:
+class EngineRunner(Runner):
     """A drafter through our engine (the drafter ``none`` is the baseline), with its own
     prefix cache (``prefix_cache_mb``, 0 = off): each method reuses only its own requests."""
 
@@ -83,9 +88,7 @@ class EngineRunner:
     def reset_learned(self) -> None:
         """Forget what the drafter learned across requests (its optional ``reset``) and the
         prefix cache: the warm-up's prompts are measured later."""
-        reset = getattr(self.drafter, "reset", None)
-        if reset is not None:
-            reset()
+        self.drafter.reset()
         if self.engine.prefix_cache is not None:
             self.engine.prefix_cache.clear()
 

@@ -95,34 +95,18 @@ NO_FEATURES = Features()
 LAST_HIDDEN = Features(last_hidden=True)
 
 
-def features_of(drafter) -> Features:
-    """``drafter.features``; for a drafter written before ``Features``, what its
-    ``needs_hidden_states`` and ``hidden_layers`` flags asked for."""
-    declared = getattr(drafter, "features", None)
-    if isinstance(declared, Features):
-        return declared
-    layers = tuple(getattr(drafter, "hidden_layers", ()))
-    return Features(last_hidden=bool(getattr(drafter, "needs_hidden_states", False)) and not layers, layers=layers)
+def features_of(drafter: Drafter) -> Features:
+    """``drafter.features``, or TypeError naming a drafter that declares something else."""
+    declared = drafter.features
+    if not isinstance(declared, Features):
+        raise TypeError(f"{type(drafter).__name__}.features must be a Features (NO_FEATURES: reads nothing), "
+                        f"got {declared!r}")
+    return declared
 
 
-def hidden_request(drafter) -> dict:
+def hidden_request(drafter: Drafter) -> dict:
     """The target forward's keyword arguments for what ``drafter`` reads (``Features.forward_kwargs``)."""
     return features_of(drafter).forward_kwargs()
-
-
-class DeclaresFeatures:
-    """Mixin: the flags that came before ``features`` (``needs_hidden_states``,
-    ``hidden_layers``), read from it, for code that still asks for them."""
-
-    features: Features = NO_FEATURES
-
-    @property
-    def needs_hidden_states(self) -> bool:
-        return self.features.wanted
-
-    @property
-    def hidden_layers(self) -> tuple[int, ...]:
-        return self.features.layers
 
 
 @runtime_checkable
@@ -139,6 +123,20 @@ class Drafter(Protocol):
     def finish(self, request_id: str) -> None: ...
 
     def memory_bytes(self) -> int: ...
+
+    def reset(self) -> None:
+        """Forget what was learned across requests (a benchmark's warm-up); most drafters learn nothing."""
+        ...
+
+
+class DeclaresFeatures:
+    """Base of the drafters: the ``Drafter`` declarations most of them make, reading no
+    ``features`` (``NO_FEATURES``) and learning nothing across requests (``reset`` is a no-op)."""
+
+    features: Features = NO_FEATURES
+
+    def reset(self) -> None:
+        pass
 
 
 S = TypeVar("S")

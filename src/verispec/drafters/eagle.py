@@ -3,7 +3,7 @@
 
 EAGLE-3 in one paragraph: the head's input feature fuses the outputs of a low, a middle
 and a high target layer (``EagleConfig.hidden_layers``; the drafter declares them as
-``hidden_layers`` and the engine asks the backend for them) instead of the final hidden
+``features``, ``Features(layers=...)``, and the engine asks the backend for them) instead of the final hidden
 state, and the head is trained with training-time test (``train/eagle3.py``) on its own
 chained outputs, so it never regresses target features; at draft time the only
 differences are ``features`` (fuse), ``step_out`` (feed back the pre-norm output) and
@@ -294,7 +294,7 @@ class EagleDrafter(DeclaresFeatures):
         # EAGLE: the target's last hidden state; EAGLE-3: the outputs of its fused layers
         self.features = Features(layers=tuple(cfg.hidden_layers)) if cfg.hidden_layers else LAST_HIDDEN
         self.runner: HeadRunner = runner or TorchHeadRunner(self.head, embed.float())
-        room = getattr(self.runner, "max_draft", None)  # draft nodes the runner holds per proposal
+        room = self.runner.max_draft  # draft nodes the runner holds per proposal
         if room is not None and mode == "tree" and (depth - 1) * top_k > room:
             raise ValueError(f"a tree of depth {depth} x top_k {top_k} expands {(depth - 1) * top_k} nodes; "
                              f"the head runner holds {room}")
@@ -356,7 +356,8 @@ class EagleDrafter(DeclaresFeatures):
 
     def _chain(self, st: _EagleState, ctx: DraftContext) -> DraftTree:
         pred, logits, drafts, qs, scores = st.last_pred, st.last_logits, [], [], []
-        budget = min(ctx.budget, getattr(self.runner, "max_draft", ctx.budget) + 1)  # the last token needs no step
+        room = self.runner.max_draft
+        budget = ctx.budget if room is None else min(ctx.budget, room + 1)  # the last token needs no step
         for d in range(1, budget + 1):
             prev = scores[-1] if scores else 0.0  # the path's log-probability under the head
             if ctx.params.greedy:

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 
 class HeadRunner(Protocol):
+    max_draft: int | None  # draft nodes ``expand`` holds per proposal (None: no limit)
+
     def open(self) -> Any: ...  # per-request head state
 
     def cached(self, st: Any) -> int: ...  # committed pairs in the head's cache
@@ -66,6 +68,8 @@ class _TorchState:
 
 class TorchHeadRunner:
     """The head as an ``nn.Module`` (fp32, any device): the reference runner."""
+
+    max_draft = None  # its draft K/V grows with the proposal
 
     def __init__(self, head: EagleHead, embed: torch.Tensor):
         self.head, self.embed = head, embed  # embed [V, H] fp32 (the target's, tied LM head)

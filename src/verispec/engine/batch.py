@@ -32,7 +32,7 @@ import torch
 
 from ..drafters.base import features_of
 from ..memory import cache_pool_bytes, check_fits, logits_bytes
-from ..models.base import CausalLM, KVCache, caps_of
+from ..models.base import CausalLM, KVCache
 from ..tree import DraftTree
 from ..types import FinishReason, SamplingParams
 from .engine import Engine, StepResult, host_threads
@@ -172,13 +172,13 @@ def pack_trees(
 
 def padded_tokens(target: CausalLM) -> int:
     """Tokens per row a batched forward costs at least (``BackendCaps.min_verify_rows``: native's padding)."""
-    return caps_of(target).min_verify_rows
+    return target.caps.min_verify_rows
 
 
 def supports_batching(target: CausalLM) -> bool:
     """A backend batches when it declares so (``BackendCaps.batched``): it has a cache pool and
     ``forward_batch`` (``PooledLM``: models/cpu.py, models/native.py)."""
-    return caps_of(target).batched
+    return target.caps.batched
 
 
 @dataclass(frozen=True)

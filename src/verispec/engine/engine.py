@@ -15,7 +15,7 @@ import torch
 from ..drafters.base import DraftContext, Drafter, Observation, features_of
 from ..logits_processing import adjust_tree_logits
 from ..logprobs import step_rows, token_logprobs
-from ..models.base import CausalLM, KVCache, caps_of
+from ..models.base import CausalLM, KVCache
 from ..policies.draft_length import DraftLengthPolicy, PolicyName
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
@@ -31,7 +31,7 @@ def host_threads(target: CausalLM) -> Iterator[None]:
     (the compiled CPU runtime) declares ``BackendCaps.host_threads = 1``: the step's small torch
     ops (verification, sampling, drafter glue) then never wake torch's OpenMP threads, which
     would spin on the cores the runtime's threads need (an EAGLE-3 step ran 25% faster)."""
-    n = caps_of(target).host_threads
+    n = target.caps.host_threads
     prev = torch.get_num_threads()
     if not n or n == prev:
         yield
@@ -109,7 +109,7 @@ class Engine:
         needs the prefill's hidden states."""
         req = self._new_request(parent.prompt_ids, params, request_id, cache, draft_limit)
         self.drafter.start(req.request_id, req.prompt_ids)
-        if (parent.prefill_logits is None or not caps_of(self.target).copy_prefix
+        if (parent.prefill_logits is None or not self.target.caps.copy_prefix
                 or features_of(self.drafter).wanted):
             self._prefill(req)
             return req

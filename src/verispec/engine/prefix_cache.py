@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.base import caps_of
+from ..models.base import CausalLM
 
 DEFAULT_MAX_MB = 1024.0  # API, CLI and server default; 0 turns the cache off
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default block; divides the compiled runtime's 64-slot tiles
@@ -85,9 +85,9 @@ class PrefixCacheStats:
         return self.reused_tokens / self.query_tokens if self.query_tokens else 0.0
 
 
-def prefix_cache_support(target: object) -> str | None:
+def prefix_cache_support(target: CausalLM) -> str | None:
     """None if ``target`` may reuse K/V across requests, else why not (one line)."""
-    if not caps_of(target).prefix_reuse_exact:
+    if not target.caps.prefix_reuse_exact:
         return (f"{type(target).__name__} does not prefill bitwise the same in one forward and in several, "
                 "so reusing a cached prefix could change outputs (the compiled cpu backend can)")
     return None

@@ -15,6 +15,7 @@ flattened tree (``tree_mask``) and then tells the cache which slots to keep (``c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -56,7 +57,7 @@ NOT_CLAIMED = Exactness(False, "this backend does not claim batch invariance: lo
 class BackendCaps:
     """What a backend can do, declared by the backend (its ``caps``), so the engine reads
     flags instead of probing for methods. The defaults are what a backend declaring nothing
-    gets (``caps_of``): one request per forward, nothing reused, nothing claimed."""
+    gets (``CausalLM.caps``): one request per forward, nothing reused, nothing claimed."""
 
     batched: bool = False  # forward_batch over rows of one new_cache_pool (PooledLM): one verify for a batch
     # a token's K/V is bitwise the same prefilled in one forward or in several (a reused
@@ -68,18 +69,6 @@ class BackendCaps:
     host_threads: int | None = None
     min_verify_rows: int = 1  # tokens per row a batched forward costs at least (native's padded rows)
     copy_prefix: bool = False  # its caches copy a prompt's K/V from another cache (Engine.fork shares a prefill)
-
-
-def caps_of(model: object) -> BackendCaps:
-    """``model.caps``, or the defaults for a backend that declares none (a wrapper, a test double)."""
-    caps = getattr(model, "caps", None)
-    return caps if isinstance(caps, BackendCaps) else BackendCaps()
-
-
-def exactness_of(model: object) -> Exactness:
-    """The backend's own ``exactness`` attribute, or ``NOT_CLAIMED``."""
-    ex = getattr(model, "exactness", None)
-    return ex if isinstance(ex, Exactness) else NOT_CLAIMED
 
 
 @dataclass(frozen=True)
@@ -129,12 +118,20 @@ class CausalLM(Protocol):
     other new tokens; every new token also sees all cached slots. ``tree_mask=None``
     means causal. The keys/values of the new tokens are appended to the cache.
     ``last_logits_only`` returns logits [1, 1, V] of the last token only (a prefill needs
-    no more, and the LM head over a long prompt is a large share of its cost). ``caps``
-    declares what else it can do (batched forwards, exact prefix reuse, ...).
+    no more, and the LM head over a long prompt is a large share of its cost).
+
+    A backend subclasses this protocol and so declares, besides ``info``, what the engine,
+    the loader and the statistics read, instead of leaving them to be probed: ``caps``
+    (batched forwards, exact prefix reuse, its exactness claim, ...; by default nothing),
+    ``description``, ``quant``, ``gguf_path`` and ``resident_bytes``.
     """
 
     info: ModelInfo
-    caps: BackendCaps
+    caps: BackendCaps = BackendCaps()
+    description: str  # how statistics name it, e.g. "compiled CPU runtime (q4_1, avx2, 2 threads)"
+    quant: str  # the weight format it computes with ("none", "int8", "int4", "q4_1", "gguf", ...)
+    gguf_path: Path | None = None  # the GGUF whose own blocks it reads in place (None: weights converted)
+    resident_bytes: int  # bytes of weights it holds in memory
 
     def new_cache(self, max_length: int | None = None) -> KVCache: ...
 
@@ -155,15 +152,9 @@ def causal_tree_mask(n: int, device: torch.device | str = "cpu") -> torch.Tensor
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
-def model_bytes(obj: object) -> int:
-    """Resident weight bytes of a model: a backend's ``resident_bytes`` or ``weight_bytes``
-    (compiled / native runtimes), else the parameters and buffers of a torch module (or of
-    one wrapped as ``.model``, transformers); 0 for anything else."""
-    for name in ("resident_bytes", "weight_bytes"):
-        wb = getattr(obj, name, None)
-        if wb is not None:
-            return int(wb() if callable(wb) else wb)
-    module = obj if isinstance(obj, torch.nn.Module) else getattr(obj, "model", None)
-    if not isinstance(module, torch.nn.Module):
-        return 0
-    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+def model_bytes(model: CausalLM | torch.nn.Module) -> int:
+    """Resident weight bytes of a model: a backend's declared ``resident_bytes``, or the
+    parameters and buffers of a torch module (a transformers peer)."""
+    if isinstance(model, torch.nn.Module):
+        return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    return int(model.resident_bytes)

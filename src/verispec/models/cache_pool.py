@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import NOT_CLAIMED, BackendCaps, Exactness
+from .base import NOT_CLAIMED, BackendCaps, CausalLM, Exactness
 
 
 class CachePool:
@@ -134,8 +134,8 @@ class PooledCache:
         assert self.row not in self.pool._free, f"row {self.row} is used after release"
 
 
-class PooledLM:
-    """Mixin of a backend whose ``forward_batch`` runs rows of one ``pool_class`` pool:
+class PooledLM(CausalLM):
+    """Base of a backend whose ``forward_batch`` runs rows of one ``pool_class`` pool:
     single-request caches and ``forward`` are one-row cases of the batched forward."""
 
     pool_class: type[CachePool]

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from .base import BackendCaps, Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
+from .base import BackendCaps, CausalLM, Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers, model_bytes
 
 
 def load_pretrained(path: str | Path, **kwargs) -> AutoModelForCausalLM:
@@ -64,9 +64,12 @@ class HFCache:
             self.dc.update(layer.keys[..., :length, :].clone(), layer.values[..., :length, :].clone(), layer_idx)
 
 
-class HFCausalLM:
+class HFCausalLM(CausalLM):
     """Any transformers causal LM with RoPE-style ``position_ids`` (Llama family and most
     others). Loaded from a local directory; float32 or bfloat16."""
+
+    description = "hf"
+    quant = "none"  # transformers runs the checkpoint's weights unquantized
 
     def __init__(self, model: torch.nn.Module, name: str):
         self.model = model.eval()
@@ -99,6 +102,10 @@ class HFCausalLM:
         except (OSError, ValueError) as e:
             raise ModelError(f"could not load a transformers model from {path}: {e}") from None
         return cls(model, name or str(path))
+
+    @property
+    def resident_bytes(self) -> int:
+        return model_bytes(self.model)
 
     def new_cache(self, max_length: int | None = None) -> HFCache:
         return HFCache(max_length or self.info.max_length)

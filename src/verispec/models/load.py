@@ -289,11 +289,10 @@ def load_draft_model(target: LoadedModel, spec: str, vocab: int | None = None,
             from .loading import open_gguf
 
             gguf_info, cfg = open_gguf(target.source)
-            quant = "auto" if target.backend_kind == "cpu" and getattr(target.backend, "gguf_path", None) \
-                else target.quant
+            quant = "auto" if target.backend_kind == "cpu" and target.backend.gguf_path else target.quant
             return _gguf_backend(target.source, gguf_info, cfg, target.name, info.dtype, target.backend_kind,
                                  str(info.device), n, quant=quant)
-        gguf = getattr(target.backend, "gguf_path", None)
+        gguf = target.backend.gguf_path
         return _load_backend(target.hf_dir, target.name, info.dtype, target.backend_kind, str(info.device), n,
                              quant="auto" if gguf else target.quant, gguf=gguf)[0]
     weights = shipped_weights("draft", target.name) if spec == "shipped" else Path(spec)

@@ -492,6 +492,8 @@ class _Plan:
 class NativeLlama(PooledLM):
     """``CausalLM`` backend: Llama-family decoder on plain tensors with a static cache."""
 
+    description = "native"
+
     def __init__(self, args: LlamaArgs, embed: torch.Tensor, layers: tuple[LayerWeights, ...],
                  norm: torch.Tensor, lm_head: Weight, options: NativeOptions, info: ModelInfo,
                  head_rows: torch.Tensor | None = None):
@@ -617,6 +619,15 @@ class NativeLlama(PooledLM):
         """Bytes of weights read per decode step (embedding rows excluded)."""
         per_layer = [weight_nbytes(w) for lw in self.layers for w in (lw.attn_norm, lw.wqkv, lw.bqkv, lw.wo, lw.mlp_norm, lw.w13, lw.w2)]
         return sum(per_layer) + weight_nbytes(self.norm) + weight_nbytes(self.lm_head)
+
+    @property
+    def resident_bytes(self) -> int:
+        """What ``model_bytes`` counts: ``weight_bytes``."""
+        return self.weight_bytes
+
+    @property
+    def quant(self) -> str:
+        return self.options.quant
 
     # ---- forward (new_cache, new_cache_pool and one-row forward come from PooledLM)
 
