@@ -59,6 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models.llama import apply_rope, rms_norm, rope_inv_freq
 from ..models.loading import load_target_embedding  # noqa: F401 - re-exported (tests, scripts)
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
@@ -97,19 +98,10 @@ class EagleConfig:
         )
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
 def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE (Llama). x: [B, heads, T, D]; pos: [B, T] absolute positions."""
-    d = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)  # [D/2]
-    ang = pos.float()[..., None] * inv  # [B, T, D/2]
-    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None]  # [B, 1, T, D]
-    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
+    """The target's rotate-half RoPE (unscaled ``theta``) at absolute positions. x: [B, heads, T, D]; pos: [B, T]."""
+    ang = pos.float()[..., None] * rope_inv_freq(x.shape[-1], theta, device=x.device)  # [B, T, D/2]
+    return apply_rope(x, ang.cos()[:, None], ang.sin()[:, None])  # cos, sin [B, 1, T, D/2]
 
 
 class EagleHead(nn.Module):

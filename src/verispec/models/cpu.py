@@ -37,7 +37,7 @@ import torch
 
 from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
 from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
-from verispec.models.native import SUPPORTED_MODEL_TYPES, LlamaArgs, _read_safetensors, _take, rope_tables
+from verispec.models.llama import SUPPORTED_MODEL_TYPES, LlamaArgs, read_safetensors, rope_tables, take
 
 SLOT_TILE = 64  # K cache slots per transposed tile (csrc/vs.h: KV_TILE)
 PANEL_ROWS = 16  # rows per weight panel (csrc/vs.h: PANEL)
@@ -461,7 +461,7 @@ class CpuLlama(PooledLM):
             model = cls.from_weights(cfg, weights, max_length, name=name, quant=quant, **kw)
             model.gguf_path = Path(gguf)
             return model
-        return cls.from_state_dict(cfg, _read_safetensors(path), max_length, quant=quant, name=name, **kw)
+        return cls.from_state_dict(cfg, read_safetensors(path), max_length, quant=quant, name=name, **kw)
 
     @classmethod
     def from_state_dict(cls, cfg: dict, state: dict[str, torch.Tensor], max_length: int | None = None,
@@ -654,7 +654,7 @@ def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: str,
     layers = []
     for i in range(args.n_layers):
         p = f"model.layers.{i}."
-        t = lambda n: _take(state, p + n)  # noqa: E731
+        t = lambda n: take(state, p + n)  # noqa: E731
         layer = {"attn_norm": t("input_layernorm.weight"), "ffn_norm": t("post_attention_layernorm.weight"),
                  "wqkv": q(torch.cat([t("self_attn.q_proj.weight"), t("self_attn.k_proj.weight"),
                                       t("self_attn.v_proj.weight")])),
@@ -664,13 +664,13 @@ def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: str,
         if p + "self_attn.q_proj.bias" in state:
             layer["wqkv_bias"] = torch.cat([t("self_attn.q_proj.bias"), t("self_attn.k_proj.bias"), t("self_attn.v_proj.bias")])
         layers.append(layer)
-    embed = _take(state, "model.embed_tokens.weight")
+    embed = take(state, "model.embed_tokens.weight")
     tied = cfg.get("tie_word_embeddings", "lm_head.weight" not in state)
-    head = embed if tied else _take(state, "lm_head.weight")
+    head = embed if tied else take(state, "lm_head.weight")
     if head_rows is not None:
         head, tied = head[check_head_rows(head_rows, len(head))], False
     head_fmt = "f32" if quant == "f32" else "q8_0"  # a quantized model's head in Q8_0, as llama.cpp does
-    return {"layers": layers, "norm": _take(state, "model.norm.weight"), "head": quantize_matrix(head.float(), head_fmt),
+    return {"layers": layers, "norm": take(state, "model.norm.weight"), "head": quantize_matrix(head.float(), head_fmt),
             "embed": None if tied else quantize_matrix(embed.float(), head_fmt)}
 
 

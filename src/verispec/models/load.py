@@ -63,7 +63,7 @@ def choose_backend(cfg: dict | None, dtype: torch.dtype, device: str, gguf: bool
 
 def _native_supports(cfg: dict) -> bool:
     """Is this HF config a Llama-family model the native runtime runs?"""
-    from .native import LlamaArgs
+    from .llama import LlamaArgs
 
     try:
         LlamaArgs.from_hf_config(cfg)

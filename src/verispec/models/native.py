@@ -5,7 +5,8 @@ Design
 * Plain tensors, no ``nn.Module`` tree: weights are loaded from an HF-format directory
   (``config.json`` + ``*.safetensors``) into frozen dataclasses; q/k/v and gate/up are fused
   into one matrix each so a layer runs four matmuls. Llama, Llama-3 RoPE scaling, GQA, tied
-  embeddings and Qwen2-style q/k/v biases are supported.
+  embeddings and Qwen2-style q/k/v biases are supported (the config, RoPE and RMSNorm are
+  models/llama.py's, shared with the compiled runtime and EAGLE heads).
 * Static cache: one preallocated tensor pair ``k, v [layers, rows, kv_heads, slots, head_dim]``
   (a ``NativeCachePool``); a request's ``NativeCache`` is a handle on one row plus an int
   length. ``truncate`` changes the int; ``compact`` index-copies the accepted slots.
@@ -56,7 +57,6 @@ engine's invariant ``cache.length == len(committed) - 1`` the first decode step 
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -67,96 +67,13 @@ import torch.nn.functional as F
 
 from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
 from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
+from verispec.models.llama import LlamaArgs, apply_rope, read_safetensors, rms_norm, rope_tables, take
 from verispec.models.quant import QuantWeight, quant_linear, quantize_int4, quantize_int8
 
 Weight = torch.Tensor | QuantWeight
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "smollm")
 
 
-# ----------------------------------------------------------------------------- config
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """Llama-3 style frequency-dependent RoPE scaling (or plain 'linear')."""
-
-    kind: Literal["llama3", "linear"]
-    factor: float
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position: int = 8192
-
-
-@dataclass(frozen=True)
-class LlamaArgs:
-    """Architecture, read from an HF ``config.json``."""
-
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    norm_eps: float
-    rope_theta: float
-    rope_scaling: RopeScaling | None
-    max_position: int
-    bos_token_id: int | None
-    eos_token_ids: tuple[int, ...]
-
-    @property
-    def group(self) -> int:  # query heads per kv head
-        return self.n_heads // self.n_kv_heads
-
-    @classmethod
-    def from_hf_config(cls, cfg: dict) -> LlamaArgs:
-        _check_supported(cfg)
-        heads = cfg["num_attention_heads"]
-        rope = cfg.get("rope_parameters") or {}  # transformers >= 5 nests theta + scaling here
-        eos = cfg.get("eos_token_id")
-        return cls(
-            vocab_size=cfg["vocab_size"],
-            dim=cfg["hidden_size"],
-            n_layers=cfg["num_hidden_layers"],
-            n_heads=heads,
-            n_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            intermediate_size=cfg["intermediate_size"],
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
-            rope_scaling=_rope_scaling(cfg.get("rope_scaling") or rope),
-            max_position=cfg.get("max_position_embeddings", 2048),
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
-        )
-
-
-def _check_supported(cfg: dict) -> None:
-    kind = cfg.get("model_type")
-    if kind not in SUPPORTED_MODEL_TYPES:
-        raise ModelError(f"native runtime supports model_type in {SUPPORTED_MODEL_TYPES}, got {kind!r}")
-    if cfg.get("hidden_act", "silu") != "silu" or cfg.get("mlp_bias"):
-        raise ModelError("native runtime supports only a bias-free SiLU-gated MLP")
-    if cfg.get("sliding_window") and cfg.get("use_sliding_window", kind == "mistral"):
-        raise ModelError("native runtime does not support sliding-window attention")
-
-
-def _rope_scaling(rs: dict) -> RopeScaling | None:
-    kind = rs.get("rope_type", rs.get("type", "default"))
-    if kind == "default":
-        return None
-    if kind == "linear":
-        return RopeScaling("linear", float(rs["factor"]))
-    if kind == "llama3":
-        return RopeScaling(
-            "llama3",
-            float(rs["factor"]),
-            float(rs.get("low_freq_factor", 1.0)),
-            float(rs.get("high_freq_factor", 4.0)),
-            int(rs.get("original_max_position_embeddings", 8192)),
-        )
-    raise ModelError(f"native runtime: unsupported rope scaling {kind!r} (supported: llama3, linear)")
+# ----------------------------------------------------------------------------- options
 
 
 @dataclass(frozen=True)
@@ -189,24 +106,6 @@ class LayerWeights:
     w2: Weight  # [dim, intermediate]
 
 
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ModelError(f"no *.safetensors in {path}")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state
-
-
-def _take(state: dict[str, torch.Tensor], name: str) -> torch.Tensor:
-    if name not in state:
-        raise ModelError(f"missing tensor {name!r} in checkpoint")
-    return state[name]
-
-
 def _layer_weights(state: dict, i: int, prep) -> LayerWeights:
     p = f"model.layers.{i}."
     qkv = [p + f"self_attn.{n}_proj" for n in "qkv"]
@@ -214,13 +113,13 @@ def _layer_weights(state: dict, i: int, prep) -> LayerWeights:
     if state.get(p + "self_attn.o_proj.bias") is not None:
         raise ModelError("native runtime: o_proj bias is not supported")
     return LayerWeights(
-        attn_norm=prep(_take(state, p + "input_layernorm.weight")),
-        wqkv=prep(torch.cat([_take(state, n + ".weight") for n in qkv]), linear=True),
+        attn_norm=prep(take(state, p + "input_layernorm.weight")),
+        wqkv=prep(torch.cat([take(state, n + ".weight") for n in qkv]), linear=True),
         bqkv=prep(torch.cat(biases)) if all(b is not None for b in biases) else None,
-        wo=prep(_take(state, p + "self_attn.o_proj.weight"), linear=True),
-        mlp_norm=prep(_take(state, p + "post_attention_layernorm.weight")),
-        w13=prep(torch.cat([_take(state, p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]), linear=True),
-        w2=prep(_take(state, p + "mlp.down_proj.weight"), linear=True),
+        wo=prep(take(state, p + "self_attn.o_proj.weight"), linear=True),
+        mlp_norm=prep(take(state, p + "post_attention_layernorm.weight")),
+        w13=prep(torch.cat([take(state, p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]), linear=True),
+        w2=prep(take(state, p + "mlp.down_proj.weight"), linear=True),
     )
 
 
@@ -251,46 +150,6 @@ def linear(x: torch.Tensor, w: Weight, b: torch.Tensor | None = None, dense: boo
     weight may be dequantized for a float GEMM (faster than the int kernels at many rows)."""
     y = F.linear(x, w) if isinstance(w, torch.Tensor) else quant_linear(x, w, dense)
     return y if b is None else y + b
-
-
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """Row-local RMSNorm in fp32 (as HF Llama), x [..., H] -> [..., H] in x.dtype."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return w * x32.to(x.dtype)
-
-
-def rope_inv_freq(args: LlamaArgs) -> torch.Tensor:
-    """[head_dim / 2] fp32 inverse frequencies, with Llama-3 / linear scaling applied."""
-    d = args.head_dim
-    inv = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    rs = args.rope_scaling
-    if rs is None:
-        return inv
-    if rs.kind == "linear":
-        return inv / rs.factor
-    low_wavelen = rs.original_max_position / rs.low_freq_factor
-    high_wavelen = rs.original_max_position / rs.high_freq_factor
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > low_wavelen, inv / rs.factor, inv)
-    smooth = (rs.original_max_position / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
-    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(medium, smoothed, scaled)
-
-
-def rope_tables(args: LlamaArgs, n_pos: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin tables [n_pos, head_dim / 2] fp32."""
-    freqs = torch.outer(torch.arange(n_pos, dtype=torch.float32), rope_inv_freq(args))
-    return freqs.cos().to(device), freqs.sin().to(device)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE (HF layout). x [B, N, heads, D]; cos, sin [B, N, D/2] fp32."""
-    x32 = x.float()
-    x1, x2 = x32.chunk(2, dim=-1)  # [B, N, heads, D/2] each
-    c, s = cos.unsqueeze(2), sin.unsqueeze(2)
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
 
 
 def pairwise_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -479,8 +338,8 @@ class _Plan:
     starts: tuple[int, ...]  # cache length of each row = first written slot
     slots: torch.Tensor  # [B, Np] long, slots written by this forward
     window: int  # W: slots 0..W-1 are read
-    cos: torch.Tensor  # [B, Np, D/2] fp32
-    sin: torch.Tensor  # [B, Np, D/2] fp32
+    cos: torch.Tensor  # [B, Np, 1, D/2] fp32 (1: broadcast over heads)
+    sin: torch.Tensor  # [B, Np, 1, D/2] fp32
     invariant: bool
     dense: bool  # a prefill (more than max_rows tokens): quantized linears may run dequantized
     mask: torch.Tensor | None = None  # fast path: [B, 1, G * Np, W] bool
@@ -527,7 +386,7 @@ class NativeLlama(PooledLM):
             raise ModelError(f"{path} is not an HF model directory (no config.json)")
         cfg = json.loads((path / "config.json").read_text())
         LlamaArgs.from_hf_config(cfg)  # unsupported architectures fail before reading weights
-        state = _read_safetensors(path)
+        state = read_safetensors(path)
         return cls.from_state_dict(cfg, state, NativeOptions(dtype=dtype, **options), device, max_length,
                                    name=cfg.get("_name_or_path") or path.name, num_layers=num_layers,
                                    head_rows=head_rows)
@@ -545,8 +404,8 @@ class NativeLlama(PooledLM):
         args = LlamaArgs.from_hf_config(cfg)
         device = torch.device(device)
         prep = _weight_preparer(options, device)
-        embed = prep(_take(state, "model.embed_tokens.weight"))
-        head = None if cfg.get("tie_word_embeddings", "lm_head.weight" not in state) else _take(state, "lm_head.weight")
+        embed = prep(take(state, "model.embed_tokens.weight"))
+        head = None if cfg.get("tie_word_embeddings", "lm_head.weight" not in state) else take(state, "lm_head.weight")
         info = ModelInfo(name=name, vocab_size=args.vocab_size, max_length=max_length or args.max_position,
                          bos_token_id=args.bos_token_id, eos_token_ids=args.eos_token_ids, hidden_size=args.dim,
                          dtype=options.dtype, device=device)
@@ -558,7 +417,7 @@ class NativeLlama(PooledLM):
                 raise ValueError(f"head_rows must be a non-empty 1-D list of token ids in [0, {len(head)})")
             head, head_rows = head[head_rows], head_rows.to(device)
         lm_head = prep(head, linear=True, head=True)
-        return cls(args, embed, layers, prep(_take(state, "model.norm.weight")), lm_head, options, info, head_rows)
+        return cls(args, embed, layers, prep(take(state, "model.norm.weight")), lm_head, options, info, head_rows)
 
     def _resolve_options(self, opts: NativeOptions) -> NativeOptions:
         """Fill the padding sizes and ``self.exactness``: bit-exact only when this machine's
@@ -678,8 +537,8 @@ class NativeLlama(PooledLM):
         lengths = torch.tensor(starts, device=dev)[:, None]  # [B, 1]
         common = dict(pool=caches[0].pool, rows=tuple(c.row for c in caches),
                       row_index=torch.tensor([c.row for c in caches], device=dev), starts=starts,
-                      slots=lengths + torch.arange(n_pad, device=dev), cos=self._cos[pos], sin=self._sin[pos],
-                      dense=n_pad > self.options.max_rows)
+                      slots=lengths + torch.arange(n_pad, device=dev), cos=self._cos[pos][:, :, None],
+                      sin=self._sin[pos][:, :, None], dense=n_pad > self.options.max_rows)
         if invariant:
             n_shared = min(starts) // chunk
             size = _round_up(max(starts) + n_pad, chunk) - n_shared * chunk

@@ -1,0 +1,177 @@
+"""The Llama architecture as verispec's runtimes read it (the native PyTorch runtime,
+models/native.py; the compiled one, models/cpu.py; EAGLE heads, drafters/eagle.py):
+
+* the config: ``LlamaArgs`` from an HF ``config.json`` (Llama, Llama-3 RoPE scaling, GQA,
+  Qwen2, Mistral, SmolLM), ``SUPPORTED_MODEL_TYPES``;
+* an HF checkpoint's tensors: ``read_safetensors``, ``take``;
+* the row-local math they share: RoPE (rotate-half, HF layout: ``rope_inv_freq``,
+  ``rope_tables``, ``apply_rope``) and ``rms_norm``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from verispec.models.base import ModelError
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "smollm")
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency-dependent RoPE scaling (or plain 'linear')."""
+
+    kind: Literal["llama3", "linear"]
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclass(frozen=True)
+class LlamaArgs:
+    """Architecture, read from an HF ``config.json``."""
+
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    max_position: int
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def group(self) -> int:  # query heads per kv head
+        return self.n_heads // self.n_kv_heads
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict) -> LlamaArgs:
+        _check_supported(cfg)
+        heads = cfg["num_attention_heads"]
+        rope = cfg.get("rope_parameters") or {}  # transformers >= 5 nests theta + scaling here
+        eos = cfg.get("eos_token_id")
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            dim=cfg["hidden_size"],
+            n_layers=cfg["num_hidden_layers"],
+            n_heads=heads,
+            n_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            intermediate_size=cfg["intermediate_size"],
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            rope_scaling=_rope_scaling(cfg.get("rope_scaling") or rope),
+            max_position=cfg.get("max_position_embeddings", 2048),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+        )
+
+
+def _check_supported(cfg: dict) -> None:
+    kind = cfg.get("model_type")
+    if kind not in SUPPORTED_MODEL_TYPES:
+        raise ModelError(f"native runtime supports model_type in {SUPPORTED_MODEL_TYPES}, got {kind!r}")
+    if cfg.get("hidden_act", "silu") != "silu" or cfg.get("mlp_bias"):
+        raise ModelError("native runtime supports only a bias-free SiLU-gated MLP")
+    if cfg.get("sliding_window") and cfg.get("use_sliding_window", kind == "mistral"):
+        raise ModelError("native runtime does not support sliding-window attention")
+
+
+def _rope_scaling(rs: dict) -> RopeScaling | None:
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind == "linear":
+        return RopeScaling("linear", float(rs["factor"]))
+    if kind == "llama3":
+        return RopeScaling(
+            "llama3",
+            float(rs["factor"]),
+            float(rs.get("low_freq_factor", 1.0)),
+            float(rs.get("high_freq_factor", 4.0)),
+            int(rs.get("original_max_position_embeddings", 8192)),
+        )
+    raise ModelError(f"native runtime: unsupported rope scaling {kind!r} (supported: llama3, linear)")
+
+
+# ----------------------------------------------------------------------------- checkpoint
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the ``*.safetensors`` files in the HF directory ``path``, by name."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"no *.safetensors in {path}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+def take(state: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """``state[name]``, or a ModelError naming the missing tensor."""
+    if name not in state:
+        raise ModelError(f"missing tensor {name!r} in checkpoint")
+    return state[name]
+
+
+# ----------------------------------------------------------------------------- math
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """Row-local RMSNorm in fp32 (as HF Llama), x [..., H] -> [..., H] in x.dtype."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return w * x32.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, rs: RopeScaling | None = None,
+                  device: torch.device | None = None) -> torch.Tensor:
+    """[head_dim / 2] fp32 inverse frequencies (on ``device``), with Llama-3 / linear scaling ``rs`` applied."""
+    d = head_dim
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+    if rs is None:
+        return inv
+    if rs.kind == "linear":
+        return inv / rs.factor
+    low_wavelen = rs.original_max_position / rs.low_freq_factor
+    high_wavelen = rs.original_max_position / rs.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / rs.factor, inv)
+    smooth = (rs.original_max_position / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(args: LlamaArgs, n_pos: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables [n_pos, head_dim / 2] fp32 of ``args``' RoPE at positions 0 .. n_pos - 1."""
+    freqs = torch.outer(torch.arange(n_pos, dtype=torch.float32), rope_inv_freq(args.head_dim, args.rope_theta,
+                                                                                args.rope_scaling))
+    return freqs.cos().to(device), freqs.sin().to(device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (HF layout), computed in fp32. x [..., D]; cos, sin [..., D/2] fp32,
+    broadcast against x's halves (e.g. x [B, N, heads, D] with cos [B, N, 1, D/2])."""
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)  # [..., D/2] each
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
