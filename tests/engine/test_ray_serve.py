@@ -28,7 +28,7 @@ from verispec.server.routing import PrefixTable, prefix_keys, routing_text
 RETRIES_HEADER = "x-verispec-retries"  # ray_serve.RETRIES_HEADER (that module needs Ray)
 
 MODEL = "stories260k"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout
 SERVER_ARGS = ["--model", MODEL, "--max-batch", "4", "--max-model-len", "512"]
 PROMPTS = [f"Once upon a time, in a town called {town}, there lived a" for town in
            ("Maple", "Brook", "Stone", "River", "Cloud", "Pine", "Sand", "Frost")]
