@@ -142,9 +142,15 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     l_opts = {k.removeprefix("learned_"): opts.pop(k) for k in list(opts) if k.startswith("learned_")}
     if learned in ("eagle", "eagle3"):  # the hybrid sizes each step itself
         l_opts.setdefault("budget", "fixed")
+    min_match = int(opts.pop("min_match", 0))
     sub = [make_drafter(retrieval, target, r_opts), make_drafter(learned, target, dict(l_opts))]
+    # a draft model with its cost rule sizes its own drafts: the hybrid only picks who proposes
+    sizing = "self" if isinstance(sub[1], DraftModelDrafter) and sub[1].cost is not None and mode == "fallback" \
+        else "hybrid"
     cost = draft_cost = None
-    if budget == "measured":  # t(n) of the target and c(n) of the learned drafter, measured once
+    if budget == "measured" and sizing == "self":
+        cost = sub[1].cost.curve  # the same t(n) the draft model sizes by
+    elif budget == "measured":  # t(n) of the target and c(n) of the learned drafter, measured once
         key = _cost_key(target)
         cost = cached_cost_curve(target.backend, key)
         shape = getattr(getattr(sub[1], "head", None), "cfg", None) or getattr(getattr(sub[1], "model", None), "info", None)
@@ -153,8 +159,8 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         draft_cost = cached_cost_curve(  # a retrained or resized learned drafter gets a new tag
             target.backend, f"{key}-draft-{learned}-{tag}", repeats=3,
             measure=lambda model, sizes, repeats: measure_draft_cost(model, sub[1], sizes, repeats))
-    return HybridDrafter(*sub, mode=mode,
-                         min_score=float(opts.pop("min_score", 1.0)), cost=cost, learned_cost=draft_cost)
+    return HybridDrafter(*sub, mode=mode, min_score=float(opts.pop("min_score", 1.0)), cost=cost,
+                         learned_cost=draft_cost, min_match=min_match, learned_sizing=sizing)
 
 
 def _prompt_lookup(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
@@ -203,6 +209,9 @@ def _rest(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
                             max_candidates=int(opts.pop("max_candidates", 256)))
 
 
+AUTO_MIN_MATCH = 6  # auto's hybrid: suffix drafts only after a 6-token match (drafters/hybrid.py)
+
+
 def best_method(target: "LoadedModel", batched: bool = False) -> tuple[str, dict[str, Any]]:
     """The default lossless method for ``target`` (``--drafter auto``), from the measured figures
     in docs/benchmarks.md: a target with a catalog draft model on the compiled runtime gets the
@@ -214,7 +223,7 @@ def best_method(target: "LoadedModel", batched: bool = False) -> tuple[str, dict
 
     entry = CATALOG.get(target.name)
     if entry and entry.draft and target.backend_kind == "cpu" and is_installed(entry.draft):
-        return "hybrid", {"learned": "draft"}
+        return "hybrid", {"learned": "draft", "min_match": AUTO_MIN_MATCH}
     return ("prompt-lookup", {}) if batched else ("suffix", {})
 
 
@@ -239,7 +248,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "lookahead": (_lookahead, "Lookahead decoding: Jacobi window + n-gram pool in one forward; give -k >= (window+guesses)*(ngram-1) (options: window, ngram, guesses, max_keys)"),
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
-    "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, budget=measured|fixed, learned_<option> passed to the learned drafter)"),
+    "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, min_match (suffix drafts only after a match this long), budget=measured|fixed, learned_<option> passed to the learned drafter)"),
     "draft": (_draft_model, "a small LM with the target's tokenizer: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence)"),
 }
 

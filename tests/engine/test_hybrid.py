@@ -251,3 +251,35 @@ def test_lifecycle_errors(toy_target):
         HybridDrafter(toy_eagle(toy_target), NoDrafter())
     with pytest.raises(ValueError, match="min_score"):
         HybridDrafter(suffix(), NoDrafter(), min_score=-1)
+    with pytest.raises(ValueError, match="min_match"):
+        HybridDrafter(suffix(), NoDrafter(), min_match=-1)
+    with pytest.raises(ValueError, match="learned_sizing"):
+        HybridDrafter(suffix(), NoDrafter(), learned_sizing="both")
+    with pytest.raises(ValueError, match="fallback"):
+        HybridDrafter(suffix(), NoDrafter(), mode="fuse", learned_sizing="self")
+
+
+# ---- the match-length gate and a self-sizing learned drafter ----------------------------------
+@pytest.mark.parametrize("min_match,retrieves", [(0, True), (100, False)])
+def test_min_match_gates_suffix_drafts(toy_target, plain, min_match, retrieves):
+    """A suffix draft proposes only after a context match of ``min_match`` tokens; greedy output
+    is plain decoding's either way."""
+    h = HybridDrafter(suffix(), DraftModelDrafter(toy_target), min_score=0.0, min_match=min_match)
+    for prompt, want in zip(PROMPTS, plain):
+        assert run(toy_target, h, prompt, GREEDY, k=6)[0] == want
+    assert (h.steps["retrieval"] > 0) == retrieves and h.steps["learned"] > 0
+
+
+def test_self_sizing_learned_drafter_gets_the_full_budget(toy_target, plain):
+    """``learned_sizing="self"``: when retrieval is gated out the learned drafter is handed the
+    whole budget (here the target drafting for itself, so every node is accepted), and retrieval
+    proposes whenever it passes the gates and pays on the cost curve."""
+    k = 6
+    h = HybridDrafter(suffix(), DraftModelDrafter(toy_target), min_score=0.0, cost=FLAT, min_match=2,
+                      learned_sizing="self")
+    for prompt, want in zip(PROMPTS, plain):
+        assert run(toy_target, h, prompt, GREEDY, k=k)[0] == want
+    assert h.steps["retrieval"] > 0 and h.steps["learned"] > 0
+    # every learned proposal is k nodes, except where fewer than k tokens were left to generate
+    assert h.drafted["learned"] >= k * (h.steps["learned"] - len(PROMPTS))
+    assert h.accepted["learned"] == h.drafted["learned"]

@@ -20,9 +20,9 @@ def qwen():
 
 @pytest.mark.qwen
 def test_auto_on_the_qwen_pair_is_the_hybrid_with_its_draft(qwen):
-    assert best_method(qwen) == ("hybrid", {"learned": "draft"})
-    assert best_method(qwen, batched=True) == ("hybrid", {"learned": "draft"})
-    assert describe_method("auto", qwen) == "auto: hybrid (learned=draft)"
+    assert best_method(qwen) == ("hybrid", {"learned": "draft", "min_match": 6})
+    assert best_method(qwen, batched=True) == ("hybrid", {"learned": "draft", "min_match": 6})
+    assert describe_method("auto", qwen) == "auto: hybrid (learned=draft, min_match=6)"
 
 
 @pytest.mark.qwen
@@ -33,10 +33,12 @@ def test_auto_greedy_equals_plain_alone_and_batched(qwen):
     from verispec.engine.engine import Engine
 
     prompts = [encode_prompt(qwen, "Write a Python function is_prime(n) with a docstring."),
-               encode_prompt(qwen, "Repeat this function with a new name:\n\ndef add(a, b):\n    return a + b\n")]
+               encode_prompt(qwen, "Repeat this function with a new name:\n\ndef clamp(x, lo, hi):\n    if x < lo:\n"
+                                   "        return lo\n    if x > hi:\n        return hi\n    return x\n")]
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
     plain, auto = SpecDecoder(qwen, "none"), SpecDecoder(qwen, "auto", num_draft_tokens=8)
     assert isinstance(auto.drafter, HybridDrafter)
+    assert auto.drafter.learned_sizing == "self" and auto.drafter.min_match == 6  # the draft sizes itself
     alone = []
     for ids in prompts:
         ref = plain.engine.add_request(ids, params)
@@ -48,6 +50,7 @@ def test_auto_greedy_equals_plain_alone_and_batched(qwen):
         assert req.generated == ref.generated
         assert req.stats.accepted > 10
         alone.append(ref.generated)
+    assert auto.drafter.steps["retrieval"] > 0 and auto.drafter.steps["learned"] > 0  # the rewrite copies
     engine = Engine(qwen.backend, make_drafter("auto", qwen, batched=True), 8)
     be = BatchEngine(qwen.backend, {"auto": engine}, max_batch=2, max_length=256, schedule=SpecSchedule("budget", 0))
     reqs = [be.add_request(f"r{i}", ids, params, "auto") for i, ids in enumerate(prompts)]
