@@ -114,6 +114,9 @@ class Spy:
         self.branching += any(len(c) > 1 for c in tree.children)
         return tree
 
+    def propose_batch(self, ctxs):  # the engine proposes through this
+        return [self.propose(c) for c in ctxs]
+
     def __getattr__(self, attr):  # features / start / observe / finish / memory_bytes / reset
         return getattr(self.inner, attr)
 

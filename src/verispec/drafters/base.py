@@ -8,6 +8,7 @@ root-only tree means "no draft this step" (the step is then plain decoding).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -118,6 +119,11 @@ class Drafter(Protocol):
 
     def propose(self, ctx: DraftContext) -> DraftTree: ...
 
+    def propose_batch(self, ctxs: Sequence[DraftContext]) -> list[DraftTree]:
+        """One tree per context, for the requests of one batched step; each the tree
+        ``propose`` would give (a drafter with a model may run one forward for all of them)."""
+        ...
+
     def observe(self, obs: Observation) -> None: ...
 
     def finish(self, request_id: str) -> None: ...
@@ -131,12 +137,16 @@ class Drafter(Protocol):
 
 class DeclaresFeatures:
     """Base of the drafters: the ``Drafter`` declarations most of them make, reading no
-    ``features`` (``NO_FEATURES``) and learning nothing across requests (``reset`` is a no-op)."""
+    ``features`` (``NO_FEATURES``), learning nothing across requests (``reset`` is a no-op)
+    and proposing for a batch request by request (``propose_batch``)."""
 
     features: Features = NO_FEATURES
 
     def reset(self) -> None:
         pass
+
+    def propose_batch(self, ctxs: Sequence[DraftContext]) -> list[DraftTree]:
+        return [self.propose(c) for c in ctxs]  # type: ignore[attr-defined]
 
 
 S = TypeVar("S")

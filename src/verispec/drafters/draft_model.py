@@ -4,12 +4,14 @@ that is rolled back to the committed prefix before every proposal."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 
 from ..models.base import CausalLM, KVCache, model_bytes
+from ..models.cache_pool import PooledCache
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
 from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
@@ -37,6 +39,19 @@ class DraftCost:
 class _DraftState:
     cache: KVCache
     fed: list[int] = field(default_factory=list)  # tokens whose K/V are in the cache
+    shared: bool = False  # its cache is a row of the drafter's shared pool (batched drafting)
+
+
+@dataclass
+class _Chain:
+    """One request's draft in progress (``DraftModelDrafter._next``)."""
+
+    ctx: DraftContext
+    budget: int
+    drafts: list[int] = field(default_factory=list)
+    qs: list[torch.Tensor] = field(default_factory=list)
+    accept_all: float = 1.0  # P(every draft so far accepted)
+    expected: float = 1.0  # tokens the step yields, expected
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -60,71 +75,141 @@ class DraftModelDrafter(DeclaresFeatures):
     With P the probability that every token drafted so far is accepted and E = 1 + sum of
     those P (the expected tokens of a step), a token is kept while it raises E / time, and
     another draft forward is paid for while the next token, guessed as likely as the last,
-    would. Output is unchanged either way: only how much is drafted."""
+    would. Output is unchanged either way: only how much is drafted.
+
+    ``propose_batch`` drafts for several requests at once on a backend with batched forwards
+    (``BackendCaps.batched``): their caches are rows of one pool (``pool_rows`` of them; later
+    requests get caches of their own and draft alone), so each draft step is one forward for
+    every request still drafting, reading the draft's weights once instead of once per
+    request. Each request's chain is the one ``propose`` would draft."""
 
     name: ClassVar[str] = "draft"
 
-    def __init__(self, model: CausalLM, min_confidence: float = 0.0, cost: DraftCost | None = None):
+    def __init__(self, model: CausalLM, min_confidence: float = 0.0, cost: DraftCost | None = None,
+                 pool_rows: int = 16):
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError("min_confidence must be in [0, 1)")
+        if pool_rows < 1:
+            raise ValueError("pool_rows must be >= 1")
         self.model, self.min_confidence, self.cost = model, min_confidence, cost
         self._states: RequestTable[_DraftState] = RequestTable()
+        self._batched = model.caps.batched
+        self._pool_rows = pool_rows
+        self._pool = None  # created by the first request (rows of K/V are allocated lazily)
 
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
-        self._states.add(request_id, _DraftState(cache=self.model.new_cache()))
+        if self._batched and self._pool is None:
+            self._pool = self.model.new_cache_pool(self._pool_rows)
+        if self._pool is not None and self._pool.in_use < self._pool.rows:
+            self._states.add(request_id, _DraftState(cache=self._pool.acquire(), shared=True))
+        else:
+            self._states.add(request_id, _DraftState(cache=self.model.new_cache()))
 
     def finish(self, request_id: str) -> None:
-        self._states.pop(request_id)
+        state = self._states.pop(request_id)
+        if state is not None and state.shared:
+            self._pool.release(state.cache)
 
     def observe(self, obs: Observation) -> None:
         pass  # the cache is re-synchronised lazily in propose()
 
     def memory_bytes(self) -> int:
         """The draft model's resident weights plus every open request's pooled K/V."""
-        pools = (getattr(st.cache, "pool", None) for st in self._states.values())  # transformers: no pool
-        return model_bytes(self.model) + sum(p.nbytes for p in pools if p is not None)
+        pools = {id(st.cache.pool): st.cache.pool for st in self._states.values() if isinstance(st.cache, PooledCache)}
+        return model_bytes(self.model) + sum(p.nbytes for p in pools.values())
 
-    def _feed(self, state: _DraftState, tokens: list[int]) -> torch.Tensor:
-        """Append tokens to the draft cache; returns [V] logits after the last one."""
-        start = state.cache.length
-        device = self.model.info.device
-        ids = torch.tensor([tokens], device=device)
-        pos = torch.arange(start, start + len(tokens), device=device)[None]
-        out = self.model.forward(ids, pos, state.cache, last_logits_only=True)
-        state.fed.extend(tokens)
-        return out.logits[0, -1]
-
+    # ---- one request ---------------------------------------------------------------------
     def propose(self, ctx: DraftContext) -> DraftTree:
         state = self._states.get(ctx.request_id)
-        keep = common_prefix_length(state.fed, ctx.tokens)
-        keep = min(keep, len(ctx.tokens) - 1)  # always re-feed the root for its logits
+        chain = self._begin(state, ctx)
+        logits = self._feed([state], [self._catch_up(state, ctx)])[0]
+        while (token := self._next(chain, logits)) is not None:
+            logits = self._feed([state], [[token]])[0]
+        return self._tree(chain)
+
+    # ---- several requests: one draft forward per step for all of them ----------------------
+    def propose_batch(self, ctxs: Sequence[DraftContext]) -> list[DraftTree]:
+        states = [self._states.get(c.request_id) for c in ctxs]
+        together = [i for i, st in enumerate(states) if st.shared]
+        if len(together) < 2:
+            return [self.propose(c) for c in ctxs]
+        trees: list[DraftTree | None] = [None] * len(ctxs)
+        for i in (i for i in range(len(ctxs)) if not states[i].shared):
+            trees[i] = self.propose(ctxs[i])
+        rows = [states[i] for i in together]
+        chains = [self._begin(st, ctxs[i]) for st, i in zip(rows, together)]
+        logits = self._feed(rows, [self._catch_up(st, ctxs[i]) for st, i in zip(rows, together)])
+        live = list(range(len(rows)))  # indices into rows / chains still drafting
+        while live:
+            feeds = [(j, self._next(chains[j], logits[n])) for n, j in enumerate(live)]
+            live = [j for j, token in feeds if token is not None]
+            if live:
+                logits = self._feed([rows[j] for j in live], [[token] for _, token in feeds if token is not None])
+        for i, chain in zip(together, chains):
+            trees[i] = self._tree(chain)
+        return trees  # type: ignore[return-value]
+
+    # ---- the pieces both share ---------------------------------------------------------------
+    def _begin(self, state: _DraftState, ctx: DraftContext) -> _Chain:
+        """Roll the draft cache back to what the context still shares (always re-feeding the root)."""
+        keep = min(common_prefix_length(state.fed, ctx.tokens), len(ctx.tokens) - 1)
         state.cache.truncate(keep)
         del state.fed[keep:]
-        budget = min(ctx.budget, self.model.info.max_length - len(ctx.tokens))
-        logits = self._feed(state, ctx.tokens[keep:])
-        drafts, qs = [], []
-        accept_all, expected = 1.0, 1.0  # P(every draft so far accepted), tokens a step yields
-        for i in range(budget):
-            q = target_probs(logits[None], ctx.params)[0] if not ctx.params.greedy else None
-            token = sample(q, ctx.generator) if q is not None else int(logits.argmax())
-            if self.min_confidence and logits.float().softmax(-1).max() < self.min_confidence:
-                break
-            if self.cost is not None:  # keep token i + 1 only if it raises tokens per unit time
-                conf = float(q[token]) if q is not None else float(logits.float().softmax(-1)[token])
-                keep_p = accept_all * conf
-                paid = (i + 1) * self.cost.draft
-                if (expected + keep_p) / (paid + self.cost.verify(i + 1)) < expected / (paid + self.cost.verify(i)):
-                    break
-                accept_all, expected = keep_p, expected + keep_p
-            drafts.append(token)
-            if q is not None:
-                qs.append(q)
-            if i + 1 < budget and self.cost is not None:  # pay for another draft forward?
-                guess = accept_all * conf
-                now = expected / ((i + 1) * self.cost.draft + self.cost.verify(i + 1))
-                if (expected + guess) / ((i + 2) * self.cost.draft + self.cost.verify(i + 2)) < now:
-                    break
-            if i + 1 < budget:
-                logits = self._feed(state, [token])
-        probs = torch.stack(qs) if qs else None
-        return DraftTree.chain(ctx.tokens[-1], drafts, probs)
+        return _Chain(ctx, min(ctx.budget, self.model.info.max_length - len(ctx.tokens)))
+
+    @staticmethod
+    def _catch_up(state: _DraftState, ctx: DraftContext) -> list[int]:
+        return ctx.tokens[len(state.fed):]
+
+    def _feed(self, states: list[_DraftState], tokens: list[list[int]]) -> list[torch.Tensor]:
+        """Append each request's tokens to its draft cache in one forward; [V] logits after the
+        last token of each."""
+        device = self.model.info.device
+        if len(states) == 1:
+            start = states[0].cache.length
+            ids = torch.tensor([tokens[0]], device=device)
+            pos = torch.arange(start, start + len(tokens[0]), device=device)[None]
+            logits = self.model.forward(ids, pos, states[0].cache, last_logits_only=True).logits[:, -1]
+        else:
+            n = max(len(t) for t in tokens)
+            ids = torch.tensor([t + [0] * (n - len(t)) for t in tokens], device=device)
+            pos = torch.stack([torch.arange(st.cache.length, st.cache.length + n, device=device) for st in states])
+            logits = self.model.forward_batch(ids, pos, [st.cache for st in states], num_tokens=[len(t) for t in tokens],
+                                              last_logits_only=True).logits[:, -1]
+        for st, t in zip(states, tokens):
+            st.fed.extend(t)
+        return list(logits)
+
+    def _next(self, chain: _Chain, logits: torch.Tensor) -> int | None:
+        """Draft the next token from the draft's ``logits`` after the chain so far; returns the
+        token to feed for another draft forward, or None when the chain is complete."""
+        i, ctx = len(chain.drafts), chain.ctx
+        if i >= chain.budget:
+            return None
+        q = target_probs(logits[None], ctx.params)[0] if not ctx.params.greedy else None
+        token = sample(q, ctx.generator) if q is not None else int(logits.argmax())
+        if self.min_confidence and logits.float().softmax(-1).max() < self.min_confidence:
+            return None
+        if self.cost is not None:  # keep token i + 1 only if it raises tokens per unit time
+            conf = float(q[token]) if q is not None else float(logits.float().softmax(-1)[token])
+            keep_p = chain.accept_all * conf
+            paid = (i + 1) * self.cost.draft
+            if (chain.expected + keep_p) / (paid + self.cost.verify(i + 1)) < chain.expected / (paid + self.cost.verify(i)):
+                return None
+            chain.accept_all, chain.expected = keep_p, chain.expected + keep_p
+        chain.drafts.append(token)
+        if q is not None:
+            chain.qs.append(q)
+        if i + 1 >= chain.budget:
+            return None
+        if self.cost is not None:  # pay for another draft forward?
+            guess = chain.accept_all * conf
+            now = chain.expected / ((i + 1) * self.cost.draft + self.cost.verify(i + 1))
+            if (chain.expected + guess) / ((i + 2) * self.cost.draft + self.cost.verify(i + 2)) < now:
+                return None
+        return token
+
+    @staticmethod
+    def _tree(chain: _Chain) -> DraftTree:
+        probs = torch.stack(chain.qs) if chain.qs else None
+        return DraftTree.chain(chain.ctx.tokens[-1], chain.drafts, probs)

@@ -53,6 +53,7 @@ tree's q in a fusion only lowers acceptance. Greedy: any tree verifies to plain 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
@@ -95,6 +96,16 @@ def truncate(tree: DraftTree, n: int) -> DraftTree:
     """The first n drafted nodes of a tree (a tree whenever nodes are topological)."""
     probs = None if tree.draft_probs is None else tree.draft_probs[: n + 1]
     return DraftTree(tree.tokens[: n + 1], tree.parents[: n + 1], probs)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One request's step before the learned drafter runs (``HybridDrafter._plan``)."""
+
+    retrieval: DraftTree  # the retrieval tree, best-first
+    r_n: int  # its size (0: not a candidate)
+    fusing: bool
+    learned_budget: int  # the learned drafter's budget (0: not asked)
 
 
 @dataclass
@@ -161,7 +172,7 @@ class HybridDrafter(DeclaresFeatures):
 
     def reset(self) -> None:
         """Forget what was learned across requests (the bench calls this after warm-up)."""
-        getattr(self.retrieval, "reset", lambda: None)()
+        self.retrieval.reset()
         self._learned_acc.reset()
         self._retrieval_acc.reset()
         for counts in (self.steps, self.drafted, self.accepted):
@@ -220,25 +231,42 @@ class HybridDrafter(DeclaresFeatures):
         return r_n, r_rate, l_n, l_rate
 
     def propose(self, ctx: DraftContext) -> DraftTree:
+        return self.propose_batch([ctx])[0]
+
+    def propose_batch(self, ctxs: Sequence[DraftContext]) -> list[DraftTree]:
+        """Each request's retrieval decision, then the learned drafter's trees for the requests
+        that ask for one, in one ``propose_batch`` call (a draft model: one batched forward per
+        draft step)."""
+        plans = [self._plan(ctx) for ctx in ctxs]
+        asked = [replace(ctx, budget=p.learned_budget) for ctx, p in zip(ctxs, plans) if p.learned_budget]
+        learned = iter(self.learned.propose_batch(asked) if asked else [])
+        return [self._choose(ctx, p, next(learned) if p.learned_budget else None) for ctx, p in zip(ctxs, plans)]
+
+    def _plan(self, ctx: DraftContext) -> _Plan:
+        """The retrieval draft and its size, and the learned drafter's budget (0: not asked)."""
         state = self._requests.get(ctx.request_id)
         state.source, state.learned_nodes, state.learned_depth = "none", 0, 0
         tree, values = self._retrieval_draft(ctx)
         r_n, r_rate, l_n, l_rate = self._sizes(ctx, values)
         fusing = self.mode == "fuse" and r_n > 0
+        budget = 0
         if l_n > 0 and (fusing or r_n == 0 or l_rate > r_rate):
             budget = max(1, min(l_n, ctx.budget - r_n)) if fusing else l_n
-            learned = self.learned.propose(replace(ctx, budget=budget))
-            if learned.num_drafted > 0:
-                state.source, state.learned_nodes = "learned", learned.num_drafted
-                state.learned_depth = max(learned.depths)
-                if not fusing:
-                    return learned
-                fused = fuse(learned, truncate(tree, r_n), ctx.budget)
-                if fused.num_drafted == learned.num_drafted:
-                    return learned  # nothing new: keep the learned tree (and its q)
-                state.source = "fused"
-                return fused
-        if r_n == 0:
+        return _Plan(tree, r_n, fusing, budget)
+
+    def _choose(self, ctx: DraftContext, plan: _Plan, learned: DraftTree | None) -> DraftTree:
+        state = self._requests.get(ctx.request_id)
+        if learned is not None and learned.num_drafted > 0:
+            state.source, state.learned_nodes = "learned", learned.num_drafted
+            state.learned_depth = max(learned.depths)
+            if not plan.fusing:
+                return learned
+            fused = fuse(learned, truncate(plan.retrieval, plan.r_n), ctx.budget)
+            if fused.num_drafted == learned.num_drafted:
+                return learned  # nothing new: keep the learned tree (and its q)
+            state.source = "fused"
+            return fused
+        if plan.r_n == 0:
             return DraftTree.chain(ctx.tokens[-1], [])
         state.source = "retrieval"
-        return truncate(tree, r_n)
+        return truncate(plan.retrieval, plan.r_n)

@@ -2,8 +2,9 @@
 
 Each ``BatchEngine.step`` takes the running requests and
 
-1. drafts for every request (each with its own drafter, through ``Engine.propose``; the
-   draft budget is capped by batch size, see ``draft_cap``);
+1. drafts for every request, the requests of one method together (``Engine.propose_batch``:
+   the draft model runs one batched forward per draft step for all of them; the draft
+   budget is capped by batch size, see ``draft_cap``);
 2. verifies ALL drafts in ONE target forward: the trees are packed into ragged rows
    ``[B, N]`` (``pack_trees``), each row at its own cache length, with per-row positions and
    tree masks and ``num_tokens[b]`` real tokens (BASS, Qian et al. 2024, arXiv 2404.15778;
@@ -15,7 +16,7 @@ Requests join between steps (``add_request`` prefills them) and leave as soon as
 finish (``release``). Backends with ``forward_batch`` and a cache pool (the compiled CPU
 runtime and the native PyTorch runtime: ``models/cache_pool.PooledLM``) run step 2 as one
 forward; transformers steps the requests one by one through the same three phases. A failing request never takes the batch down: a drafter
-error fails that request only, and a failed batched forward is retried row by row so the
+error fails that request only (the batch is drafted again request by request), and a failed batched forward is retried row by row so the
 culprit fails alone.
 
 Glossary: as ``engine/engine.py`` (committed, drafted, accepted, root, tree).
@@ -311,17 +312,20 @@ class BatchEngine:
         cap = self._draft_cap(reqs)
         results: list[StepResult | Exception | None] = [None] * len(reqs)
         planned: list[tuple[int, Request, Engine, DraftTree, tuple[float, float]]] = []
+        by_engine: dict[int, list[tuple[int, Request]]] = {}  # the requests of each engine (method)
         for i, req in enumerate(reqs):
             if req.request_id not in self._active:
                 results[i] = ValueError(f"request {req.request_id!r} is not running")
                 continue
-            engine = self._active[req.request_id][1]
-            t_req = time.perf_counter()
-            try:
-                tree = engine.propose(req, cap)
-                planned.append((i, req, engine, tree, (t_req, time.perf_counter())))
-            except Exception as e:  # noqa: BLE001 - isolate the failing request
-                results[i] = e
+            by_engine.setdefault(id(self._active[req.request_id][1]), []).append((i, req))
+        for rows in by_engine.values():
+            engine = self._active[rows[0][1].request_id][1]
+            for (i, req), tree, span in self._propose(engine, rows, cap):
+                if isinstance(tree, Exception):
+                    results[i] = tree
+                else:
+                    planned.append((i, req, engine, tree, span))
+        planned.sort(key=lambda p: p[0])
         t1 = time.perf_counter()
         outputs, batched = self._forward_all([(r, e, t) for _, r, e, t, _ in planned])
         forward_s = time.perf_counter() - t1
@@ -334,6 +338,27 @@ class BatchEngine:
             except Exception as e:  # noqa: BLE001
                 results[i] = e
         return BatchStep(results, len(reqs), cap, batched, forward_s)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _propose(engine: Engine, rows: list[tuple[int, Request]], cap: int | None):
+        """(row, tree or the exception it raised, (start, end) of its drafting) for one engine's
+        requests: drafted together (``Engine.propose_batch``: a draft model runs one forward per
+        draft step for all), or, if that raises, each alone, so a failing request fails alone."""
+        t0 = time.perf_counter()
+        try:
+            trees = engine.propose_batch([req for _, req in rows], cap)
+            t1 = time.perf_counter()
+            return [(row, tree, (t0, t1)) for row, tree in zip(rows, trees)]
+        except Exception:  # noqa: BLE001 - retried request by request below
+            pass
+        out = []
+        for row in rows:
+            t_req = time.perf_counter()
+            try:
+                out.append((row, engine.propose(row[1], cap), (t_req, time.perf_counter())))
+            except Exception as e:  # noqa: BLE001 - isolate the failing request
+                out.append((row, e, (t_req, time.perf_counter())))
+        return out
 
     def _draft_cap(self, reqs: Sequence[Request]) -> int | None:
         if not reqs or not self.batched:

@@ -250,6 +250,27 @@ class Engine:
     def propose(self, req: Request, max_drafted: int | None = None) -> DraftTree:
         """The drafter's tree for this step; ``max_drafted`` caps the draft budget (a batch
         scheduler lowers it, or sets 0 = plain decoding, when the batch is large)."""
+        return self.propose_batch([req], max_drafted)[0]
+
+    def propose_batch(self, reqs: Sequence[Request], max_drafted: int | None = None) -> list[DraftTree]:
+        """``propose`` for the requests of one batched step, through one ``propose_batch`` call
+        of the drafter (a draft model then runs one forward per draft step for all of them)."""
+        ctxs = [self._draft_context(req, max_drafted) for req in reqs]
+        asked = [c for c in ctxs if c is not None]
+        trees = iter(self.drafter.propose_batch(asked) if asked else [])
+        out = []
+        for req, ctx in zip(reqs, ctxs):
+            tree = DraftTree.chain(req.tokens[-1], []) if ctx is None else next(trees)
+            if ctx is not None and (tree.tokens[0] != req.tokens[-1] or tree.num_drafted > ctx.budget):
+                raise RuntimeError(
+                    f"drafter {self.drafter.name} broke its contract: root {tree.tokens[0]} "
+                    f"(expected {req.tokens[-1]}), {tree.num_drafted} nodes (budget {ctx.budget})"
+                )
+            out.append(tree)
+        return out
+
+    def _draft_context(self, req: Request, max_drafted: int | None) -> DraftContext | None:
+        """What the drafter is asked this step (None: a budget of 0, plain decoding)."""
         if req.finished:
             raise ValueError(f"request {req.request_id} already finished ({req.finished})")
         room = self.target.info.max_length - len(req.tokens)  # cache slots left after root
@@ -257,17 +278,9 @@ class Engine:
         for cap in (max_drafted, req.draft_limit):
             if cap is not None:
                 budget = min(budget, cap)
-        root = req.tokens[-1]
         if budget <= 0:
-            return DraftTree.chain(root, [])
-        ctx = DraftContext(req.request_id, req.tokens, budget, req.params, req.draft_generator)
-        tree = self.drafter.propose(ctx)
-        if tree.tokens[0] != root or tree.num_drafted > budget:
-            raise RuntimeError(
-                f"drafter {self.drafter.name} broke its contract: root {tree.tokens[0]} "
-                f"(expected {root}), {tree.num_drafted} nodes (budget {budget})"
-            )
-        return tree
+            return None
+        return DraftContext(req.request_id, req.tokens, budget, req.params, req.draft_generator)
 
     def forward_tree(self, req: Request, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One target forward over all tree nodes; returns [N, V] logits and [N, H] hidden."""
