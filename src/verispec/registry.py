@@ -23,6 +23,7 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     from .weights import VOCAB_FREQ, has_shipped
 
     min_conf = float(opts.pop("min_confidence", 0.0))
+    pool_rows = int(opts.pop("pool_rows", 16))
     entry = CATALOG.get(target.name)
     default = "shipped" if has_shipped("draft", target.name) else entry.draft if entry and entry.draft else "truncated:4"
     model = str(opts.pop("model", default))
@@ -53,7 +54,7 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         ratio = cached_cost_curve(draft, f"{key}-draftstep-{draft.info.name}", sizes=(1,), repeats=7,
                                   measure=lambda m, sizes, repeats: measure_draft_step(target.backend, m, repeats))
         cost = DraftCost(ratio[1], curve)
-    return DraftModelDrafter(draft, min_confidence=min_conf, cost=cost)
+    return DraftModelDrafter(draft, min_confidence=min_conf, cost=cost, pool_rows=pool_rows)
 
 
 DEFAULT_DRAFT_VOCAB = 32768  # FR-Spec head rows of a catalog draft (plus its control tokens)
@@ -249,7 +250,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
     "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, min_match (suffix drafts only after a match this long), budget=measured|fixed, learned_<option> passed to the learned drafter)"),
-    "draft": (_draft_model, "a small LM with the target's tokenizer: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence)"),
+    "draft": (_draft_model, "a small LM with the target's tokenizer: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence)"),
 }
 
 
