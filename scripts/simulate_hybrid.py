@@ -183,8 +183,12 @@ class Sim:
         return path
 
 
-def simulate(refs: list[dict], costs: Costs, policy: str, min_match: int = 0, budget: int = 16) -> dict:
-    """policy: suffix | draft | hybrid (suffix after a ``min_match`` match when it pays, else the draft)."""
+def simulate(refs: list[dict], costs: Costs, policy: str, min_match: int = 0, budget: int = 16,
+             truncate: bool = True) -> dict:
+    """policy: suffix (SuffixDecodingDrafter alone: its whole speculation) | draft | hybrid
+    (suffix after a ``min_match`` match when it pays, sized by the cost curve unless not
+    ``truncate``; else the draft). The draft model's prompt is prefilled at the request's start
+    (``DraftModelDrafter.start``), outside the decode time simulated here."""
     suffix = SuffixDecodingDrafter(max_depth=64, max_match=32, max_spec_factor=2.0, min_token_prob=0.1,
                                    max_global_tokens=100_000, min_score=0.0)
     tot, gen = defaultdict(float), make_generator(0, 1)
@@ -193,13 +197,16 @@ def simulate(refs: list[dict], costs: Costs, policy: str, min_match: int = 0, bu
         suffix.start(rid, s.prompt)
         while s.pos < len(s.ref):
             left = len(s.ref) - s.pos - 1
-            ctx = DraftContext(rid, s.seq[:len(s.prompt) + s.pos], min(32, max(left, 1)), SamplingParams(), gen)
+            ctx = DraftContext(rid, s.seq[:len(s.prompt) + s.pos], min(budget, max(left, 1)), SamplingParams(), gen)
             sd = suffix.speculate(ctx)
             values = list(sd.probs) if sd.match_length >= min_match and sum(sd.probs) >= 1.0 else []
             r_n = best_size(values, costs.t_curve)[0] if values else 0
             draft_cost, src = 0.0, "suffix"
-            if policy == "suffix" or (policy == "hybrid" and r_n):
-                tree = DraftTree(sd.to_tree(ctx.tokens[-1]).tokens[:r_n + 1], sd.to_tree(ctx.tokens[-1]).parents[:r_n + 1])
+            if policy == "suffix":  # as SuffixDecodingDrafter proposes alone: its whole speculation
+                tree = sd.to_tree(ctx.tokens[-1]) if sum(sd.probs) >= 1.5 else DraftTree.chain(ctx.tokens[-1], [])
+            elif policy == "hybrid" and r_n:
+                full = sd.to_tree(ctx.tokens[-1])
+                tree = full if not truncate else DraftTree(full.tokens[:r_n + 1], full.parents[:r_n + 1])
             else:
                 toks, draft_cost = s.draft_chain(costs, min(budget, left)) if left > 0 else ([], 0.0)
                 tree, src = DraftTree.chain(ctx.tokens[-1], toks), "draft"
@@ -238,12 +245,12 @@ def main() -> None:
         raise SystemExit("give --record OUT, or --refs and --curves")
     refs, costs = json.loads(Path(args.refs).read_text()), Costs(Path(args.curves))
     print("t(n): " + " ".join(f"{n}:{costs.t(n):.2f}" for n in (1, 2, 4, 7, 8, 16)) + f"; draft step {costs.d(1):.3f}")
-    policies = [("suffix", 0), ("draft", 0)] + [("hybrid", int(m)) for m in args.min_match.split(",")]
-    head = ["workload"] + [p if p != "hybrid" else f"hybrid min_match={m}" for p, m in policies]
+    policies = [("suffix", 0, True), ("draft", 0, True)] + [("hybrid", int(m), True) for m in args.min_match.split(",")]
+    head = ["workload"] + [p if p != "hybrid" else f"hybrid min_match={m}" for p, m, _ in policies]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for kind in sorted({r["kind"] for r in refs}):
         rows = [r for r in refs if r["kind"] == kind]
-        cells = [simulate(rows, costs, p, m) for p, m in policies]
+        cells = [simulate(rows, costs, p, m, truncate=t) for p, m, t in policies]
         print(f"| {kind} ({len(rows)}) | " + " | ".join(f"{c['speedup']:.2f}x (tau {c['tau']:.2f})" for c in cells) + " |")
 
 

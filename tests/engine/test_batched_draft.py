@@ -64,13 +64,15 @@ def test_propose_batch_drafts_what_propose_drafts_in_fewer_forwards(pair, temper
         model = Counting(draft)
         d = DraftModelDrafter(model)
         for i, p in enumerate(PROMPTS):
-            d.start(f"r{i}", p)
+            d.start(f"r{i}", p)  # prefills each request's draft cache (one forward each)
+        assert model.calls == len(PROMPTS)
+        model.calls = 0
         gens = [make_generator(7, i) for i in range(len(PROMPTS))]
         ctxs = contexts(PROMPTS, params, gens)
         trees[batched] = d.propose_batch(ctxs) if batched else [d.propose(c) for c in ctxs]
         calls = model.calls
         if batched:
-            assert calls == max(t.num_drafted for t in trees[True])  # the root's feed + one per further token
+            assert calls == max(t.num_drafted for t in trees[True])  # the last prompt token's feed + one per further token
         else:
             assert calls == sum(t.num_drafted for t in trees[False])
         for i in range(len(PROMPTS)):

@@ -98,12 +98,18 @@ class DraftModelDrafter(DeclaresFeatures):
         self._pool = None  # created by the first request (rows of K/V are allocated lazily)
 
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
+        """Open the request's draft cache and prefill it with the prompt now, beside the
+        target's prefill (as llama.cpp's speculative decoding and vLLM do), not in the first
+        proposal's step."""
         if self._batched and self._pool is None:
             self._pool = self.model.new_cache_pool(self._pool_rows)
         if self._pool is not None and self._pool.in_use < self._pool.rows:
-            self._states.add(request_id, _DraftState(cache=self._pool.acquire(), shared=True))
+            state = _DraftState(cache=self._pool.acquire(), shared=True)
         else:
-            self._states.add(request_id, _DraftState(cache=self.model.new_cache()))
+            state = _DraftState(cache=self.model.new_cache())
+        self._states.add(request_id, state)
+        if len(prompt_ids) > 1:  # the last prompt token is fed with the first proposal (its logits are wanted then)
+            self._feed([state], [list(prompt_ids[:-1])])
 
     def finish(self, request_id: str) -> None:
         state = self._states.pop(request_id)

@@ -34,7 +34,7 @@ curves (the draft model's cost rule): when retrieval is not a candidate it gets 
 budget, and retrieval proposes whenever it passes the gates and pays (its ``best_size`` > 0).
 This rule (``min_match=6``) was chosen by offline greedy simulation on those prompts
 (``scripts/simulate_hybrid.py``): it drafts like the draft model alone on new code and beats
-SuffixDecoding alone on rewrites by ~10%, where the rate rule below lost to it.
+SuffixDecoding alone on rewrites by ~8%, where the rate rule below lost to both.
 
 Both sub-drafters observe every step, whoever proposed (the learned one reads the target's
 hidden states of whatever tree was verified), so each stays in sync with the committed
