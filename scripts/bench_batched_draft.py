@@ -4,7 +4,7 @@ drafted one by one (``pool_rows=1``: every request its own draft cache), interle
 Qwen2.5-Coder pair. Every row's tokens are checked equal to plain decoding's. Prints a table;
 asserts nothing.
 
-    python scripts/bench_batched_draft.py --batch 4 -n 64 --method auto --rounds 2
+    python scripts/bench_batched_draft.py --batch 4 -n 64 --method draft --rounds 2
 """
 
 from __future__ import annotations
@@ -48,23 +48,24 @@ def run_batch(lm, drafter, prompts: list[list[int]], n: int, k: int) -> tuple[li
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    ap.add_argument("--method", default="auto", help="auto or draft (a drafter with the draft model)")
+    ap.add_argument("--method", default="draft", help="draft, or auto (the hybrid: its suffix side learns across rounds)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("-k", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     lm = load_model(args.target)
-    prompts = [encode_prompt(lm, p) for p in (PROMPTS * 4)[:args.batch]]
     together = make_drafter(args.method, lm)
     # one shared pool row: the first request drafts in it, every other one alone (its own cache)
     alone = make_drafter(args.method, lm, {"learned_pool_rows": 1} if args.method in ("auto", "hybrid") else {"pool_rows": 1})
-    plain, _, _ = run_batch(lm, make_drafter("none", lm), prompts, args.n, 1)
+    plain = make_drafter("none", lm)
     totals = {"together": [0.0, 0], "alone": [0.0, 0]}
-    for r in range(args.rounds):
+    for r in range(args.rounds):  # each round its own prompts (a suffix drafter's global trie learns answers)
+        prompts = [encode_prompt(lm, p) for p in (PROMPTS * 4)[r * args.batch:(r + 1) * args.batch]]
+        ref, _, _ = run_batch(lm, plain, prompts, args.n, 1)
         for name, d in (("together", together), ("alone", alone)) if r % 2 == 0 else (("alone", alone), ("together", together)):
             out, seconds, steps = run_batch(lm, d, prompts, args.n, args.k)
-            bad = sum(a != b for a, b in zip(out, plain))
+            bad = sum(a != b for a, b in zip(out, ref))
             totals[name][0] += seconds
             totals[name][1] += steps
             print(f"round {r + 1} {name:8}: {sum(map(len, out)) / seconds:6.1f} tok/s, {steps} steps, {bad} rows != plain")
