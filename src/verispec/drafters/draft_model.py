@@ -120,9 +120,9 @@ class DraftModelDrafter(DeclaresFeatures):
         pass  # the cache is re-synchronised lazily in propose()
 
     def memory_bytes(self) -> int:
-        """The draft model's resident weights plus every open request's pooled K/V."""
+        """The draft model's resident weights plus the K/V rows its open requests hold."""
         pools = {id(st.cache.pool): st.cache.pool for st in self._states.values() if isinstance(st.cache, PooledCache)}
-        return model_bytes(self.model) + sum(p.nbytes for p in pools.values())
+        return model_bytes(self.model) + sum(p.nbytes * p.in_use // p.rows for p in pools.values())
 
     # ---- one request ---------------------------------------------------------------------
     def propose(self, ctx: DraftContext) -> DraftTree:
