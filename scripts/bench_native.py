@@ -146,8 +146,8 @@ def native_runner(path, name: str, ids: torch.Tensor, ctx: int) -> Runner:
 
 
 def _native_setup(model) -> str:
-    o = model.options
-    return f"min_rows={o.min_rows} attn_min_rows={o.attn_min_rows}" if o.batch_invariant else "invariance off"
+    inv = model.invariance
+    return f"min_rows={inv.min_rows} attn_min_rows={inv.attn_min_rows}" if inv.on else "invariance off"
 
 
 def _cache_runner(model, name: str, ids: torch.Tensor, ctx: int, setup: str, weight_bytes: int) -> Runner:

@@ -353,7 +353,7 @@ def forward_costs(model_name: str, threads: int, batches: list[int], reps: int =
 
     torch.set_num_threads(threads)
     m = load_model(model_name, backend="native").backend
-    print(f"native options: min_rows={m.options.min_rows} attn_min_rows={m.options.attn_min_rows} threads={threads}")
+    print(f"native options: min_rows={m.invariance.min_rows} attn_min_rows={m.invariance.attn_min_rows} threads={threads}")
     pool = m.new_cache_pool(max(batches), 512)
     caches = [pool.acquire() for _ in range(max(batches))]
     g = torch.Generator().manual_seed(0)

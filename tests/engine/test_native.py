@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import verispec.models.invariance as invariance
 import verispec.models.native as native
 from tiny_models import (
     PARENTS,
@@ -20,7 +21,8 @@ from tiny_models import (
     tokens,
 )
 from verispec.models.base import CausalLM, KVCache, ModelError, causal_tree_mask
-from verispec.models.native import NativeLlama, invariant_attention, linear, pairwise_sum, tail_layout, window_mask
+from verispec.models.invariance import invariant_attention, pairwise_sum, tail_layout
+from verispec.models.native import NativeLlama, linear, window_mask
 
 
 @pytest.fixture(scope="module")
@@ -140,14 +142,14 @@ def test_invariance_across_attention_chunks(load):
 
 def test_calibrated_rows_and_thread_change(tiny_path):
     model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32)
-    opts = model.options
-    assert opts.calibrated_threads == torch.get_num_threads()
-    assert 1 <= opts.min_rows <= opts.max_rows and opts.attn_min_rows >= 1
+    inv = model.invariance
+    assert inv.threads == torch.get_num_threads()
+    assert 1 <= inv.min_rows <= model.options.max_rows and inv.attn_min_rows >= 1
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         assert_chain_bitwise(model, VOCAB)  # recalibrates for 1 thread
-        assert model.options.calibrated_threads == 1
+        assert model.invariance.threads == 1
     finally:
         torch.set_num_threads(threads)
 
@@ -162,7 +164,7 @@ def test_num_layers_truncates(tiny_dirs):
 
 def test_batch_invariant_off_is_not_padded(load):
     model = load("llama", dtype=torch.float32, batch_invariant=False)
-    assert model.options.min_rows == 1 and model.options.calibrated_threads is None
+    assert model.invariance.min_rows == 1 and model.invariance.threads is None
     assert not model.exactness.bit_exact and "batch_invariant=False" in model.exactness.reason
 
 
@@ -187,10 +189,10 @@ def index_dependent(x: torch.Tensor, w, b=None, dense: bool = False) -> torch.Te
 def test_calibration_pads_past_a_one_row_kernel(tiny_path, monkeypatch):
     """A dependence on the row count that shows in a few outputs only is found, and padding
     to 2 rows makes chains and trees bitwise equal to one-at-a-time decoding again."""
-    monkeypatch.setattr(native, "_CALIBRATED", {})
+    monkeypatch.setattr(invariance, "_CALIBRATED", {})
     monkeypatch.setattr(native, "linear", one_row_differs)
     model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.bfloat16)
-    assert model.exactness.bit_exact and model.options.min_rows >= 2
+    assert model.exactness.bit_exact and model.invariance.min_rows >= 2
     assert_chain_bitwise(model, VOCAB)
     assert_tree_bitwise(model, VOCAB)
 
@@ -198,12 +200,12 @@ def test_calibration_pads_past_a_one_row_kernel(tiny_path, monkeypatch):
 def test_index_dependent_kernel_is_reported_not_exact(tiny_path, monkeypatch):
     """The honesty check: a path known not to be invariant is reported, with its reason, and
     the model still runs (fast path)."""
-    monkeypatch.setattr(native, "_CALIBRATED", {})
+    monkeypatch.setattr(invariance, "_CALIBRATED", {})
     monkeypatch.setattr(native, "linear", index_dependent)
     model = NativeLlama.from_hf_dir(tiny_path, dtype=torch.float32)
     assert not model.exactness.bit_exact
     assert "depend on their index" in model.exactness.reason and "wqkv" in model.exactness.reason
-    assert not model.options.batch_invariant
+    assert not model.invariance.on
     out = model.forward(tokens(5), torch.arange(5)[None], model.new_cache())
     assert out.logits.shape == (1, 5, VOCAB) and torch.isfinite(out.logits).all()
 

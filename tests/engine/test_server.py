@@ -178,7 +178,7 @@ def test_batch_engine_schedule_caps_drafts(tiny_native) -> None:
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     be = BatchEngine(target, {"pl": Engine(target, PromptLookupDrafter(), 8)}, 4, 64,
                      SpecSchedule("budget", token_budget=24, disable_at=4))
-    free = target.options.min_rows  # rows the invariant runtime pads to: drafts below it are free
+    free = target.invariance.min_rows  # rows the invariant runtime pads to: drafts below it are free
     reqs = [be.add_request(f"q{i}", p, params, "pl") for i, p in enumerate(prompts[:3])]
     step = be.step(reqs)
     assert step.max_drafted == max(7, free - 1) and all(r.num_drafted <= step.max_drafted for r in step.results)

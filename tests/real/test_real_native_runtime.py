@@ -44,7 +44,7 @@ def test_real_smollm2_invariance_claim_is_honest(smollm_dir, dtype, quant):
     that made calibration pad is real, not a reporting slip). fp32 (MKL) pads everywhere."""
     model = NativeLlama.from_hf_dir(smollm_dir, dtype=dtype, quant=quant, max_length=512)
     assert model.exactness.bit_exact, model.exactness.reason
-    m, top = model.options.min_rows, model.options.max_rows
+    m, top = model.invariance.min_rows, model.options.max_rows
     lw = model.layers[0]
     g = torch.Generator().manual_seed(123)
     below = []
