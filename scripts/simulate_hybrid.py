@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from verispec.drafters.base import DraftContext, Observation
+from verispec.drafters.draft_model import DraftCost
 from verispec.drafters.suffix_tree import SuffixDecodingDrafter
 from verispec.policies.draft_budget import best_size, interpolate
 from verispec.sampling import make_generator
@@ -159,17 +160,17 @@ class Sim:
         confidence standing in for acceptance)."""
         root = len(self.prompt) + self.pos - 1
         cost, toks, reach, expected = costs.d(root + 1 - self.fed), [], 1.0, 1.0
-        c1 = costs.d(1)
+        rule = DraftCost(costs.d(1), costs.t_curve)
         for i in range(min(budget, len(self.arg) - root)):
             conf = self.top[root + i]
-            if (expected + reach * conf) / ((i + 1) * c1 + costs.t(i + 1)) < expected / ((i + 1) * c1 + costs.t(i)):
+            if not rule.keeps(i, expected, reach * conf):
                 break
             reach, expected = reach * conf, expected + reach * conf
             toks.append(self.arg[root + i])
             if i + 1 < budget:
-                if (expected + reach * conf) / ((i + 2) * c1 + costs.t(i + 2)) < expected / ((i + 1) * c1 + costs.t(i + 1)):
+                if not rule.pays_another(i, expected, reach * conf):
                     break
-                cost += c1
+                cost += rule.draft
         return toks, cost
 
     def accept(self, tree: DraftTree) -> list[int]:

@@ -34,6 +34,18 @@ class DraftCost:
         (n0, t0), (n1, t1) = points[-2], points[-1]
         return t1 + (t1 - t0) * (n - n1) / (n1 - n0)
 
+    def keeps(self, i: int, expected: float, p: float) -> bool:
+        """With i tokens kept (E = ``expected`` tokens a step) and i + 1 draft forwards paid,
+        does token i + 1, reached with probability ``p``, raise tokens per unit time?"""
+        paid = (i + 1) * self.draft
+        return (expected + p) / (paid + self.verify(i + 1)) >= expected / (paid + self.verify(i))
+
+    def pays_another(self, i: int, expected: float, p: float) -> bool:
+        """With i + 1 tokens kept, is one more draft forward worth paying for, the next token
+        guessed to be reached with probability ``p``?"""
+        now = expected / ((i + 1) * self.draft + self.verify(i + 1))
+        return (expected + p) / ((i + 2) * self.draft + self.verify(i + 2)) >= now
+
 
 @dataclass
 class _DraftState:
@@ -199,8 +211,7 @@ class DraftModelDrafter(DeclaresFeatures):
         if self.cost is not None:  # keep token i + 1 only if it raises tokens per unit time
             conf = float(q[token]) if q is not None else float(logits.float().softmax(-1)[token])
             keep_p = chain.accept_all * conf
-            paid = (i + 1) * self.cost.draft
-            if (chain.expected + keep_p) / (paid + self.cost.verify(i + 1)) < chain.expected / (paid + self.cost.verify(i)):
+            if not self.cost.keeps(i, chain.expected, keep_p):
                 return None
             chain.accept_all, chain.expected = keep_p, chain.expected + keep_p
         chain.drafts.append(token)
@@ -208,11 +219,8 @@ class DraftModelDrafter(DeclaresFeatures):
             chain.qs.append(q)
         if i + 1 >= chain.budget:
             return None
-        if self.cost is not None:  # pay for another draft forward?
-            guess = chain.accept_all * conf
-            now = chain.expected / ((i + 1) * self.cost.draft + self.cost.verify(i + 1))
-            if (chain.expected + guess) / ((i + 2) * self.cost.draft + self.cost.verify(i + 2)) < now:
-                return None
+        if self.cost is not None and not self.cost.pays_another(i, chain.expected, chain.accept_all * conf):
+            return None
         return token
 
     @staticmethod
