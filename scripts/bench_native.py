@@ -256,7 +256,7 @@ def synthetic_1b(ids_len: int, threads: int):
     params = sum(t.numel() for t in state.values())
     weights = state_dict_weights(cfg, state, "q4_1")
     del state
-    kw = dict(max_length=ids_len + 64, name="synthetic-1b", quant="q4_1", threads=threads)
+    kw = dict(max_length=ids_len + 64, name="synthetic-1b", threads=threads)
     models = {"cpu": CpuLlama.from_weights(cfg, weights, isa=None, **kw),
               "cpu-avx2": CpuLlama.from_weights(cfg, weights, isa="avx2", **kw)}
     return models, params, cfg["vocab_size"]

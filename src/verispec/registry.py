@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .drafters.base import Drafter, NoDrafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.prompt_lookup import PromptLookupDrafter
+from .models.formats import WeightFormat
 
 if TYPE_CHECKING:
     from .models.load import LoadedModel
@@ -36,12 +37,13 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     quant = str(opts.pop("quant", "auto"))
     if quant == "auto":  # streams Q4_0 (the target checks every token)
         quant = DEFAULT_DRAFT_QUANT if catalog_gguf else "file"
-    if quant not in ("file", *REQUANTS):
+    if quant != "file" and quant not in REQUANTS:
         raise ValueError(f"quant must be auto, file or {', '.join(REQUANTS)}, got {quant!r}")
+    requant = None if quant == "file" else WeightFormat(quant)
     stop = str(opts.pop("stop", "auto"))
     if stop not in ("auto", "cost", "fixed"):
         raise ValueError(f"stop must be auto, cost or fixed, got {stop!r}")
-    draft = load_draft_model(target, model, None if vocab == "full" else int(vocab), None if quant == "file" else quant)
+    draft = load_draft_model(target, model, None if vocab == "full" else int(vocab), requant)
     if stop == "auto":  # a separate draft model sizes its drafts by cost; layer-skip and distilled drafts keep k
         stop = "cost" if model not in ("shipped",) and not model.startswith("truncated:") else "fixed"
     cost = None
@@ -58,7 +60,7 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
 
 
 DEFAULT_DRAFT_VOCAB = 32768  # FR-Spec head rows of a catalog draft (plus its control tokens)
-DEFAULT_DRAFT_QUANT = "q4_0"  # a catalog draft's wider matrices, re-encoded at load (models.cpu.requantize)
+DEFAULT_DRAFT_QUANT = WeightFormat.Q4_0  # a catalog draft's wider matrices, re-encoded at load (models.cpu.requantize)
 
 
 def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> Drafter:
@@ -68,7 +70,7 @@ def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> 
 
     path = opts.pop("weights", None) or shipped_weights(kind, target.name)
     head, embed = EagleHead.load(path), target_embedding(target)
-    runtime, quant = str(opts.pop("runtime", "auto")), str(opts.pop("head_quant", "q8_0"))
+    runtime, quant = str(opts.pop("runtime", "auto")), str(opts.pop("head_quant", WeightFormat.Q8_0))
     mode, depth, top_k = str(opts.pop("mode", "tree")), int(opts.pop("depth", 6)), int(opts.pop("top_k", 8))
     if runtime not in ("auto", "compiled", "torch"):
         raise ValueError(f"runtime must be auto, compiled or torch, got {runtime!r}")
@@ -82,7 +84,7 @@ def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> 
 
         backend = target.backend
         runner = CompiledHeadRunner(head, embed, max_length=backend.info.max_length, quant=quant,
-                                    threads=getattr(backend, "threads", None),
+                                    threads=backend.threads,
                                     max_draft=max(64, depth * top_k))  # a chain's or a tree's expanded nodes
     cost = None
     if budget == "measured":  # the target's t(n), measured once per configuration, then cached
@@ -122,8 +124,8 @@ def _cost_key(target: "LoadedModel") -> str:
     import torch
 
     info = target.backend.info
-    isa = getattr(target.backend, "isa", "")  # the compiled runtime's kernels differ per ISA
-    return f"{target.name}-{target.backend_kind}{isa}-{target.quant}-{info.dtype}-{info.device}-t{torch.get_num_threads()}"
+    isa = target.backend.isa  # the compiled runtime's kernels differ per ISA
+    return f"{target.name}-{target.backend_kind}{isa}-{target.backend.quant}-{info.dtype}-{info.device}-t{torch.get_num_threads()}"
 
 
 def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
@@ -154,9 +156,7 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     elif budget == "measured":  # t(n) of the target and c(n) of the learned drafter, measured once
         key = _cost_key(target)
         cost = cached_cost_curve(target.backend, key)
-        shape = getattr(getattr(sub[1], "head", None), "cfg", None) or getattr(getattr(sub[1], "model", None), "info", None)
-        runner = type(getattr(sub[1], "runner", None)).__name__  # where the head runs changes c(n) tenfold
-        tag = hashlib.sha1(repr((learned, sorted(l_opts.items()), shape, runner)).encode()).hexdigest()[:8]
+        tag = hashlib.sha1(repr((learned, sorted(l_opts.items()), sub[1].cost_signature())).encode()).hexdigest()[:8]
         draft_cost = cached_cost_curve(  # a retrained or resized learned drafter gets a new tag
             target.backend, f"{key}-draft-{learned}-{tag}", repeats=3,
             measure=lambda model, sizes, repeats: measure_draft_cost(model, sub[1], sizes, repeats))

@@ -88,7 +88,7 @@ def test_compiled_head_errors(target):
         runner.expand(st, torch.randn(9, H), list(range(9)), 5, [[]] * 9)
     with pytest.raises(ValueError, match="cache full"):
         runner.extend(st, torch.randn(61, H), [1] * 61, 4)
-    with pytest.raises(ValueError, match="quant must be"):
+    with pytest.raises(ValueError, match="compiled EAGLE head quant"):
         CompiledHeadRunner(head, embed, 64, quant="q4_1")
     # a model without an input projection refuses features (checked in C before any write)
     pool = target.new_cache_pool(1, 64)

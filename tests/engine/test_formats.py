@@ -173,7 +173,7 @@ def mixed_model(mix: str, isa: str | None = None, threads: int = 2, max_length: 
                        "w13": [gate, up], "w2": down, "wqkv_bias": rand(dim + 2 * kv * hd) * 5})
     weights = {"layers": layers, "norm": 1 + rand(dim), "head": quantize_matrix(rand(VOCAB, dim) * 4, fmts[7]),
                "embed": quantize_matrix(rand(VOCAB, dim) * 10, fmts[8])}
-    return CpuLlama.from_weights({**cfg, "max_position_embeddings": max_length}, weights, max_length, name=mix, quant="mixed", isa=isa, threads=threads)
+    return CpuLlama.from_weights({**cfg, "max_position_embeddings": max_length}, weights, max_length, name=mix, isa=isa, threads=threads)
 
 
 @pytest.mark.parametrize("mix", MIXES)

@@ -18,6 +18,7 @@ from verispec.engine import Engine
 from verispec.engine.prefix_cache import PrefixCache
 from verispec.models import cpu
 from verispec.models.cpu import CpuLlama
+from verispec.models.formats import WeightFormat
 from verispec.types import SamplingParams
 
 if not cpu.available():
@@ -34,16 +35,16 @@ def smollm():
     src = resolve_model("smollm2-135m-instruct")
     hf_dir = materialize(src)
     cfg = json.loads((hf_dir / "config.json").read_text())
-    weights, quant = cpu.gguf_weights(src.path, cfg)
+    weights = cpu.gguf_weights(src.path, cfg)
     models = {}
 
     def get(isa: str | None = None, threads: int = 2) -> CpuLlama:
         if (isa, threads) not in models:
-            models[isa, threads] = CpuLlama.from_weights(cfg, weights, 512, name="smollm2", quant=quant, isa=isa,
+            models[isa, threads] = CpuLlama.from_weights(cfg, weights, 512, name="smollm2", isa=isa,
                                                          threads=threads)
         return models[isa, threads]
 
-    assert "q4_1" in quant, quant
+    assert WeightFormat.Q4_1 in cpu.layer_formats(weights)
     return hf_dir, src, get
 
 

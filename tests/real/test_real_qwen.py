@@ -67,8 +67,8 @@ def test_every_isa_gives_the_same_bits(draft):
     simd = [isa for isa in ISAS if isa != "scalar"]
     outs = {}
     for isa in simd:
-        weights, fmt = gguf_weights(draft.backend.gguf_path, _cfg(draft))
-        model = CpuLlama.from_weights(_cfg(draft), weights, 512, name="draft", quant=fmt, isa=isa)
+        weights = gguf_weights(draft.backend.gguf_path, _cfg(draft))
+        model = CpuLlama.from_weights(_cfg(draft), weights, 512, name="draft", isa=isa)
         outs[isa] = scenario(model, VOCAB)
         del model
     for isa in simd[1:]:

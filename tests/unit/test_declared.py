@@ -24,6 +24,7 @@ from verispec.drafters.eagle_runner import CompiledHeadRunner, TorchHeadRunner
 from verispec.models import cpu
 from verispec.models.base import NOT_CLAIMED, BackendCaps, CausalLM
 from verispec.models.cpu import CpuLlama
+from verispec.models.formats import WeightFormat
 from verispec.models.hf import HFCausalLM
 from verispec.models.native import NativeLlama, NativeOptions
 
@@ -32,13 +33,16 @@ from tiny_models import tiny_llama
 SRC = Path(verispec.__file__).parent
 # what is declared now: a getattr on one of these names is a probe standing in for the declaration
 DECLARED = ("caps", "exactness", "features", "needs_hidden_states", "hidden_layers", "description", "quant",
-            "gguf_path", "resident_bytes", "weight_bytes", "reset", "reset_learned", "max_draft")
+            "formats", "isa", "threads", "set_threads", "forward_batch", "gguf_path", "resident_bytes",
+            "weight_bytes", "reset", "reset_learned", "max_draft", "cost_signature", "head", "runner", "model")
 
 
 def _getattr_probes(names: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(file relative to the package, attribute) of every ``getattr(x, "attribute"...)`` of ``names``."""
+    """(file relative to the package, attribute) of every ``getattr(x, "attribute"...)`` or
+    ``hasattr(x, "attribute")`` of ``names``."""
     return [(p.relative_to(SRC).as_posix(), m.group(1)) for p in sorted(SRC.rglob("*.py"))
-            for m in re.finditer(r"\bgetattr\([^,]+,\s*[\"'](\w+)[\"']", p.read_text()) if m.group(1) in names]
+            for m in re.finditer(r"\b(?:get|has)attr\([^,]+,\s*[\"'](\w+)[\"']", p.read_text())
+            if m.group(1) in names]
 
 
 def test_the_engine_probes_nothing():
@@ -82,8 +86,22 @@ def test_every_backend_declares_what_is_read_of_it():
         assert isinstance(m.caps, BackendCaps) and isinstance(m.caps.exactness.bit_exact, bool), name
         assert isinstance(m.description, str) and m.description, name
         assert m.quant in ("none", "q8_0"), name
+        assert m.formats in ((WeightFormat.NONE,), (WeightFormat.Q8_0,)), name
+        assert all(isinstance(f, WeightFormat) for f in m.formats), name
+        assert isinstance(m.threads, int) and m.threads >= 1 and isinstance(m.isa, str), name
         assert m.gguf_path is None and m.resident_bytes > 0, name
     assert (backends["hf"].description, backends["native"].description) == ("hf", "native")
+    assert backends["hf"].isa == backends["native"].isa == ""  # torch's kernels
+    if "cpu" in backends:
+        assert backends["cpu"].isa == cpu.isa_name() and backends["cpu"].threads == torch.get_num_threads()
+
+
+def test_a_probe_for_a_declared_name_is_found():
+    """The scan above finds what it looks for (it would pass vacuously on a broken pattern)."""
+    assert _getattr_probes(DECLARED) == []
+    found = [m.group(1) for m in re.finditer(r"\b(?:get|has)attr\([^,]+,\s*[\"'](\w+)[\"']",
+                                              'getattr(b, "threads", None) and hasattr(backend, "forward_batch")')]
+    assert found == ["threads", "forward_batch"]
 
 
 def test_every_drafter_declares_its_features_and_reset():
@@ -94,7 +112,7 @@ def test_every_drafter_declares_its_features_and_reset():
     assert len(drafters) >= 10
     for cls in drafters:
         assert issubclass(cls, DeclaresFeatures), f"{cls.__name__} does not declare features and reset"
-        assert isinstance(cls.features, Features) and callable(cls.reset)
+        assert isinstance(cls.features, Features) and callable(cls.reset) and callable(cls.cost_signature)
     assert not hasattr(DeclaresFeatures, "needs_hidden_states") and not hasattr(DeclaresFeatures, "hidden_layers")
 
 

@@ -134,6 +134,11 @@ class Drafter(Protocol):
         """Forget what was learned across requests (a benchmark's warm-up); most drafters learn nothing."""
         ...
 
+    def cost_signature(self) -> str:
+        """What the cost of its proposals depends on besides its options (its model's shape,
+        where it runs): a measured cost curve of it is cached under this."""
+        ...
+
 
 class DeclaresFeatures:
     """Base of the drafters: the ``Drafter`` declarations most of them make, reading no
@@ -144,6 +149,9 @@ class DeclaresFeatures:
 
     def reset(self) -> None:
         pass
+
+    def cost_signature(self) -> str:
+        return type(self).__name__
 
     def propose_batch(self, ctxs: Sequence[DraftContext]) -> list[DraftTree]:
         return [self.propose(c) for c in ctxs]  # type: ignore[attr-defined]

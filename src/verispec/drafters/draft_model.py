@@ -109,6 +109,9 @@ class DraftModelDrafter(DeclaresFeatures):
         self._pool_rows = pool_rows
         self._pool = None  # created by the first request (rows of K/V are allocated lazily)
 
+    def cost_signature(self) -> str:
+        return repr((self.model.info, self.model.description))
+
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
         """Open the request's draft cache and prefill it with the prompt now, beside the
         target's prefill (as llama.cpp's speculative decoding and vLLM do), not in the first

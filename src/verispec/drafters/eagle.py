@@ -293,6 +293,10 @@ class EagleDrafter(DeclaresFeatures):
         self.mode, self.depth, self.top_k, self.cost = mode, depth, top_k, cost
         self._states: RequestTable[_EagleState] = RequestTable()
 
+    def cost_signature(self) -> str:
+        """The head's shape and where it runs (the compiled runtime changes c(n) tenfold)."""
+        return repr((self.head.cfg, type(self.runner).__name__))
+
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
         self._states.add(request_id, _EagleState(root_pos=0, head=self.runner.open()))  # prefill starts at prompt[0]

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
+from ..models.formats import WeightFormat
+
 if TYPE_CHECKING:
     from .eagle import EagleHead
 
@@ -135,19 +137,21 @@ class _CompiledState:
     drafted: int = 0  # draft nodes written this proposal (slots cached .. cached + drafted - 1)
 
 
+HEAD_QUANTS = (WeightFormat.Q8_0, WeightFormat.F32)  # the compiled head's weight formats (head_quant=)
+
+
 class CompiledHeadRunner:
     """The head on the compiled CPU runtime: a 1-layer ``CpuLlama`` with a feature input
     projection, Q8_0 weights (``quant``) and the draft vocabulary as its LM head. Its K/V
     cache per request is fp16 (fp32 for quant="f32") with room for ``max_length`` committed positions plus
     ``max_draft`` draft nodes."""
 
-    def __init__(self, head: EagleHead, embed: torch.Tensor, max_length: int, quant: str = "q8_0",
-                 threads: int | None = None, max_draft: int = 128):
+    def __init__(self, head: EagleHead, embed: torch.Tensor, max_length: int,
+                 quant: WeightFormat | str = WeightFormat.Q8_0, threads: int | None = None, max_draft: int = 128):
         from ..models.cpu import CpuLlama, quantize_matrix
 
         cfg = head.cfg
-        if quant not in ("q8_0", "f32"):
-            raise ValueError(f"compiled EAGLE head: quant must be q8_0 or f32, got {quant!r}")
+        quant = WeightFormat.parse(quant, HEAD_QUANTS, "compiled EAGLE head quant")
         self.head, self.max_length, self.max_draft = head, max_length, max_draft
         self.eagle3 = bool(cfg.hidden_layers)  # step_out: pre-norm output (EAGLE-3) or final-normed (EAGLE)
         hf_cfg = {"model_type": "llama", "vocab_size": cfg.draft_vocab_size, "hidden_size": cfg.hidden_size,
@@ -163,9 +167,9 @@ class CompiledHeadRunner:
             weights = {"layers": [layer], "norm": h.final_norm.detach(), "head": q(embed[h.draft_vocab]),
                        "embed": q(embed), "in_proj": q(h.fc.weight), "in_proj_bias": h.fc.bias.detach().float(),
                        "in_norm": h.hidden_norm.detach() if self.eagle3 else None}
-        self.model = CpuLlama.from_weights(hf_cfg, weights, max_length + max_draft, name="eagle-head", quant=quant,
+        self.model = CpuLlama.from_weights(hf_cfg, weights, max_length + max_draft, name="eagle-head",
                                            threads=threads or 1,
-                                           kv_dtype=torch.float32 if quant == "f32" else torch.float16)
+                                           kv_dtype=torch.float32 if quant == WeightFormat.F32 else torch.float16)
 
     def open(self) -> _CompiledState:
         return _CompiledState(self.model.new_cache_pool(1, self.max_length + self.max_draft))

@@ -20,6 +20,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from .formats import WeightFormat, formats_label
+
 
 class ModelError(ValueError):
     """A model could not be found or loaded; the message names what was expected."""
@@ -123,15 +125,32 @@ class CausalLM(Protocol):
     A backend subclasses this protocol and so declares, besides ``info``, what the engine,
     the loader and the statistics read, instead of leaving them to be probed: ``caps``
     (batched forwards, exact prefix reuse, its exactness claim, ...; by default nothing),
-    ``description``, ``quant``, ``gguf_path`` and ``resident_bytes``.
+    ``description``, ``formats``, ``isa``, ``threads``, ``gguf_path`` and ``resident_bytes``.
     """
 
     info: ModelInfo
     caps: BackendCaps = BackendCaps()
     description: str  # how statistics name it, e.g. "compiled CPU runtime (q4_1, avx2, 2 threads)"
-    quant: str  # the weight format it computes with ("none", "int8", "int4", "q4_1", "gguf", ...)
+    formats: tuple[WeightFormat, ...]  # the weight formats its layers compute with, e.g. (Q4_K, Q6_K) or (INT4,)
+    isa: str = ""  # the instruction set its own kernels were chosen for (the compiled runtime's); "": torch's
     gguf_path: Path | None = None  # the GGUF whose own blocks it reads in place (None: weights converted)
     resident_bytes: int  # bytes of weights it holds in memory
+
+    @property
+    def quant(self) -> str:
+        """``formats`` as statistics and cost-curve keys name them: ``int4``, ``q4_k+q6_k``."""
+        return formats_label(self.formats)
+
+    @property
+    def threads(self) -> int:
+        """Threads its forward computes on (torch's, unless the backend has its own pool)."""
+        return torch.get_num_threads()
+
+    def set_threads(self, n: int) -> None:
+        """Compute on ``n`` threads from now on."""
+        if n < 1:
+            raise ValueError(f"threads must be >= 1, got {n}")
+        torch.set_num_threads(n)
 
     def new_cache(self, max_length: int | None = None) -> KVCache: ...
 

@@ -37,6 +37,7 @@ import torch
 
 from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
 from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
+from verispec.models.formats import WeightFormat
 from verispec.models.llama import SUPPORTED_MODEL_TYPES, LlamaArgs, read_safetensors, rope_tables, take
 
 SLOT_TILE = 64  # K cache slots per transposed tile (csrc/vs.h: KV_TILE)
@@ -135,25 +136,32 @@ def _check_abi(lib: ctypes.CDLL, origin: str) -> None:
     buf = ctypes.create_string_buffer(4096)
     lib.vs_formats(buf, len(buf))
     FORMATS.clear()
-    for item in buf.value.decode().split(","):
+    for item in buf.value.decode().split(","):  # the C table's border: ggml type ids -> WeightFormat
         name, gtype, block, nbytes = item.split(":")
-        FORMATS[name] = WeightFormat(name, int(gtype), int(block), int(nbytes))
+        fmt = WeightFormat.from_ggml_type(int(gtype))
+        if fmt is None or fmt != name:
+            raise OSError(f"the compiled runtime {origin} has format {name} (ggml type {gtype}), which this verispec "
+                          "does not name: rebuild it with `pip install -e .`")
+        FORMATS[fmt] = RuntimeFormat(fmt, int(block), int(nbytes))
 
 
 @dataclass(frozen=True)
-class WeightFormat:
-    """A weight format of the runtime (csrc/formats/table.cpp): GGUF type id and block size."""
+class RuntimeFormat:
+    """A weight format the runtime computes with (csrc/formats/table.cpp) and its block size."""
 
-    name: str  # ggml's name, lower case
-    ggml_type: int
+    fmt: WeightFormat
     block: int  # weights per block
     block_bytes: int
+
+    @property
+    def ggml_type(self) -> int:
+        return self.fmt.ggml_type
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block * self.block_bytes
 
 
-FORMATS: dict[str, WeightFormat] = {}  # filled from the library at load
+FORMATS: dict[WeightFormat, RuntimeFormat] = {}  # filled from the library at load
 
 
 def library() -> ctypes.CDLL:
@@ -217,12 +225,15 @@ def _i32(values) -> np.ndarray:
 class RawMatrix:
     """A row-major weight matrix in a source format: fp32 values or GGUF blocks (uint8 [rows, bytes])."""
 
-    fmt: str  # a runtime format name (FORMATS): f32, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k
+    fmt: WeightFormat  # one of the runtime's FORMATS: f32, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k
     data: np.ndarray
     rows: int
     cols: int
     # called once the runtime has repacked the data (a memory-mapped file's pages are dropped)
     release: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "fmt", WeightFormat(self.fmt))  # a name ("q4_0") is its format
 
 
 # A layer's weights: one matrix, or row blocks stacked in order (fused QKV, gate/up), each in
@@ -232,33 +243,31 @@ Linear = RawMatrix | list[RawMatrix]
 
 def _f32(t: torch.Tensor) -> RawMatrix:
     t = t.float().contiguous()
-    return RawMatrix("f32", t.numpy(), t.shape[0], t.shape[1])
+    return RawMatrix(WeightFormat.F32, t.numpy(), t.shape[0], t.shape[1])
 
 
-QUANTS = ("f32", "q8_0", "q4_1", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k")  # formats quantize_matrix writes
+W = WeightFormat
+QUANTS = (W.F32, W.Q8_0, W.Q4_1, W.Q4_0, W.Q5_0, W.Q4_K, W.Q5_K, W.Q6_K)  # formats quantize_matrix writes
+REQUANTS = (W.Q4_0,)  # formats requantize writes
+del W
 
 
-def quantize_matrix(w: torch.Tensor, fmt: str) -> RawMatrix:
+def quantize_matrix(w: torch.Tensor, fmt: WeightFormat | str) -> RawMatrix:
     """fp32 [rows, cols] -> GGUF blocks of ``fmt`` (one of QUANTS; K formats need cols % 256 == 0)."""
     from verispec.models.ggml_quants import quantize
 
-    if fmt == "f32":
+    fmt = WeightFormat.parse(fmt, QUANTS)
+    if fmt == WeightFormat.F32:
         return _f32(w)
-    if fmt not in QUANTS:
-        raise ValueError(f"unknown quant {fmt!r}; use {', '.join(QUANTS)}")
     return RawMatrix(fmt, quantize(w.float().numpy(), fmt), w.shape[0], w.shape[1])
 
 
-REQUANTS = ("q4_0",)  # formats requantize writes
-
-
-def requantize(m: RawMatrix, fmt: str = "q4_0") -> RawMatrix:
+def requantize(m: RawMatrix, fmt: WeightFormat | str = WeightFormat.Q4_0) -> RawMatrix:
     """``m`` re-encoded as ``fmt`` (Q4_0, ggml's rule) where that streams fewer bytes: a draft
     model chosen for speed, not fidelity; the target checks every drafted token, so output
     is unchanged. Matrices already at most as wide (Q4_0, Q4_K) come back as they are; the
     source pages are released once read."""
-    if fmt not in REQUANTS:
-        raise ValueError(f"unknown requantization {fmt!r}; use {', '.join(REQUANTS)}")
+    fmt = WeightFormat.parse(fmt, REQUANTS, "requantization")
     lib, want = library(), FORMATS[fmt]
     if m.cols % want.block or FORMATS[m.fmt].row_bytes(m.cols) <= want.row_bytes(m.cols):
         return m
@@ -345,16 +354,18 @@ class CpuLlama(PooledLM):
     host_torch_threads = 1
 
     def __init__(self, args: LlamaArgs, weights: dict, info: ModelInfo, isa: str | None = None,
-                 threads: int | None = None, quant: str = "f32", kv_dtype: torch.dtype | None = None,
+                 threads: int | None = None, kv_dtype: torch.dtype | None = None,
                  head_rows: torch.Tensor | None = None):
         lib = library()
-        self.args, self.info, self.quant = args, info, quant
+        self.args, self.info = args, info
+        # the formats of its layers' matrices, as they came (the head and embedding may differ)
+        self.formats = layer_formats(weights)
         # a reduced LM head (a draft's, FR-Spec): the token id of each head row; logits of
         # other tokens are -inf. The runtime computes args.vocab_size = len(head_rows) rows.
         self.head_rows = head_rows
         self.gguf_path: Path | None = None
         # a quantized model keeps fp16 K/V (half the attention traffic, as llama.cpp does); fp32 stays fp32
-        self.kv_dtype = kv_dtype or (torch.float32 if quant == "f32" else torch.float16)
+        self.kv_dtype = kv_dtype or (torch.float32 if self.formats == (WeightFormat.F32,) else torch.float16)
         if self.kv_dtype not in (torch.float32, torch.float16):
             raise ValueError(f"kv_dtype must be torch.float32 or torch.float16, got {self.kv_dtype}")
         embed = weights.get("embed")  # an untied input embedding may have more rows than the head (EAGLE heads)
@@ -406,7 +417,7 @@ class CpuLlama(PooledLM):
     def _set(self, layer: int, slot: Slot, w: Linear | torch.Tensor, bias: torch.Tensor | None = None) -> None:
         """One tensor; a list of row blocks is set part by part (the bias split by their rows)."""
         if isinstance(w, torch.Tensor):  # a norm vector
-            w = RawMatrix("f32", w.float().contiguous().numpy(), 1, w.numel())
+            w = RawMatrix(WeightFormat.F32, w.float().contiguous().numpy(), 1, w.numel())
         parts = w if isinstance(w, list) else [w]
         b = None if bias is None else bias.float().contiguous()
         row = 0
@@ -438,7 +449,7 @@ class CpuLlama(PooledLM):
     # ---- construction
 
     @classmethod
-    def from_hf_dir(cls, path: str | Path, max_length: int | None = None, quant: str = "f32",
+    def from_hf_dir(cls, path: str | Path, max_length: int | None = None, quant: WeightFormat | str = WeightFormat.F32,
                     gguf: str | Path | None = None, num_layers: int | None = None, **kw) -> CpuLlama:
         """Load an HF dir (config + safetensors), in fp32 or quantized at load to ``quant``
         (q8_0, q4_1, q4_0); or, with ``gguf``, the weights from that GGUF file's own blocks
@@ -457,23 +468,20 @@ class CpuLlama(PooledLM):
         if gguf is not None:
             if kw.get("head_rows") is not None:
                 raise ValueError("a reduced LM head (head_rows) is built from safetensors weights, not a GGUF file")
-            weights, quant = gguf_weights(Path(gguf), cfg)
-            model = cls.from_weights(cfg, weights, max_length, name=name, quant=quant, **kw)
+            model = cls.from_weights(cfg, gguf_weights(Path(gguf), cfg), max_length, name=name, **kw)
             model.gguf_path = Path(gguf)
             return model
         return cls.from_state_dict(cfg, read_safetensors(path), max_length, quant=quant, name=name, **kw)
 
     @classmethod
     def from_state_dict(cls, cfg: dict, state: dict[str, torch.Tensor], max_length: int | None = None,
-                        quant: str = "f32", name: str = "cpu-llama", **kw) -> CpuLlama:
-        """From an HF config dict and HF-named tensors; ``quant``: one of QUANTS."""
-        if quant not in QUANTS:
-            raise ValueError(f"unknown quant {quant!r}; use {', '.join(QUANTS)}")
-        weights = state_dict_weights(cfg, state, quant, kw.get("head_rows"))
-        return cls.from_weights(cfg, weights, max_length, name=name, quant=quant, **kw)
+                        quant: WeightFormat | str = WeightFormat.F32, name: str = "cpu-llama", **kw) -> CpuLlama:
+        """From an HF config dict and HF-named tensors, quantized at load to ``quant`` (one of QUANTS)."""
+        weights = state_dict_weights(cfg, state, WeightFormat.parse(quant, QUANTS), kw.get("head_rows"))
+        return cls.from_weights(cfg, weights, max_length, name=name, **kw)
 
     @classmethod
-    def from_weights(cls, cfg: dict, weights: dict, max_length: int | None, name: str, quant: str,
+    def from_weights(cls, cfg: dict, weights: dict, max_length: int | None, name: str,
                      head_rows: torch.Tensor | None = None, **kw) -> CpuLlama:
         args = LlamaArgs.from_hf_config(cfg)
         info = ModelInfo(name=name, vocab_size=args.vocab_size, max_length=max_length or args.max_position,
@@ -482,7 +490,7 @@ class CpuLlama(PooledLM):
         if head_rows is not None:
             head_rows = check_head_rows(head_rows, args.vocab_size)
             args = replace(args, vocab_size=len(head_rows))
-        return cls(args, weights, info, quant=quant, head_rows=head_rows, **kw)
+        return cls(args, weights, info, head_rows=head_rows, **kw)
 
     # ---- facts
 
@@ -645,7 +653,7 @@ def check_head_rows(head_rows, vocab_size: int) -> torch.Tensor:
     return rows
 
 
-def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: str,
+def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: WeightFormat,
                        head_rows: torch.Tensor | None = None) -> dict:
     """HF-named tensors -> the runtime's fused matrices (QKV, gate/up), quantized to ``quant``;
     ``head_rows``: the LM head keeps those rows (the input embedding keeps all of them)."""
@@ -669,7 +677,7 @@ def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: str,
     head = embed if tied else take(state, "lm_head.weight")
     if head_rows is not None:
         head, tied = head[check_head_rows(head_rows, len(head))], False
-    head_fmt = "f32" if quant == "f32" else "q8_0"  # a quantized model's head in Q8_0, as llama.cpp does
+    head_fmt = WeightFormat.F32 if quant == WeightFormat.F32 else WeightFormat.Q8_0  # a quantized model's head in Q8_0, as llama.cpp does
     return {"layers": layers, "norm": take(state, "model.norm.weight"), "head": quantize_matrix(head.float(), head_fmt),
             "embed": None if tied else quantize_matrix(embed.float(), head_fmt)}
 
@@ -678,7 +686,7 @@ _CHUNK_BYTES = 32 << 20  # large tensors are set in row blocks of at most this m
 
 
 def gguf_weights(path: Path, cfg: dict, head_rows: torch.Tensor | None = None,
-                 requant: str | None = None) -> tuple[dict, str]:
+                 requant: WeightFormat | None = None) -> dict:
     """The weights of a ``llama`` or ``qwen2`` GGUF file as its own blocks (no dequantization,
     no fp32 copy): every format of ``FORMATS`` (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, F32).
     Data are views of one read-only memory map; each row block's pages are released once the
@@ -696,7 +704,6 @@ def gguf_weights(path: Path, cfg: dict, head_rows: torch.Tensor | None = None,
     library()  # FORMATS comes from the library
     args = LlamaArgs.from_hf_config(cfg)
     info = read_gguf(path)
-    by_type = {f.ggml_type: f for f in FORMATS.values()}
     permute = cfg.get("model_type", "llama") != "qwen2"
     with path.open("rb") as f:
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -715,13 +722,13 @@ def gguf_weights(path: Path, cfg: dict, head_rows: torch.Tensor | None = None,
     def matrix(name: str) -> RawMatrix:
         """The whole tensor as a view of the mapped file, in a format of the runtime."""
         t = tensor(name)
-        fmt = by_type.get(t.type_id)
+        fmt = FORMATS.get(t.format)
         if fmt is None or len(t.shape) != 2:
             raise ModelError(f"{path}: tensor {name} is {t.type_name}; the compiled runtime reads "
-                             f"{', '.join(f.upper() for f in FORMATS)} (try --backend native, which dequantizes)")
+                             f"{', '.join(f.label for f in FORMATS)} (try --backend native, which dequantizes)")
         cols, rows = t.shape
         data = np.frombuffer(buf, dtype=np.uint8, count=t.nbytes, offset=t.offset).reshape(rows, fmt.row_bytes(cols))
-        return RawMatrix(fmt.name, data.view(np.float32) if fmt.name == "f32" else data, rows, cols)
+        return RawMatrix(fmt.fmt, data.view(np.float32) if fmt.fmt == WeightFormat.F32 else data, rows, cols)
 
     def raw(name: str, heads: int | None = None, rows_wanted: torch.Tensor | None = None) -> Linear:
         out = raw_source(name, heads, rows_wanted)
@@ -744,12 +751,9 @@ def gguf_weights(path: Path, cfg: dict, head_rows: torch.Tensor | None = None,
 
     def vec(name: str) -> torch.Tensor:
         t = tensor(name)
-        if t.type_id != 0:
+        if t.format != WeightFormat.F32:
             raise ModelError(f"{path}: tensor {name} is {t.type_name}: expected F32")
         return torch.from_numpy(np.frombuffer(buf, dtype=np.float32, count=t.nbytes // 4, offset=t.offset).copy())
-
-    def parts(*linears: Linear) -> list[RawMatrix]:
-        return [p for w in linears for p in (w if isinstance(w, list) else [w])]
 
     layers = []
     for i in range(args.n_layers):
@@ -771,11 +775,21 @@ def gguf_weights(path: Path, cfg: dict, head_rows: torch.Tensor | None = None,
     if head_rows is not None:
         head_rows = check_head_rows(head_rows, tensor("token_embd.weight" if tied else "output.weight").shape[1])
     head = raw("token_embd.weight" if tied else "output.weight", rows_wanted=head_rows)
-    formats = sorted({m.fmt for layer in layers for m in parts(layer["wqkv"], layer["wo"], layer["w13"], layer["w2"])})
     weights = {"layers": layers, "norm": vec("output_norm.weight"), "head": head, "embed": None}
     if not tied or head_rows is not None:  # the input embedding stays in the mapped file: one row per token
         weights["embed_ref"] = matrix("token_embd.weight")
-    return weights, "+".join(formats)
+    return weights
+
+
+def parts(*linears: Linear) -> list[RawMatrix]:
+    """The matrices of linears, row blocks flattened."""
+    return [p for w in linears for p in (w if isinstance(w, list) else [w])]
+
+
+def layer_formats(weights: dict) -> tuple[WeightFormat, ...]:
+    """The distinct formats of the layers' matrices (QKV, output, gate/up, down), sorted."""
+    return tuple(sorted({m.fmt for layer in weights["layers"]
+                         for m in parts(layer["wqkv"], layer["wo"], layer["w13"], layer["w2"])}))
 
 
 def supports(cfg: dict) -> bool:

@@ -82,20 +82,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from verispec.models.formats import WeightFormat
+
 QK_K = 256
 
+W = WeightFormat
 # fmt -> (weights per block, bytes per block); equal to gguf.GGML_QUANT_SIZES for these types.
-FORMATS: dict[str, tuple[int, int]] = {
-    "q4_0": (32, 18),
-    "q4_1": (32, 20),
-    "q5_0": (32, 22),
-    "q8_0": (32, 34),
-    "q4_k": (QK_K, 144),
-    "q5_k": (QK_K, 176),
-    "q6_k": (QK_K, 210),
+FORMATS: dict[WeightFormat, tuple[int, int]] = {
+    W.Q4_0: (32, 18),
+    W.Q4_1: (32, 20),
+    W.Q5_0: (32, 22),
+    W.Q8_0: (32, 34),
+    W.Q4_K: (QK_K, 144),
+    W.Q5_K: (QK_K, 176),
+    W.Q6_K: (QK_K, 210),
 }
 
-_GGUF_DELEGATED = ("q4_0", "q4_1", "q5_0", "q8_0")
+_GGUF_DELEGATED = (W.Q4_0, W.Q4_1, W.Q5_0, W.Q8_0)
+del W
 
 # A scale code is rounded up unless the exact ratio is within this of the integer below (see the
 # module docstring): keeps data inside the grid while letting an already exact scale (e.g. a
@@ -105,16 +109,16 @@ _ROUND_UP_SLACK = 0.05
 _CHUNK_BLOCKS = 1 << 14  # super-blocks per vectorized step (4M weights, ~32 MB float64 temporaries)
 
 
-def quantize(x: np.ndarray, fmt: str) -> np.ndarray:
+def quantize(x: np.ndarray, fmt: WeightFormat | str) -> np.ndarray:
     """Quantize float32 ``x`` [rows, cols] to ggml format ``fmt`` (a key of ``FORMATS``).
 
     Returns uint8 [rows, cols // block * block_bytes]: each row's blocks, in order, in ggml's
     byte layout. Raises ValueError for an unknown format, a non-2-D input, cols not a multiple
     of the block size, non-finite values, or K-format super-block scales beyond fp16's range.
     """
-    key = fmt.lower() if isinstance(fmt, str) else fmt
-    if key not in FORMATS:
+    if not isinstance(fmt, str) or fmt.lower() not in FORMATS:
         raise ValueError(f"unknown GGML format {fmt!r}; expected one of {sorted(FORMATS)}")
+    key = WeightFormat(fmt.lower())
     block, nbytes = FORMATS[key]
     x = np.asarray(x, dtype=np.float32)
     if x.ndim != 2:
@@ -130,12 +134,11 @@ def quantize(x: np.ndarray, fmt: str) -> np.ndarray:
         return np.zeros(out_shape, dtype=np.uint8)
 
     if key in _GGUF_DELEGATED:
-        from gguf import GGMLQuantizationType
         from gguf.quants import quantize as gguf_quantize
 
-        return gguf_quantize(np.ascontiguousarray(x), GGMLQuantizationType[key.upper()])
+        return gguf_quantize(np.ascontiguousarray(x), key.gguf_type)
 
-    encode = {"q4_k": _q4_k_blocks, "q5_k": _q5_k_blocks, "q6_k": _q6_k_blocks}[key]
+    encode = {WeightFormat.Q4_K: _q4_k_blocks, WeightFormat.Q5_K: _q5_k_blocks, WeightFormat.Q6_K: _q6_k_blocks}[key]
     blocks = x.reshape(-1, QK_K)
     out = np.empty((blocks.shape[0], nbytes), dtype=np.uint8)
     for start in range(0, blocks.shape[0], _CHUNK_BLOCKS):

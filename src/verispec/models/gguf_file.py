@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from verispec.models.base import ModelError
+from verispec.models.formats import WeightFormat
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -53,7 +54,15 @@ class GGUFTensor:
     nbytes: int
 
     @property
+    def format(self) -> WeightFormat | None:
+        """Its weight format; None for a ggml type verispec does not name (the IQ formats, ...)."""
+        return WeightFormat.from_ggml_type(self.type_id)
+
+    @property
     def type_name(self) -> str:
+        """ggml's name of its type: Q4_K, F32, IQ2_XS."""
+        if self.format is not None:
+            return self.format.label
         from gguf import GGMLQuantizationType
 
         return GGMLQuantizationType(self.type_id).name

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from .base import BackendCaps, CausalLM, Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers, model_bytes
+from .formats import WeightFormat
 
 
 def load_pretrained(path: str | Path, **kwargs) -> AutoModelForCausalLM:
@@ -69,7 +70,7 @@ class HFCausalLM(CausalLM):
     others). Loaded from a local directory; float32 or bfloat16."""
 
     description = "hf"
-    quant = "none"  # transformers runs the checkpoint's weights unquantized
+    formats = (WeightFormat.NONE,)  # transformers runs the checkpoint's weights unquantized
 
     def __init__(self, model: torch.nn.Module, name: str):
         self.model = model.eval()

@@ -14,6 +14,7 @@ import torch
 
 from .base import CausalLM, ModelError
 from .catalog import DEFAULT_MODEL
+from .formats import PYTORCH_FORMATS, WeightFormat
 from .loading import ModelSource, default_quant, materialize, resolve_model
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -28,7 +29,9 @@ class LoadedModel:
     source: ModelSource  # what was loaded: an HF dir, a GGUF file, a llama2.c checkpoint
     has_chat_template: bool
     backend_kind: str
-    quant: str = "none"  # weight format of the native backend (none, int8, int4)
+    # the PyTorch runtime's format closest to its weights (none, int8, int4): what a draft of it
+    # on another backend runs as
+    quant: WeightFormat = WeightFormat.NONE
 
     @cached_property
     def hf_dir(self) -> Path:
@@ -44,8 +47,18 @@ def _dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-QUANTS = ("auto", "none", "int8", "int4")
+QUANTS = ("auto", *PYTORCH_FORMATS)  # what --quant takes
 BACKENDS = ("auto", "cpu", "native", "hf")
+
+
+def parse_quant(quant: WeightFormat | str) -> WeightFormat | str:
+    """A ``--quant`` value: ``"auto"`` (the checkpoint's own precision) or one of PYTORCH_FORMATS."""
+    if quant == "auto":
+        return "auto"
+    try:
+        return WeightFormat.parse(quant, PYTORCH_FORMATS)
+    except ValueError:
+        raise ValueError(f"unknown quant {quant!r}; use {', '.join(QUANTS)}") from None
 
 
 def choose_backend(cfg: dict | None, dtype: torch.dtype, device: str, gguf: bool = False) -> str:
@@ -80,12 +93,8 @@ def _hf_config(hf_dir: Path) -> dict | None:
         return None
 
 
-# native quant name -> the compiled runtime's weight format (quantized at load from the HF dir)
-_CPU_QUANT = {"none": "f32", "int8": "q8_0", "int4": "q4_1"}
-
-
 def _load_backend(hf_dir: Path, name: str, dtype: torch.dtype, backend: str, device: str,
-                  num_layers: int | None = None, quant: str = "none",
+                  num_layers: int | None = None, quant: WeightFormat | str = WeightFormat.NONE,
                   head_rows: torch.Tensor | None = None, gguf: Path | None = None) -> tuple[CausalLM, str]:
     """``auto``: the compiled CPU runtime for Llama-family models on CPU, else the native
     PyTorch runtime, transformers for the rest. ``head_rows`` (cpu and native): a reduced
@@ -103,8 +112,9 @@ def _load_backend(hf_dir: Path, name: str, dtype: torch.dtype, backend: str, dev
         if dtype != torch.float32:
             raise ValueError("backend cpu computes in float32 (quantized weights, int8 activations); drop --dtype")
         if quant == "auto" and gguf is None:
-            quant = "none"
-        return CpuLlama.from_hf_dir(hf_dir, quant=_CPU_QUANT.get(quant, quant), num_layers=num_layers,
+            quant = WeightFormat.NONE
+        return CpuLlama.from_hf_dir(hf_dir, quant=WeightFormat.F32 if quant == "auto" else quant.compiled,
+                                    num_layers=num_layers,
                                     gguf=gguf if quant == "auto" else None, head_rows=head_rows), "cpu"
     if backend == "native":
         from .native import NativeLlama
@@ -112,8 +122,8 @@ def _load_backend(hf_dir: Path, name: str, dtype: torch.dtype, backend: str, dev
         kw = {"num_layers": num_layers} if num_layers else {}
         return NativeLlama.from_hf_dir(hf_dir, dtype=dtype, device=device, quant=quant, head_rows=head_rows,
                                        **kw), "native"
-    if quant != "none":
-        raise ValueError(f"quant={quant!r} needs the native backend (transformers runs unquantized weights)")
+    if quant != WeightFormat.NONE:
+        raise ValueError(f"quant={quant!s} needs the native backend (transformers runs unquantized weights)")
     from .hf import HFCausalLM
 
     if num_layers:
@@ -125,7 +135,7 @@ def _load_backend(hf_dir: Path, name: str, dtype: torch.dtype, backend: str, dev
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32",
-               backend: str = "auto", device: str = "cpu", quant: str = "auto") -> LoadedModel:
+               backend: str = "auto", device: str = "cpu", quant: WeightFormat | str = "auto") -> LoadedModel:
     """Resolve a catalog name or path and load a backend.
 
     ``backend="auto"`` runs Llama-family models on CPU on the compiled runtime (``cpu``:
@@ -135,8 +145,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32",
     ``dtype`` is the activation dtype (and the weights' when unquantized; ``cpu`` is float32).
     A GGUF loads directly (config, tokenizer, chat template and weights from the file); only
     ``backend="hf"`` converts it to a float32 transformers directory (once, cached)."""
-    if quant not in QUANTS:
-        raise ValueError(f"unknown quant {quant!r}; use {', '.join(QUANTS)}")
+    quant = parse_quant(quant)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
     source = resolve_model(name_or_path)
@@ -151,18 +160,19 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32",
     if quant == "auto" and backend == "native":
         quant = default_quant(source)
     elif quant == "auto" and backend == "hf":
-        quant = "none"
+        quant = WeightFormat.NONE
     model, kind = _load_backend(hf_dir, source.name, _dtype(dtype), backend, device, quant=quant, gguf=gguf)
     if kind == "cpu" and quant == "auto":  # a draft on another backend keeps the checkpoint's precision
         quant = default_quant(source)
     tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
-    chat = bool(getattr(tokenizer, "chat_template", None))
+    chat = bool(tokenizer.chat_template)
     loaded = LoadedModel(source.name, model, tokenizer, source, chat, kind, quant)
     loaded.__dict__["hf_dir"] = hf_dir  # already there: the property need not look again
     return loaded
 
 
-def _load_gguf(source: ModelSource, dtype: torch.dtype, backend: str, device: str, quant: str) -> LoadedModel:
+def _load_gguf(source: ModelSource, dtype: torch.dtype, backend: str, device: str,
+               quant: WeightFormat | str) -> LoadedModel:
     """A GGUF straight from the file: nothing float32 is written. ``cpu`` reads the file's own
     blocks; ``native`` dequantizes them in memory (and says so)."""
     from .loading import load_gguf_tokenizer, open_gguf, prune_stale_entries
@@ -182,8 +192,8 @@ _DEQUANT_WARNED: set[Path] = set()
 
 
 def _gguf_backend(source: ModelSource, info, cfg: dict, name: str, dtype: torch.dtype, backend: str, device: str,
-                  num_layers: int | None = None, quant: str = "auto",
-                  head_rows: torch.Tensor | None = None, requant: str | None = None) -> CausalLM:
+                  num_layers: int | None = None, quant: WeightFormat | str = "auto",
+                  head_rows: torch.Tensor | None = None, requant: WeightFormat | None = None) -> CausalLM:
     """A GGUF on the ``cpu`` or ``native`` runtime (``num_layers``: the first layers only;
     ``requant``: matrices re-encoded at load, ``models.cpu.requantize``)."""
     from .loading import gguf_state_dict
@@ -200,11 +210,11 @@ def _gguf_backend(source: ModelSource, info, cfg: dict, name: str, dtype: torch.
         if dtype != torch.float32:
             raise ValueError("backend cpu computes in float32 (quantized weights, int8 activations); drop --dtype")
         if quant == "auto":  # the file's own blocks (head_rows: only those LM-head rows)
-            weights, fmt = gguf_weights(source.path, cfg, head_rows=head_rows, requant=requant)
-            model = CpuLlama.from_weights(cfg, weights, None, name=name, quant=fmt, head_rows=head_rows)
+            weights = gguf_weights(source.path, cfg, head_rows=head_rows, requant=requant)
+            model = CpuLlama.from_weights(cfg, weights, None, name=name, head_rows=head_rows)
             model.gguf_path = source.path
             return model
-        fmt = _CPU_QUANT.get(quant, "q8_0" if quant == "auto" else quant)
+        fmt = quant.compiled
         _say_dequantized(source, info, f"the compiled runtime requantizes it to {fmt}")
         state = gguf_state_dict(info, cfg)
         return CpuLlama.from_state_dict(cfg, state, None, quant=fmt, name=name, head_rows=head_rows)
@@ -266,7 +276,7 @@ def distilled_draft_dir(target: LoadedModel, weights: str = "shipped") -> Path:
 
 
 def load_draft_model(target: LoadedModel, spec: str, vocab: int | None = None,
-                     requant: str | None = None) -> CausalLM:
+                     requant: WeightFormat | None = None) -> CausalLM:
     """``shipped`` = the distilled draft shipped for the target (``verispec.weights``);
     ``truncated:N`` = the target's first N layers with its norm and head (an untrained
     layer-skip draft); a draft weights directory (``verispec train draft`` output); anything
@@ -300,7 +310,7 @@ def load_draft_model(target: LoadedModel, spec: str, vocab: int | None = None,
         hf_dir = distilled_draft_dir(target, spec)
         kind = target.backend_kind
         rows = draft_vocab(weights) if kind in ("cpu", "native") else None  # transformers: the full head
-        quant = "q8_0" if kind == "cpu" else target.quant
+        quant = WeightFormat.Q8_0 if kind == "cpu" else target.quant
         return _load_backend(hf_dir, f"draft-{target.name}", info.dtype, kind, str(info.device),
                              quant=quant, head_rows=rows)[0]
     if vocab is not None or requant is not None:
@@ -322,7 +332,8 @@ def _check_same_tokenizer(target: LoadedModel, spec: str, tokenizer) -> None:
                          "(drafting across tokenizers is not supported): pick a draft of the same family")
 
 
-def _load_gguf_draft(target: LoadedModel, spec: str, vocab: int | None, requant: str | None) -> CausalLM:
+def _load_gguf_draft(target: LoadedModel, spec: str, vocab: int | None,
+                     requant: WeightFormat | None) -> CausalLM:
     """A GGUF draft on the compiled runtime with an FR-Spec head and/or requantized (load_draft_model)."""
     from ..weights import frequent_tokens
     from .loading import load_gguf_tokenizer, open_gguf

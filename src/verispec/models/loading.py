@@ -49,6 +49,7 @@ from verispec.models.gguf_file import (
     read_gguf,
 )
 from verispec.models.catalog import CATALOG, CatalogEntry, PackageFile, PackageParts
+from verispec.models.formats import WeightFormat
 
 if TYPE_CHECKING:  # transformers/tokenizers/gguf are imported inside functions: `verispec models` stays instant
     from transformers import LlamaConfig, PreTrainedTokenizerBase
@@ -697,19 +698,14 @@ def _convert_llama2c(source: ModelSource, out: Path) -> None:
 _GGUF_EXPECTED = EXPECTED
 
 
-# llama.cpp's ``general.file_type`` (enum llama_ftype) -> weight-only format of the native runtime
-_GGUF_FTYPE_QUANT = {0: "none", 1: "none", 32: "none",  # F32, F16, BF16
-                     7: "int8", 8: "int8", 9: "int8", 16: "int8", 17: "int8", 18: "int8",  # Q8_0, Q5_*, Q6_K
-                     2: "int4", 3: "int4", 10: "int4", 11: "int4", 12: "int4", 13: "int4", 14: "int4", 15: "int4"}
-
-
-def default_quant(source: ModelSource) -> str:
-    """The native runtime's weight format closest to the checkpoint's own precision: a 4-bit
+def default_quant(source: ModelSource) -> WeightFormat:
+    """The PyTorch runtime's weight format closest to the checkpoint's own precision: a 4-bit
     GGUF (Q4_0, Q4_1, Q4_K, ...) runs as int4 groups, a 5-8 bit one as int8, anything else
-    unquantized. Running a Q4 file in fp32 would read 8x the bytes per token for no gain."""
+    unquantized (``WeightFormat.pytorch`` of the file's main format)."""
     if source.kind != "gguf":
-        return "none"
-    return _GGUF_FTYPE_QUANT.get(int(read_gguf_metadata(source.path).get("general.file_type", 0)), "none")
+        return WeightFormat.NONE
+    file_type = read_gguf_metadata(source.path).get("general.file_type", 0)
+    return WeightFormat.from_file_type(file_type).pytorch
 
 
 def read_gguf_metadata(path: Path, arrays: frozenset[str] = frozenset()) -> dict[str, object]:

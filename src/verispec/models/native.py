@@ -82,13 +82,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
 from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
+from verispec.models.formats import PYTORCH_FORMATS, WeightFormat
 from verispec.models.invariance import BatchInvariance, RowProbe, invariant_attention, tail_layout
 from verispec.models.llama import LlamaArgs, apply_rope, read_safetensors, rms_norm, rope_tables, take
 from verispec.models.quant import QuantWeight, quant_linear, quantize_int4, quantize_int8
@@ -107,12 +107,15 @@ class NativeOptions:
     dtype: torch.dtype = torch.bfloat16  # weights + activations (quantized linears: activations)
     # weight-only quantization of the linears (models/quant.py): int8 per channel; int4 in
     # groups of 32 (Q4_1's layout) with an int8 lm_head. Products run with bf16 inputs.
-    quant: Literal["none", "int8", "int4"] = "none"
+    quant: WeightFormat = WeightFormat.NONE  # one of PYTORCH_FORMATS (a string names one: "int4")
     batch_invariant: bool = True
     max_rows: int = 64  # largest forward on the invariant path; larger ones are prefill
     min_rows: int | None = None  # invariant forwards are padded to at least this many token rows
     attn_min_rows: int | None = None  # invariant attention pads its query rows to at least this
     attn_chunk: int = 128  # key-chunk size of invariant attention
+
+    def __post_init__(self):
+        object.__setattr__(self, "quant", WeightFormat.parse(self.quant, PYTORCH_FORMATS))
 
 
 # ----------------------------------------------------------------------------- weights
@@ -147,14 +150,11 @@ def _layer_weights(state: dict, i: int, prep) -> LayerWeights:
 
 
 def _weight_preparer(opts: NativeOptions, device: torch.device):
-    if opts.quant not in ("none", "int8", "int4"):
-        raise ValueError(f"unknown quant {opts.quant!r}; use none, int8 or int4")
-
     def prep(t: torch.Tensor, linear: bool = False, head: bool = False) -> Weight:
         t = t.to(device=device, dtype=opts.dtype).contiguous()
-        if not linear or opts.quant == "none":
+        if not linear or opts.quant == WeightFormat.NONE:
             return t
-        return quantize_int4(t) if opts.quant == "int4" and not head else quantize_int8(t)
+        return quantize_int4(t) if opts.quant == WeightFormat.INT4 and not head else quantize_int8(t)
 
     return prep
 
@@ -352,8 +352,8 @@ class NativeLlama(PooledLM):
         return self.weight_bytes
 
     @property
-    def quant(self) -> str:
-        return self.options.quant
+    def formats(self) -> tuple[WeightFormat, ...]:
+        return (self.options.quant,)
 
     # ---- forward (new_cache, new_cache_pool and one-row forward come from PooledLM)
 

@@ -107,7 +107,7 @@ class ChatFormat:
     def from_tokenizer(tok) -> "ChatFormat":
         """From the tokenizer's chat template; without one, plain text: BOS, the prompt, the
         answer right after it (a base model's continuation), turns ended by EOS."""
-        if not getattr(tok, "chat_template", None):
+        if not tok.chat_template:
             bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
             return ChatFormat(bos, [], [], [], tok.eos_token_id)
         mark = "\x00MARK\x00"
@@ -410,10 +410,9 @@ def main_corpus(out: str | Path, model_name: str = "smollm2-135m-instruct", toke
     torch.set_num_threads(1)  # torch ops here are tiny; the runtime has its own threads
     loaded = load_model(model_name)
     backend = loaded.backend
-    if not hasattr(backend, "forward_batch"):
+    if not backend.caps.batched:
         raise ValueError(f"backend {loaded.backend_kind} has no batched forward; use the cpu or native backend")
-    if hasattr(backend, "set_threads"):
-        backend.set_threads(threads)
+    backend.set_threads(threads)
     specs = corpus_specs(read_gsm8k_questions(gsm8k), n_templated, n_magpie, seed=seed)
     return generate_corpus(backend, loaded.tokenizer, specs, out, CorpusConfig(batch=batch), target_tokens=tokens,
                            max_minutes=max_minutes, progress=progress)
