@@ -25,6 +25,7 @@ from verispec.models.base import ModelError
 from verispec.models.catalog import CATALOG, DEFAULT_MODEL, CatalogEntry, PackageFile
 from verispec.models.loading import (
     ModelSource,
+    hf_dir_tokenizer,
     list_models,
     materialize,
     read_llama2c_vocab,
@@ -53,6 +54,36 @@ def stories_tokenizer(stories_dir: Path):
 @pytest.fixture(scope="module")
 def stories_vocab() -> list[tuple[bytes, float]]:
     return read_llama2c_vocab(resolve_model("stories260k").tokenizer_path)
+
+
+def test_a_directory_verispec_wrote_loads_the_tokenizer_autotokenizer_would(stories_dir, stories_tokenizer, tmp_path):
+    """The plain fast tokenizer declared by the directories verispec writes loads directly
+    (no model-config import): the same class, vocab, special tokens and encodings as
+    AutoTokenizer's; a directory declaring another class still goes through AutoTokenizer."""
+    tok = hf_dir_tokenizer(stories_dir)
+    assert type(tok) is type(stories_tokenizer)
+    assert tok.get_vocab() == stories_tokenizer.get_vocab()
+    assert (tok.bos_token_id, tok.eos_token_id, tok.unk_token_id) == (
+        stories_tokenizer.bos_token_id, stories_tokenizer.eos_token_id, stories_tokenizer.unk_token_id)
+    for text in ("Once upon a time", "", "  Lily's dog\nran 3 miles!", "\u00e9\u4e2d"):
+        assert tok(text)["input_ids"] == stories_tokenizer(text)["input_ids"]
+        ids = stories_tokenizer(text)["input_ids"]
+        assert tok.decode(ids) == stories_tokenizer.decode(ids)
+    import transformers
+
+    asked = []
+    auto = transformers.AutoTokenizer.from_pretrained
+    other = tmp_path / "other"
+    shutil.copytree(stories_dir, other)
+    cfg = json.loads((other / "tokenizer_config.json").read_text())
+    (other / "tokenizer_config.json").write_text(json.dumps({**cfg, "tokenizer_class": "LlamaTokenizerFast"}))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path, **kw: asked.append(path) or auto(path))
+        hf_dir_tokenizer(stories_dir)
+        assert asked == []
+        text = "Once upon a time"
+        assert hf_dir_tokenizer(other)(text)["input_ids"] == stories_tokenizer(text)["input_ids"]
+        assert asked == [str(other)]
 
 
 def golden_text() -> str:

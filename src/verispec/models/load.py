@@ -15,7 +15,7 @@ import torch
 from .base import CausalLM, ModelError
 from .catalog import DEFAULT_MODEL
 from .formats import PYTORCH_FORMATS, WeightFormat
-from .loading import ModelSource, default_quant, materialize, resolve_model
+from .loading import ModelSource, default_quant, hf_dir_tokenizer, materialize, resolve_model
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 Prompt = str | list[dict[str, str]]
@@ -151,8 +151,6 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32",
     source = resolve_model(name_or_path)
     if source.kind == "gguf" and backend != "hf":
         return _load_gguf(source, _dtype(dtype), backend, device, quant)
-    from transformers import AutoTokenizer
-
     hf_dir = materialize(source)
     if backend == "auto":  # resolved once here: _load_backend then need not read the config again
         backend = choose_backend(_hf_config(hf_dir), _dtype(dtype), device)
@@ -164,7 +162,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32",
     model, kind = _load_backend(hf_dir, source.name, _dtype(dtype), backend, device, quant=quant, gguf=gguf)
     if kind == "cpu" and quant == "auto":  # a draft on another backend keeps the checkpoint's precision
         quant = default_quant(source)
-    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+    tokenizer = hf_dir_tokenizer(hf_dir)
     chat = bool(tokenizer.chat_template)
     loaded = LoadedModel(source.name, model, tokenizer, source, chat, kind, quant)
     loaded.__dict__["hf_dir"] = hf_dir  # already there: the property need not look again

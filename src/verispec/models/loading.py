@@ -863,9 +863,30 @@ def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
     """The tokenizer of any source: a GGUF's own (nothing converted), else the HF directory's."""
     if source.kind == "gguf":
         return load_gguf_tokenizer(read_gguf(source.path, tensors=False))
+    return hf_dir_tokenizer(materialize(source))
+
+
+# tokenizer classes that are transformers' plain fast tokenizer over tokenizer.json (v5 names it
+# TokenizersBackend): what the directories verispec writes declare
+_PLAIN_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def hf_dir_tokenizer(hf_dir: Path) -> PreTrainedTokenizerBase:
+    """An HF directory's tokenizer. One declaring the plain fast tokenizer (every directory
+    verispec writes: llama2.c models, converted GGUFs) loads as that class directly: the same
+    tokenizer AutoTokenizer builds, without its config look-up, which imports transformers'
+    model configurations (~1.5 s of every command's start). Any other goes through AutoTokenizer."""
+    try:
+        declared = json.loads((hf_dir / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        declared = None
+    if declared in _PLAIN_FAST and (hf_dir / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(hf_dir))
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(materialize(source)))
+    return AutoTokenizer.from_pretrained(str(hf_dir))
 
 
 def _transformers_config(cfg: dict):
