@@ -33,6 +33,9 @@ class LoadedModel:
     # on another backend runs as
     quant: WeightFormat = WeightFormat.NONE
 
+    def __post_init__(self):
+        object.__setattr__(self, "quant", WeightFormat.parse(self.quant, PYTORCH_FORMATS))
+
     @cached_property
     def hf_dir(self) -> Path:
         """A transformers directory of this model, for what needs one (``--backend hf``,
