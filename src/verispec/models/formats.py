@@ -73,7 +73,8 @@ class WeightFormat(enum.StrEnum):
 
     @property
     def bits(self) -> float:
-        """Bits per weight, block scales included (ggml's block sizes)."""
+        """Bits per weight, block scales included (ggml's block sizes; the PyTorch formats'
+        nominal: none 32, int8 8, int4 4.5)."""
         return _BITS[self]
 
     @property
