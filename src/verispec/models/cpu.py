@@ -677,7 +677,8 @@ def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: WeightF
     head = embed if tied else take(state, "lm_head.weight")
     if head_rows is not None:
         head, tied = head[check_head_rows(head_rows, len(head))], False
-    head_fmt = WeightFormat.F32 if quant == WeightFormat.F32 else WeightFormat.Q8_0  # a quantized model's head in Q8_0, as llama.cpp does
+    # a quantized model's head in Q8_0, as llama.cpp does
+    head_fmt = WeightFormat.F32 if quant == WeightFormat.F32 else WeightFormat.Q8_0
     return {"layers": layers, "norm": take(state, "model.norm.weight"), "head": quantize_matrix(head.float(), head_fmt),
             "embed": None if tied else quantize_matrix(embed.float(), head_fmt)}
 

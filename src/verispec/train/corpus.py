@@ -407,12 +407,12 @@ def main_corpus(out: str | Path, model_name: str = "smollm2-135m-instruct", toke
     if tokens < 1 or batch < 1 or threads < 1 or n_magpie < 0:
         raise ValueError("tokens, batch and threads must be >= 1 and magpie >= 0")
     gsm8k = gsm8k_file(gsm8k)
-    torch.set_num_threads(1)  # torch ops here are tiny; the runtime has its own threads
+    torch.set_num_threads(1)  # torch ops here are tiny; the compiled runtime has its own pool (set_threads below)
     loaded = load_model(model_name)
     backend = loaded.backend
     if not backend.caps.batched:
         raise ValueError(f"backend {loaded.backend_kind} has no batched forward; use the cpu or native backend")
-    backend.set_threads(threads)
+    backend.set_threads(threads)  # the compiled runtime's pool; a PyTorch backend's torch threads
     specs = corpus_specs(read_gsm8k_questions(gsm8k), n_templated, n_magpie, seed=seed)
     return generate_corpus(backend, loaded.tokenizer, specs, out, CorpusConfig(batch=batch), target_tokens=tokens,
                            max_minutes=max_minutes, progress=progress)
