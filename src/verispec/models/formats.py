@@ -82,7 +82,7 @@ class WeightFormat(enum.StrEnum):
         """What the PyTorch runtime runs weights of this format as, keeping their precision:
         float formats unquantized, at most 4.5 bits per weight int4, the rest int8. (Running a
         Q4 file in fp32 would stream 8x the bytes per token for no gain.)"""
-        if self in (WeightFormat.NONE, WeightFormat.INT8, WeightFormat.INT4):
+        if self in PYTORCH_FORMATS:
             return self
         if self in (WeightFormat.F32, WeightFormat.F16, WeightFormat.BF16):
             return WeightFormat.NONE
