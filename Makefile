@@ -16,9 +16,10 @@ install:
 demo: install
 	verispec demo
 
-# the default suite (pyproject's pytest options): tests/unit, tests/engine, the core of tests/real
+# the linter (pyproject's [tool.ruff]), then the default suite (pyproject's pytest options): tests/unit, tests/engine, the core of tests/real
 # (the compiled runtime's bitwise and greedy-equality checks on SmolLM2) and the docstring examples
 test: install
+	$(PYTHON) -m ruff check src tests scripts
 	$(PYTHON) -m pytest -q
 
 # the rest of tests/real: SmolLM2 on every runtime and drafter, the Qwen2.5-Coder pair (.ci/run, after make test)

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 import httpx
-import pytest
 import torch
 import uvicorn
 from typer.testing import CliRunner
@@ -25,7 +24,6 @@ from verispec.api import load_model
 from verispec.cli import app as cli_app
 from verispec.drafters.base import DraftContext, StatelessDrafter
 from verispec.server.app import ServerConfig, build_state, make_server
-from verispec.server.guard import Limits
 from verispec.tree import DraftTree
 
 MODEL = "stories260k"
@@ -121,23 +119,6 @@ KEY = "sk-test-key"
 # ChatML-like template on the stories tokenizer, whose added tokens <s> (1) and </s> (2) act as
 # the control tokens of the turns
 TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}<s>assistant\n"
-
-
-@pytest.fixture(scope="module")
-def chatml():
-    return with_chat_template(stories_native_model(), TEMPLATE)
-
-
-@pytest.fixture(scope="module")
-def guarded(chatml):
-    limits = Limits(max_body_bytes=32_768, header_timeout_s=0.5, body_timeout_s=0.5, api_key=KEY)
-    with running_server(chatml, max_queue=3, limits=limits) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def url(guarded) -> str:
-    return guarded[0]
 
 
 AUTH = {"authorization": f"Bearer {KEY}"}

@@ -31,9 +31,12 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from .api import SpecDecoder
-    from .models.load import LoadedModel, distilled_draft_dir, load_model
-    from .types import GenerationOutput, SamplingParams
+    from .api import SpecDecoder as SpecDecoder
+    from .models.load import LoadedModel as LoadedModel
+    from .models.load import distilled_draft_dir as distilled_draft_dir
+    from .models.load import load_model as load_model
+    from .types import GenerationOutput as GenerationOutput
+    from .types import SamplingParams as SamplingParams
 
 
 def __getattr__(name: str) -> Any:

@@ -297,9 +297,11 @@ def test_engine_runner_records_on_a_toy_target(toy_target):
     (["--data", "/nonexistent/q.jsonl"], "not found"),
     (["-m", "prompt-lookup:k"], "key=value"),
     (["--repeats", "0"], ">= 1"),
+    (["--model", "stories260k", "--limit", "1", "-m", "none:prefix_cache_mb=x"], "must be a number"),
+    (["--model", "stories260k", "--limit", "1", "-m", "prompt-lookup:k=two"], "must be an integer"),
 ])
-def test_bad_input_is_one_line_and_exit_2(args, message):
-    result = CliRunner().invoke(app, ["bench", *args])
+def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
+    result = CliRunner().invoke(app, ["bench", "--output-dir", str(tmp_path / "out"), *args])
     assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
 
@@ -323,12 +325,12 @@ def test_transformers_peers_match_our_baseline_on_a_toy_target(toy_target):
 
 
 def test_presets_yield_to_explicit_options():
-    from verispec.bench.command import QUICK, _resolve
+    from verispec.bench.command import QUICK, resolve_preset
 
-    assert _resolve(True, [], None, [], None, None) == QUICK
-    p = _resolve(True, ["qa"], 3, ["draft"], 16, 2)
+    assert resolve_preset(True, [], None, [], None, None) == QUICK
+    p = resolve_preset(True, ["qa"], 3, ["draft"], 16, 2)
     assert (p.categories, p.limit, p.methods, p.max_new_tokens, p.warmup) == (("qa",), 3, ("draft",), 16, 2)
-    assert _resolve(False, [], 0, [], None, None).limit == 0  # 0 = all prompts
+    assert resolve_preset(False, [], 0, [], None, None).limit == 0  # 0 = all prompts
 
 
 def test_peers_that_cannot_run_are_skipped_with_a_notice(tmp_path):

@@ -21,7 +21,6 @@ import pytest
 from transformers import AutoTokenizer
 
 from serving import AUTH, KEY, MODEL, TEMPLATE, assert_error, one_line_exit_2, post, runner, running_server
-from serving import chatml, guarded, url  # noqa: F401  (fixtures)
 from verispec.chat import content_spans, encode_chat
 from verispec.cli import app as cli_app
 from verispec.drafters.base import DraftContext, StatelessDrafter

@@ -19,11 +19,10 @@ import pytest
 import torch
 
 from serving import AUTH, KEY, MODEL, assert_error, one_line_exit_2, post, runner, running_server, stories_native_model
-from serving import chatml, guarded, url  # noqa: F401  (fixtures)
 from verispec import memory
-from verispec.api import _Detokenizer
 from verispec.chat import content_spans, encode_chat
 from verispec.cli import app as cli_app
+from verispec.detokenize import Detokenizer
 from verispec.drafters.eagle import EagleConfig, check_tree_options
 from verispec.logits_processing import adjust_logits
 from verispec.models.loading import load_tokenizer, resolve_model
@@ -269,7 +268,7 @@ def test_cli_tiny_top_p() -> None:
 
 
 def _detok_run(tok, ids: list[int], stop: tuple[str, ...], step: int = 1) -> tuple[str, bool]:
-    d, text = _Detokenizer(tok, stop), []
+    d, text = Detokenizer(tok, stop), []
     for i in range(0, len(ids), step):
         delta, _, stopped = d.push(ids[i:i + step], final=i + step >= len(ids))
         text.append(delta)

@@ -14,7 +14,7 @@ import torch
 
 from helpers import TemperedSelfDraft, assert_target_law, run, stories_eagle3
 from verispec.drafters import hybrid as hybrid_module
-from verispec.drafters.base import DraftContext, NoDrafter, hidden_request
+from verispec.drafters.base import DraftContext, NoDrafter, features_of
 from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
 from verispec.drafters.hybrid import HybridDrafter, fuse, truncate
@@ -175,7 +175,7 @@ def stories_plain(stories_native):
 def test_eagle3_learned_reads_its_layers_and_equals_plain(stories_native, stories_plain, mode):
     target = Recording(stories_native.backend)
     h = HybridDrafter(suffix(), stories_eagle3(stories_native), mode=mode, min_score=0.5)
-    assert hidden_request(h) == {"want_hidden": False, "hidden_layers": (0, 2, 4)}
+    assert features_of(h).forward_kwargs() == {"want_hidden": False, "hidden_layers": (0, 2, 4)}
     for prompt, want in zip(PROMPTS, stories_plain):
         assert run(target, h, prompt, GREEDY, k=6)[0] == want
     assert target.asked == {(False, (0, 2, 4))}  # the prefill and every step: the fused layers
@@ -186,7 +186,7 @@ def test_eagle3_left_out_asks_for_nothing(stories_native, stories_plain):
     target = Recording(stories_native.backend)
     h = HybridDrafter(suffix(), stories_eagle3(stories_native), min_score=0.5, cost=FLAT,
                       learned_cost={n: 50.0 for n in (1, 8)})
-    assert not h.learned_enabled and hidden_request(h) == {"want_hidden": False}
+    assert not h.learned_enabled and features_of(h).forward_kwargs() == {"want_hidden": False}
     for prompt, want in zip(PROMPTS, stories_plain):
         assert run(target, h, prompt, GREEDY, k=6)[0] == want
     assert target.asked == {(False, ())} and h.steps["learned"] == 0

@@ -18,8 +18,7 @@ import verispec
 import verispec.drafters
 from verispec.bench.peers import HFGenerateRunner, LlamaCppRunner
 from verispec.bench.runners import EngineRunner, Runner
-from verispec.drafters.base import (LAST_HIDDEN, NO_FEATURES, DeclaresFeatures, Drafter, Features, features_of,
-                                   hidden_request)
+from verispec.drafters.base import LAST_HIDDEN, NO_FEATURES, DeclaresFeatures, Drafter, Features, features_of
 from verispec.drafters.eagle_runner import CompiledHeadRunner, TorchHeadRunner
 from verispec.models import cpu
 from verispec.models.base import NOT_CLAIMED, BackendCaps, CausalLM
@@ -139,10 +138,30 @@ def test_features_of_reads_the_declaration_and_names_a_wrong_one():
         features = Features(layers=(1,))
 
     assert features_of(DeclaresFeatures()) == NO_FEATURES and features_of(Reader()) == Features(layers=(1,))
-    assert hidden_request(Reader()) == {"want_hidden": False, "hidden_layers": (1,)}
+    assert features_of(Reader()).forward_kwargs() == {"want_hidden": False, "hidden_layers": (1,)}
 
     class Old(DeclaresFeatures):
         features = True  # not a declaration of what is read
 
     with pytest.raises(TypeError, match="Old.features must be a Features"):
         features_of(Old())
+
+
+def _private_imports(source: str) -> list[str]:
+    """Names with a leading underscore that ``source`` imports from verispec (``from verispec.x
+    import _name``); dunders such as ``__version__`` are public."""
+    import ast
+
+    return [alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)
+            and (node.module or "").split(".")[0] == "verispec" for alias in node.names
+            if alias.name.startswith("_") and not alias.name.startswith("__")]
+
+
+def test_no_test_imports_a_private_name():
+    """Tests exercise the public surface: a private name may change without notice (issue 37)."""
+    tests = Path(__file__).resolve().parents[1]
+    found = [(p.relative_to(tests).as_posix(), name) for p in sorted(tests.rglob("*.py"))
+             for name in _private_imports(p.read_text(encoding="utf-8"))]
+    assert found == []
+    assert _private_imports("from verispec.api import _Detokenizer, SpecDecoder\nfrom verispec import __version__\n"
+                            "def f():\n    from verispec.models.cpu import _LIB\n") == ["_Detokenizer", "_LIB"]

@@ -295,7 +295,7 @@ def _run_loaded(o: BenchOptions, specs, params, prompts) -> tuple[dict, int]:
     return {"paths": paths, "summaries": summarize(records, BASELINE), "rows": rows}, bad
 
 
-def _resolve(quick: bool, categories: list[str], limit: Optional[int], methods: list[str],
+def resolve_preset(quick: bool, categories: list[str], limit: Optional[int], methods: list[str],
              max_new_tokens: Optional[int], warmup: Optional[int]) -> Preset:
     """Explicit options win over the preset (--quick or the defaults)."""
     p = QUICK if quick else DEFAULT
@@ -355,7 +355,7 @@ def bench(
     from ..models.base import ModelError
 
     hf_logging.set_verbosity_error()  # load reports of truncated drafts and deprecation chatter
-    p = _resolve(quick, category, limit, method, max_new_tokens, warmup)
+    p = resolve_preset(quick, category, limit, method, max_new_tokens, warmup)
     out = output_dir or Path("results") / time.strftime("bench-%Y%m%d-%H%M%S")
     opts = BenchOptions(data, p.categories, p.limit or None, p.methods, model, backend, dtype, temperature,
                         top_p, top_k, seed, p.max_new_tokens, num_draft_tokens, policy, repeats, p.warmup,

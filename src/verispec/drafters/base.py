@@ -105,11 +105,6 @@ def features_of(drafter: Drafter) -> Features:
     return declared
 
 
-def hidden_request(drafter: Drafter) -> dict:
-    """The target forward's keyword arguments for what ``drafter`` reads (``Features.forward_kwargs``)."""
-    return features_of(drafter).forward_kwargs()
-
-
 @runtime_checkable
 class Drafter(Protocol):
     name: ClassVar[str]

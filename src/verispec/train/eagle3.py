@@ -28,7 +28,7 @@ import torch
 from ..drafters.eagle import Eagle3Head, EagleConfig, EagleHead
 from .corpus import ROLE_ANSWER, Sequence, is_held_out, read_corpus
 from .features import Teacher
-from .loop import TrainConfig, TrainResult, train
+from .loop import TrainConfig, train
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@ validation acceptance). Nothing here duplicates the target's embedding or LM hea
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 ROOT = Path(__file__).parent
 
@@ -25,7 +29,7 @@ VOCAB_FREQ: dict[str, str] = {
 }
 
 
-def frequent_tokens(model: str, n: int, always: list[int]) -> "torch.Tensor":
+def frequent_tokens(model: str, n: int, always: list[int]) -> torch.Tensor:
     """The ``n`` most frequent token ids of ``model``'s vocabulary plus ``always`` (its
     control tokens), sorted: the rows of an FR-Spec draft head (Zhao et al. 2025). ValueError
     when no ranking is shipped for the model."""
