@@ -6,37 +6,76 @@ would become real ChatML control tokens and forge a system (or assistant) turn. 
 tokens (the tokenizer's added tokens) come from the template alone; inside a message's
 content they are tokenized as the plain characters they are (``split_special_tokens``).
 
-Content spans are found by rendering the template once with a sentinel per message; when the
-template rewrites contents (strip, truncation, ...) the spans are unknown, and a content that
-holds a control-token string is refused instead of guessed at.
+Content spans are found by rendering the template once more with a sentinel per message; when
+the template rewrites contents (strip, truncation, ...) the spans are unknown, and a content
+that holds a control-token string is refused instead of guessed at.
+
+Templates are rendered by ``chat_template`` (a worker process, under time, memory and size
+bounds: the template is the model file's code); a server renders (``render_chat``, a wait of
+up to its timeout) and tokenizes (``tokenize_chat``) on different threads.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
+from dataclasses import dataclass
 from typing import Any
+
+from .chat_template import DEFAULT_MAX_CHARS, ChatTemplate, ChatTooLong, RenderBounds, RenderWorker
+
+__all__ = ["ChatTooLong", "RenderedChat", "content_spans", "control_strings", "encode_chat", "max_text_chars",
+           "render_chat", "template_of", "tokenize_chat"]
 
 _SENTINEL = "\ue000{}\ue001"  # private-use characters: never in a template, never in tokenizers' specials
 
 
-class ChatTooLong(ValueError):
-    """The rendered chat is longer than the caller's character bound (nothing was tokenized)."""
+@dataclass(frozen=True)
+class RenderedChat:
+    """A chat through its template: ``text`` (generation prompt added) and each message's
+    content span in it (None when the template does not paste contents verbatim)."""
+
+    text: str
+    spans: list[tuple[int, int]] | None
 
 
-def encode_chat(tokenizer: Any, messages: list[dict[str, str]], max_chars: int | None = None) -> list[int]:
+def template_of(tokenizer: Any, bounds: RenderBounds = RenderBounds(),
+                worker: RenderWorker | None = None) -> ChatTemplate:
+    """The tokenizer's chat template compiled (``TemplateError`` in one line when it does not
+    compile; ValueError when there is none), with the special tokens it sees as variables
+    (as ``apply_chat_template`` passes them)."""
+    return ChatTemplate(tokenizer.get_chat_template(), tokenizer.special_tokens_map, bounds, worker)
+
+
+def encode_chat(tokenizer: Any, messages: list[dict[str, str]], max_chars: int | None = None,
+                template: ChatTemplate | None = None) -> list[int]:
     """Token ids of ``messages`` through the chat template (generation prompt added), with
     every message content literal. Without control-token strings in the contents the result
-    is exactly the template's usual tokenization.
+    is exactly the template's usual tokenization. ``render_chat`` then ``tokenize_chat``."""
+    return tokenize_chat(tokenizer, messages, render_chat(tokenizer, messages, max_chars, template))
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, str]], max_chars: int | None = None,
+                template: ChatTemplate | None = None) -> RenderedChat:
+    """Render ``messages`` (``template``, default: the tokenizer's, with default bounds), and
+    once more with a sentinel per content to find the contents' spans, in one bounded call.
+    ``max_chars``: refuse (``ChatTooLong``) a rendering longer than this (the template's own
+    text counts, not only the contents); the sentinel rendering may be longer by the sentinels."""
+    template = template or template_of(tokenizer)
+    bound = DEFAULT_MAX_CHARS if max_chars is None else max_chars
+    marked = [m | {"content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
+    extra = sum(len(_SENTINEL.format(i)) for i in range(len(messages)))
+    text, marked_text = template.render([(messages, bound), (marked, bound + extra)])
+    return RenderedChat(text, _spans(messages, marked_text, text))
+
+
+def tokenize_chat(tokenizer: Any, messages: list[dict[str, str]], rendered: RenderedChat) -> list[int]:
+    """Token ids of a rendered chat whose message contents stay literal: control tokens come
+    from the template's text alone (ValueError when that cannot be told apart).
 
     Linear in the rendered text: spans are found in one pass and each token is checked
-    against them by bisection. ``max_chars``: refuse (``ChatTooLong``) a rendering longer
-    than this before tokenizing it (the template's own text counts, not only the contents)."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    if max_chars is not None and len(text) > max_chars:
-        raise ChatTooLong(f"the chat renders to {len(text)} characters through the template, more than the "
-                          f"{max_chars} this context can hold")
+    against them by bisection."""
+    text, spans = rendered.text, rendered.spans
     control = control_strings(tokenizer)
-    spans = content_spans(tokenizer, messages, text)
     if spans is None:
         if any(s in m["content"] for m in messages for s in control):
             raise ValueError("a message contains a control token string (e.g. <|im_end|>) and this model's chat "
@@ -74,19 +113,29 @@ def content_spans(tokenizer: Any, messages: list[dict[str, str]], text: str) -> 
     ``"<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n"``: span ``[(17, 19)]``.
     """
     marked = [m | {"content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
-    template = tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+    extra = sum(len(_SENTINEL.format(i)) for i in range(len(messages)))
+    try:
+        [marked_text] = template_of(tokenizer).render([(marked, len(text) + extra)])
+    except ChatTooLong:  # longer than ``text`` with every content back: it cannot be ``text``
+        return None
+    return _spans(messages, marked_text, text)
+
+
+def _spans(messages: list[dict[str, str]], marked: str, text: str) -> list[tuple[int, int]] | None:
+    """Content spans in ``text`` from ``marked``, the same chat rendered with content i replaced
+    by sentinel i; None unless putting the contents back in ``marked`` gives ``text``."""
     spans, out, pos, length = [], [], 0, 0  # length: characters of "".join(out), kept as it grows
     for i, m in enumerate(messages):
-        k = template.find(_SENTINEL.format(i), pos)
+        k = marked.find(_SENTINEL.format(i), pos)
         if k < 0:
             return None
-        out.append(template[pos:k])
+        out.append(marked[pos:k])
         start = length + k - pos
         out.append(m["content"])
         length = start + len(m["content"])
         spans.append((start, length))
         pos = k + len(_SENTINEL.format(i))
-    out.append(template[pos:])
+    out.append(marked[pos:])
     return spans if "".join(out) == text else None
 
 

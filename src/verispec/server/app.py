@@ -17,6 +17,12 @@ stall other clients or /health. What one request may cost is bounded before its 
 (characters per prompt, messages per chat, the rendered chat's length), and its work goes to
 that thread in slices of one prompt each, so another request's tokenization waits at most one
 slice (a fraction of a second), never a whole request.
+
+The chat template is the model file's code: it is compiled at start-up (a broken one is a
+warning, and chat requests get its one-line error as a 400 while completions are served) and
+rendered in the server's own worker process (``chat_template.py``) under a time, memory and
+size bound. Waiting for a render happens on a render thread, not the tokenizer thread, so a
+runaway template delays only chat requests, by at most its timeout, and never shutdown.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ import secrets
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+import warnings
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,7 +46,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..api import LoadedModel, encode_prompt, load_model
-from ..chat import ChatTooLong, encode_chat, max_text_chars
+from ..chat import ChatTooLong, RenderedChat, max_text_chars, render_chat, template_of, tokenize_chat
+from ..chat_template import (DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, ChatTemplate, RenderBounds, RenderWorker,
+                             TemplateError)
 from ..drafters.base import Drafter
 from ..engine import Engine
 from ..engine.batch import BatchEngine, SpecSchedule
@@ -80,6 +89,8 @@ class ServerConfig:
     disable_spec_at: int = 0
     served_model_name: str | None = None
     prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB  # 0 = off (engine/prefix_cache.py)
+    chat_template_timeout_s: float = DEFAULT_TIMEOUT_S  # one chat's rendering through the template (400 after)
+    chat_template_memory_mb: int = DEFAULT_MEMORY_MB  # what that rendering may allocate (400 beyond)
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
@@ -87,6 +98,10 @@ class ServerConfig:
             raise ValueError("serve needs at least one drafter")
         if self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
+        self.template_bounds()  # checks them
+
+    def template_bounds(self) -> RenderBounds:
+        return RenderBounds(self.chat_template_timeout_s, self.chat_template_memory_mb)
 
 
 class ApiError(Exception):
@@ -109,15 +124,23 @@ class ServerState:
     max_prompt_chars: int  # longer text cannot fit the context: refused before tokenizing
     tokenizer_pool: ThreadPoolExecutor  # one thread: a HF fast tokenizer must not be shared across threads
     aliases: dict[str, str] = field(default_factory=dict)  # a drafter name requests may use -> its engine ("auto")
+    chat_template: ChatTemplate | None = None  # None: the model has none, or it does not compile (chat_error)
+    chat_error: str | None = None  # why a model with a chat template cannot chat
+    render_pool: ThreadPoolExecutor = field(  # one thread (started on first use): waits for chat renders
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="verispec-chat-render"))
 
     def start(self) -> None:
         """Start the engine thread (the app's lifespan, or a Ray replica, calls it)."""
         self.worker.start()
 
     def close(self) -> None:
-        """Stop the engine thread (failing what still runs) and the tokenizer thread."""
+        """Stop the engine thread (failing what still runs), the tokenizer and render threads and
+        the render process (a render in progress ends now)."""
         self.worker.stop()
         self.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+        self.render_pool.shutdown(wait=False, cancel_futures=True)
+        if self.chat_template is not None:
+            self.chat_template.worker.stop()
 
 
 def build_state(config: ServerConfig, model: LoadedModel | None = None,
@@ -139,8 +162,10 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
     config = replace(config, drafters=tuple(dict.fromkeys(aliases.get(n, n) for n in config.drafters)))
     for name, drafter in (extra_drafters or {}).items():
         engines[name] = Engine(target, drafter, config.num_draft_tokens, config.policy, prefix)
-    max_len = (fits_context(target, config.max_batch) if config.max_model_len == 0
+    drafters = [e.drafter for e in engines.values()]
+    max_len = (fits_context(target, config.max_batch, drafters) if config.max_model_len == 0
                else min(config.max_model_len, target.info.max_length))
+    reserve_drafters(target, engines, config.max_batch, max_len)
     batch = BatchEngine(target, engines, config.max_batch, max_len,
                         SpecSchedule(config.spec_schedule, config.token_budget, config.disable_spec_at,
                                      config.fixed_cost_rows))
@@ -148,18 +173,43 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
     metrics = ServerMetrics(name)
     worker = EngineWorker(batch, model.tokenizer, metrics, config.max_queue, replica)
     pool = ThreadPoolExecutor(1, thread_name_prefix="verispec-tokenize")
-    return ServerState(config, model, worker, metrics, name, max_len, int(time.time()),
-                       max_text_chars(model.tokenizer, max_len), pool, aliases)
+    state = ServerState(config, model, worker, metrics, name, max_len, int(time.time()),
+                        max_text_chars(model.tokenizer, max_len), pool, aliases)
+    if model.has_chat_template:
+        try:
+            state.chat_template = template_of(model.tokenizer, config.template_bounds(), RenderWorker())
+        except ValueError as e:  # TemplateError: a completion-only user of this model file is still served
+            state.chat_error = str(e)
+            warnings.warn(f"{e}; /v1/chat/completions will answer 400, /v1/completions is served", stacklevel=2)
+    return state
 
 
-def fits_context(target, max_batch: int, share: float = 0.6) -> int:
+def reserve_drafters(target, engines: dict[str, Engine], max_batch: int, max_len: int) -> None:
+    """Size the drafters' context-sized state (a draft model's K/V) to the server's context and
+    allocate it now, after checking that it fits beside the target's batch (one line if not):
+    sized by the draft's own context on its first request, it took memory nothing had counted,
+    and under a memory cap every drafted request failed while /health said ok."""
+    from ..engine.batch import batch_bytes, supports_batching
+    from ..memory import check_fits
+
+    drafts = sum(e.drafter.context_bytes(max_len, max_batch) for e in engines.values())
+    if drafts:  # the batch engine checks the target's rows alone
+        rows = batch_bytes(target, engines, max_batch, max_len) if supports_batching(target) else 0
+        check_fits(rows + drafts, f"a batch of {max_batch} requests x {max_len} tokens with its draft caches",
+                   "lower --max-batch or --max-model-len")
+    for engine in engines.values():
+        engine.drafter.reserve(max_len, max_batch)
+
+
+def fits_context(target, max_batch: int, drafters: Sequence[Drafter] = (), share: float = 0.6) -> int:
     """The longest context (a multiple of 64, at most the model's) whose K/V for ``max_batch``
-    requests takes at most ``share`` of the memory available now; at least 2048 (or the
-    model's context), which the batch engine then refuses in one line if it cannot hold."""
+    requests (the target's and the ``drafters``' draft caches) takes at most ``share`` of the
+    memory available now; at least 2048 (or the model's context), which the start-up then
+    refuses in one line if it cannot hold."""
     from ..memory import available_bytes, cache_pool_bytes
 
-    per_token = cache_pool_bytes(target, 1, 64) / 64
-    fit = int(available_bytes() * share / (max_batch * per_token)) // 64 * 64
+    per_token = (cache_pool_bytes(target, max_batch, 64) + sum(d.context_bytes(64, max_batch) for d in drafters)) / 64
+    fit = int(available_bytes() * share / per_token) // 64 * 64
     ctx = target.info.max_length
     return min(ctx, max(fit, 2048))
 
@@ -272,17 +322,28 @@ def check_chat_size(state: ServerState, messages: list[dict[str, str]]) -> None:
     check_prompt_sizes(state, ["".join(m["content"] for m in messages)], [], "messages")
 
 
-def encode_chat_prompt(state: ServerState, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of a chat (``api.encode_prompt``'s checks), refusing a rendering longer than
-    ``max_prompt_chars`` (the template's own text counts) before tokenizing it."""
+def render_chat_prompt(state: ServerState, messages: list[dict[str, str]]) -> RenderedChat:
+    """A chat through the model's template (``api.encode_prompt``'s checks), on the render
+    thread: refuses a rendering longer than ``max_prompt_chars`` (the template's own text
+    counts), or past the template's time or memory bound, in one line."""
     if any(not m["content"].strip() for m in messages):
         raise ApiError(400, "chat messages must be non-empty", "messages")
-    if not state.model.has_chat_template:
+    if state.chat_error is not None:
+        raise ApiError(400, state.chat_error, "messages", "chat_template_error")
+    if state.chat_template is None:
         raise ApiError(400, f"model {state.model.name} has no chat template; use /v1/completions", "messages")
     try:
-        return encode_chat(state.model.tokenizer, messages, max_chars=state.max_prompt_chars)
+        return render_chat(state.model.tokenizer, messages, state.max_prompt_chars, state.chat_template)
     except ChatTooLong as e:
         raise ApiError(400, str(e), "messages", "context_length_exceeded") from None
+    except TemplateError as e:
+        raise ApiError(400, str(e), "messages", "chat_template_error") from None
+
+
+def tokenize_chat_prompt(state: ServerState, messages: list[dict[str, str]], rendered: RenderedChat) -> list[int]:
+    """Token ids of a rendered chat, its message contents literal (on the tokenizer thread)."""
+    try:
+        return tokenize_chat(state.model.tokenizer, messages, rendered)
     except ValueError as e:
         raise ApiError(400, str(e), "messages") from None
 
@@ -565,7 +626,9 @@ async def handle_chat(state: ServerState, body: ChatCompletionRequest, request: 
                        f"{state.worker.max_queue}", "n", "too_many_prompts")
     messages = body.chat_messages()
     check_chat_size(state, messages)
-    prompt = await off_loop(state, encode_chat_prompt, state, messages)
+    loop = asyncio.get_running_loop()
+    rendered = await loop.run_in_executor(state.render_pool, render_chat_prompt, state, messages)  # the render thread
+    prompt = await off_loop(state, tokenize_chat_prompt, state, messages, rendered)
     budget = max_new_tokens(body.max_completion_tokens or body.max_tokens, state.config.default_max_tokens,
                             len(prompt), state.max_len, "messages")
     want_lp = (body.top_logprobs or 0) if body.logprobs else None
