@@ -388,7 +388,7 @@ class CpuLlama(PooledLM):
         try:
             self._set_all(weights)
         except BaseException:
-            lib.vs_model_free(self._h)
+            self._free()
             raise
 
     def _set_all(self, weights: dict) -> None:
@@ -440,11 +440,15 @@ class CpuLlama(PooledLM):
                 part.release()
             row += part.rows
 
-    def __del__(self):
-        h = getattr(self, "_h", None)
+    def _free(self) -> None:
+        """Free the runtime's model exactly once: the handle is cleared before it is freed, so a
+        load that failed (freed here at once) is not freed again when the object is collected."""
+        h, self._h = getattr(self, "_h", None), None
         if h is not None and _LIB is not None:
             _LIB.vs_model_free(h)
-            self._h = None
+
+    def __del__(self):
+        self._free()
 
     # ---- construction
 

@@ -1,0 +1,160 @@
+"""Hostile GGUF files (issue 32, classes 1-5): a model file is input. Each malformed file is
+refused with one line (``ModelError`` in the library, exit 2 on the command line) or loads
+and generates; never an abort, a traceback or an allocation the file does not need.
+
+The checks that could abort (a double free in the compiled runtime) run in ONE subprocess
+(this module run as a script: ``_drive``) under an address-space cap, fed jobs as JSON lines:
+a crash or a runaway allocation ends that process, which the test sees, and one process
+start serves every value of a test. The files are tiny qwen2 models (tests/gguf_fixtures.py)
+with one metadata value or one header field changed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gguf_fixtures import ARRAY, BOOL, FLOAT32, FLOAT64, INT32, STRING, UINT32, UINT64, patch, tiny_qwen2, write_gguf
+
+HEADROOM = 3 << 30  # address space the driver may add to what it has after its imports
+TESTS = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- files and the driver
+
+
+def mutated_gguf(path: Path, mutation: dict) -> Path:
+    """The tiny model with ``mutation`` applied: ``meta`` {key: [type, value] or None (delete)},
+    ``fields`` {header field label: value}, ``model`` keyword arguments of ``tiny_qwen2``."""
+    meta, tensors = tiny_qwen2(**mutation.get("model", {}))
+    for key, value in mutation.get("meta", {}).items():
+        if value is None:
+            meta.pop(key, None)
+        else:
+            meta[key] = (value[0], tuple(value[1]) if value[0] == ARRAY else value[1])
+    fields = write_gguf(path, meta, tensors)
+    for label, value in mutation.get("fields", {}).items():
+        patch(path, fields[label], value)
+    return path
+
+
+def _run_job(job: dict, runner, app) -> dict:
+    """One job: ``cli`` args through the command line (in-process), or a ``fuzz`` mutation
+    loaded through ``load_model`` and generating three greedy tokens."""
+    if "cli" in job:
+        r = runner.invoke(app, job["cli"])
+        return {"exit": r.exit_code, "output": r.output}
+    from verispec.api import SpecDecoder, load_model
+    from verispec.models.base import ModelError
+    from verispec.types import SamplingParams
+
+    path = mutated_gguf(Path(job["path"]), job["fuzz"])
+    try:
+        model = load_model(str(path))
+        out = SpecDecoder(model).generate("the", SamplingParams(max_new_tokens=3, temperature=0.0))
+        return {"outcome": "ok", "tokens": len(out.token_ids)}
+    except ModelError as err:
+        return {"outcome": "ModelError", "message": str(err)}
+    except Exception as err:  # noqa: BLE001 - the test reports any other type as a failure
+        return {"outcome": type(err).__name__, "message": str(err)[:300]}
+
+
+def _drive() -> None:
+    """The driver process: caps its address space, then runs the jobs read from stdin (one
+    JSON object a line), printing one JSON result a line as each finishes."""
+    import warnings
+
+    from typer.testing import CliRunner
+
+    from verispec.cli import app, one_line_warning
+
+    warnings.formatwarning = one_line_warning  # as verispec.cli.main
+    with open("/proc/self/statm") as f:
+        vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (vm + HEADROOM, resource.RLIM_INFINITY))
+    runner = CliRunner()
+    for line in sys.stdin:
+        job = json.loads(line)
+        print(json.dumps({"label": job["label"], **_run_job(job, runner, app)}), flush=True)
+
+
+def drive(jobs: list[dict], timeout: float = 120) -> list[dict]:
+    """Run ``jobs`` in one driver process; assert it ended cleanly (no abort, nothing on its
+    stderr such as glibc's 'double free') and answered every job."""
+    feed = "".join(json.dumps(j) + "\n" for j in jobs)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, __file__], input=feed, capture_output=True, text=True, timeout=timeout,
+                       env=env)
+    results = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    last = jobs[len(results)]["label"] if len(results) < len(jobs) else None
+    assert r.returncode == 0 and len(results) == len(jobs), (
+        f"driver exited {r.returncode} during {last!r}: {r.stderr[-2000:]}")
+    assert "double free" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    return results
+
+
+def assert_one_line_exit_2(result: dict, *words: str) -> str:
+    lines = [line for line in result["output"].strip().splitlines() if line.strip()]
+    assert result["exit"] == 2 and len(lines) == 1, result
+    assert "Traceback" not in result["output"] and "double free" not in result["output"], result
+    for word in words:
+        assert word in lines[0], (result["label"], lines[0])
+    return lines[0]
+
+
+def cli_checks(tmp_path: Path, cases: dict[str, dict], *extra: str) -> list[tuple[str, str]]:
+    """For each named mutation: ``verispec generate --model <file>`` (and, with ``extra``,
+    those arguments after it), all in one driver; -> (label, the one error line) each."""
+    jobs = []
+    for name, mutation in cases.items():
+        path = mutated_gguf(tmp_path / f"{name}.gguf", mutation)
+        jobs.append({"label": name, "cli": ["generate", "--model", str(path), "-n", "3", *extra, "the"]})
+    return [(r["label"], assert_one_line_exit_2(r)) for r in drive(jobs)]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))  # the driver inherits it
+
+
+# ----------------------------------------------------------------------------- 1. double free
+
+
+SHAPE_MISMATCHES = {
+    "key_length": {"meta": {"qwen2.attention.key_length": [UINT32, 64]}},
+    "vocab_size": {"meta": {"qwen2.vocab_size": [UINT32, 1_000_000]}},
+    "norm_dim_zero": {"fields": {"tensor blk.0.attn_norm.weight dim 0": 0}},
+    "norm_too_short": {"fields": {"tensor blk.1.ffn_norm.weight dim 0": 32}},
+    "head_count_kv": {"meta": {"qwen2.attention.head_count_kv": [UINT32, 4]}},
+}
+
+
+def test_shape_mismatch_is_one_line_not_a_double_free(tmp_path: Path) -> None:
+    """Tensors disagreeing with the metadata: `error:` then glibc's 'double free detected',
+    exit 134 (the runtime's model was freed on the error, then again when collected)."""
+    cli_checks(tmp_path, SHAPE_MISMATCHES)
+
+
+def test_draft_and_serve_shape_mismatch_one_line(tmp_path: Path) -> None:
+    """The same files as the draft model (``-o model=``) of a valid target, and at ``serve`` start-up."""
+    good = mutated_gguf(tmp_path / "good.gguf", {})
+    jobs = []
+    for name in ("key_length", "vocab_size", "norm_dim_zero"):
+        bad = str(mutated_gguf(tmp_path / f"{name}.gguf", SHAPE_MISMATCHES[name]))
+        jobs += [{"label": f"draft {name}", "cli": ["generate", "--model", str(good), "--drafter", "draft", "-o",
+                                                    f"model={bad}", "-n", "3", "the"]},
+                 {"label": f"serve {name}", "cli": ["serve", "--model", bad, "--port", "1"]}]
+    for result in drive(jobs):
+        assert_one_line_exit_2(result)
+
+
+if __name__ == "__main__":
+    _drive()
