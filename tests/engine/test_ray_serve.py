@@ -11,6 +11,7 @@ read Serve's status and kill a replica). The fault test runs last: it kills a re
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import socket
@@ -133,6 +134,100 @@ def _free_port() -> int:
 def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def test_a_loopback_host_warns_when_the_cluster_listens_elsewhere(monkeypatch, capsys) -> None:
+    """``--host`` on loopback joining a cluster whose nodes have network addresses: one line
+    naming them (verispec cannot move a cluster's ports); a loopback cluster, or a host that
+    listens everywhere anyway, says nothing."""
+    import ray
+
+    from verispec.server.ray_serve import is_loopback, warn_if_exposed
+
+    assert all(map(is_loopback, ("127.0.0.1", "127.8.9.1", "::1", "[::1]", "localhost", "::ffff:127.0.0.1")))
+    assert not any(map(is_loopback, ("0.0.0.0", "::", "10.0.0.5", "192.0.2.2", "example.com", "")))
+    for host, nodes, warned in [("127.0.0.1", ["10.0.0.5", "10.0.0.6"], ["10.0.0.5", "10.0.0.6"]),
+                                ("localhost", ["192.0.2.2"], ["192.0.2.2"]), ("::1", ["127.0.0.1", "10.1.2.3"], ["10.1.2.3"]),
+                                ("127.0.0.1", ["127.0.0.1"], []), ("0.0.0.0", ["10.0.0.5"], [])]:
+        monkeypatch.setattr(ray, "nodes", lambda nodes=nodes: [{"Alive": True, "NodeManagerAddress": ip} for ip in nodes])
+        warn_if_exposed(host, "10.0.0.5:6379")
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == (1 if warned else 0), err
+        assert all(ip in err for ip in warned) and ("docs/ray.md" in err) == bool(warned)
+
+
+def _listeners(root: int) -> list[tuple[str, int, str]]:
+    """(address, port, process name) of every TCP socket listening in ``root``'s process tree,
+    read from /proc: /proc/net/tcp{,6} maps socket inodes to addresses, /proc/PID/fd to pids."""
+    parent: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    tree, grown = {root}, True
+    while grown:
+        more = {pid for pid, ppid in parent.items() if ppid in tree} - tree
+        tree, grown = tree | more, bool(more)
+    owner: dict[str, int] = {}
+    for pid in tree:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    if link.startswith("socket:["):
+                        owner[link[8:-1]] = pid
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in owner:  # 0A: LISTEN
+                continue
+            hexaddr, hexport = fields[1].split(":")
+            raw = bytes.fromhex(hexaddr)  # 32-bit words in host (little-endian) order
+            ip = ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+            name = Path(f"/proc/{owner[fields[9]]}/comm").read_text().strip()
+            found.append((str(ip), int(hexport, 16), name))
+    return found
+
+
+def _wait_for_line(proc: subprocess.Popen, start: str, timeout: float) -> None:
+    seen: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith(start):
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    assert seen and seen[-1].startswith(start), "".join(seen)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_serve_ray_on_loopback_listens_on_loopback_only(host: str) -> None:
+    """A local Ray started for a loopback --host: GCS, raylet, workers, agents, the Serve
+    proxy and the replicas' gRPC servers all listen on loopback (Ray has no authentication:
+    a port on the network lets anyone join the cluster and run code); a request is answered."""
+    from verispec.server.ray_serve import is_loopback
+
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = _cli(*SERVER_ARGS, "--ray", "--host", host, "--port", str(port), env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(lambda: _up(url, proc), 240, "the Ray deployment did not come up")
+        _wait_for_line(proc, "verispec: serving", 120)  # then its SIGTERM handler is in place
+        listeners = _listeners(proc.pid)
+        assert any(p == port for _, p, _ in listeners) and len(listeners) > 5, listeners
+        assert [x for x in listeners if not is_loopback(x[0])] == []
+        r = _post(url, _greedy(PROMPTS[0], 8))
+        assert r.status_code == 200 and r.json()["choices"][0]["text"], r.text
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0 and "Traceback" not in out, out
 
 
 @pytest.fixture(scope="module")

@@ -25,10 +25,12 @@ replica when its queue is among the shortest. Everything else goes to the least-
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -113,6 +115,76 @@ class RayConfig:
         return self.autoscaling.get("min_replicas", 1) if self.autoscaling else self.replicas
 
 
+# ----------------------------------------------------------------------------- network exposure
+
+
+LOOPBACK_RAY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": a single-machine Ray whose node address is loopback
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost``, 127.0.0.0/8 or ::1 (an IPv4-mapped ``::ffff:127.x`` too)."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return host == "localhost"
+    return ip.is_loopback or bool(getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback)
+
+
+def loopback_ray() -> dict[str, Any]:
+    """``ray.init`` options for a local Ray instance that listens on loopback only.
+
+    Ray has no authentication: whoever reaches its ports joins the cluster and runs code.
+    Its core gRPC servers (GCS, raylet, object manager, every worker) listen on every
+    interface unless the node's address is exactly 127.0.0.1, and its agents (dashboard
+    agent, runtime-env agent, metrics export) bind the node's address. ``ray.init`` replaces
+    a loopback ``_node_ip_address`` with the machine's network address unless Ray runs as a
+    single-machine instance, which ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` declares (Ray's
+    default on macOS and Windows): set here for the processes Ray starts, which read it at
+    import, and in this process, which imported Ray already. The dashboard stays off; the
+    replicas' own gRPC servers are ``replica_grpc_on_loopback``'s."""
+    from ray._private import ray_constants
+
+    os.environ[LOOPBACK_RAY] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    return {"_node_ip_address": "127.0.0.1", "include_dashboard": False}
+
+
+def replica_grpc_on_loopback() -> None:
+    """In a Ray Serve replica on a loopback node, bind the replica's inter-deployment gRPC
+    server to 127.0.0.1 instead of ``[::]`` (Ray Serve 2.60 passes ``[::]:0``, every
+    interface, whatever the node's address, and has no setting for it). Called in the
+    replica's constructor, which Ray Serve runs before it starts that server; elsewhere
+    (a node with a network address) nothing changes."""
+    import ray
+    from ray.serve._private import replica
+
+    if not is_loopback(ray.util.get_node_ip_address()):
+        return
+    bind = getattr(replica, "add_port_to_grpc_server", None)
+    if bind is None:  # another Ray Serve: tests/engine/test_ray_loopback.py says what it binds
+        logger.warning("verispec: cannot move this Ray Serve replica's gRPC server to loopback")
+        return
+
+    def on_loopback(server: Any, address: str) -> int:
+        host, _, port = address.rpartition(":")
+        return bind(server, f"127.0.0.1:{port}" if host in ("[::]", "0.0.0.0") else address)
+
+    replica.add_port_to_grpc_server = on_loopback
+
+
+def warn_if_exposed(host: str, address: str) -> None:
+    """One line on stderr when a loopback ``--host`` joins a cluster whose nodes listen on
+    network addresses: verispec cannot move that cluster's ports (docs/ray.md)."""
+    import ray
+
+    exposed = sorted({n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")} - {""})
+    exposed = [ip for ip in exposed if not is_loopback(ip)]
+    if is_loopback(host) and exposed:
+        print(f"verispec: warning: --host {host} keeps only the HTTP endpoint on loopback; the Ray cluster at "
+              f"{address} listens unauthenticated on {', '.join(exposed)}: firewall its ports "
+              "(docs/ray.md, \"Network exposure\")", file=sys.stderr, flush=True)
+
+
 # ----------------------------------------------------------------------------- the engine replica
 
 
@@ -130,6 +202,7 @@ class EngineReplica:
     def __init__(self, config: ServerConfig):
         import torch
 
+        replica_grpc_on_loopback()
         torch.set_num_threads(replica_threads())  # before loading: the compiled runtime's pool takes it
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.state = build_state(config, replica=self.replica)
@@ -278,6 +351,7 @@ class Frontend:
     """The HTTP ingress: request guard, prefix keys, forwarding with retries (0 CPUs)."""
 
     def __init__(self, engine: Any, limits: Limits, retries: int = 1):
+        replica_grpc_on_loopback()
         self.engine = engine.options(stream=True)
         self.limits, self.retries = limits, retries
 
@@ -434,7 +508,9 @@ def serve_ray(config: RayConfig, host: str = "127.0.0.1", port: int = 8000,
               address: str | None = None) -> None:
     """Start (or join, with ``address`` / ``RAY_ADDRESS``) a Ray cluster, deploy, serve on
     ``host:port`` until SIGINT/SIGTERM, then remove the application. Bad configuration
-    raises ``ValueError`` (one line) before anything is deployed."""
+    raises ``ValueError`` (one line) before anything is deployed. A local Ray instance for a
+    loopback ``host`` listens on loopback only (``loopback_ray``); a cluster joined from a
+    loopback ``host`` gets a warning when its nodes listen on the network."""
     import ray
 
     from .app import bind_socket
@@ -447,13 +523,15 @@ def serve_ray(config: RayConfig, host: str = "127.0.0.1", port: int = 8000,
     no_usage_stats()
     if address:
         check_reachable(address)
+    local = {"num_cpus": local_cpus(), **(loopback_ray() if is_loopback(host) else {})}
     try:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False,
-                 **({} if address else {"num_cpus": local_cpus()}))
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False, **({} if address else local))
     except Exception as e:  # noqa: BLE001 - Ray's errors are many and long: one line
         raise ValueError(f"cannot {'join the Ray cluster at ' + address if address else 'start Ray'}: "
                          f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
     try:
+        if address:
+            warn_if_exposed(host, address)
         check_cpus(config, ray.cluster_resources().get("CPU", 0.0), "the Ray cluster")
         serve.start(http_options={"host": host, "port": port}, logging_config=QUIET)
         try:
