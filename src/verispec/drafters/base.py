@@ -125,6 +125,15 @@ class Drafter(Protocol):
 
     def memory_bytes(self) -> int: ...
 
+    def context_bytes(self, max_length: int, rows: int) -> int:
+        """Bytes of the per-request state that grows with the context (a draft model's K/V) for
+        ``rows`` requests of ``max_length`` tokens: what a server counts before it starts."""
+        ...
+
+    def reserve(self, max_length: int, rows: int) -> None:
+        """Size that state to a server's context and allocate it now, before any request."""
+        ...
+
     def reset(self) -> None:
         """Forget what was learned across requests (a benchmark's warm-up); most drafters learn nothing."""
         ...
@@ -137,10 +146,17 @@ class Drafter(Protocol):
 
 class DeclaresFeatures:
     """Base of the drafters: the ``Drafter`` declarations most of them make, reading no
-    ``features`` (``NO_FEATURES``), learning nothing across requests (``reset`` is a no-op)
-    and proposing for a batch request by request (``propose_batch``)."""
+    ``features`` (``NO_FEATURES``), keeping no state sized by the context (``context_bytes``
+    0), learning nothing across requests (``reset`` is a no-op) and proposing for a batch
+    request by request (``propose_batch``)."""
 
     features: Features = NO_FEATURES
+
+    def context_bytes(self, max_length: int, rows: int) -> int:
+        return 0  # no state sized by the context
+
+    def reserve(self, max_length: int, rows: int) -> None:
+        pass
 
     def reset(self) -> None:
         pass

@@ -11,7 +11,8 @@ from typing import ClassVar
 import torch
 
 from ..models.base import CausalLM, KVCache, model_bytes
-from ..models.cache_pool import PooledCache
+from ..memory import cache_pool_bytes
+from ..models.cache_pool import CachePool, PooledCache
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
 from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
@@ -93,7 +94,12 @@ class DraftModelDrafter(DeclaresFeatures):
     (``BackendCaps.batched``): their caches are rows of one pool (``pool_rows`` of them; later
     requests get caches of their own and draft alone), so each draft step is one forward for
     every request still drafting, reading the draft's weights once instead of once per
-    request. Each request's chain is the one ``propose`` would draft."""
+    request. Each request's chain is the one ``propose`` would draft.
+
+    Its caches hold the draft's whole context unless a server sizes them to its own
+    (``reserve``): a draft model's context (32,768 tokens for Qwen2.5's) far exceeds what a
+    server of ``--max-model-len`` 2048 can ever feed it, and its pool would otherwise be
+    reserved, uncounted, on the first request."""
 
     name: ClassVar[str] = "draft"
 
@@ -107,7 +113,8 @@ class DraftModelDrafter(DeclaresFeatures):
         self._states: RequestTable[_DraftState] = RequestTable()
         self._batched = model.caps.batched
         self._pool_rows = pool_rows
-        self._pool = None  # created by the first request (rows of K/V are allocated lazily)
+        self._pool = None  # created by reserve, else by the first request
+        self.max_length = model.info.max_length  # each cache's context: the draft's own, or a server's (reserve)
 
     def cost_signature(self) -> str:
         return repr((self.model.info, self.model.description))
@@ -117,11 +124,11 @@ class DraftModelDrafter(DeclaresFeatures):
         target's prefill (as llama.cpp's speculative decoding and vLLM do), not in the first
         proposal's step."""
         if self._batched and self._pool is None:
-            self._pool = self.model.new_cache_pool(self._pool_rows)
+            self._pool = self.model.new_cache_pool(self._pool_rows, self.max_length)
         if self._pool is not None and self._pool.in_use < self._pool.rows:
             state = _DraftState(cache=self._pool.acquire(), shared=True)
         else:
-            state = _DraftState(cache=self.model.new_cache())
+            state = _DraftState(cache=self.model.new_cache(self.max_length))
         self._states.add(request_id, state)
         if len(prompt_ids) > 1:  # the last prompt token is fed with the first proposal (its logits are wanted then)
             self._feed([state], [list(prompt_ids[:-1])])
@@ -133,6 +140,27 @@ class DraftModelDrafter(DeclaresFeatures):
 
     def observe(self, obs: Observation) -> None:
         pass  # the cache is re-synchronised lazily in propose()
+
+    @property
+    def pool(self) -> CachePool | None:
+        """The K/V pool of the requests drafted together (None until ``reserve`` or the first request)."""
+        return self._pool
+
+    def context_bytes(self, max_length: int, rows: int) -> int:
+        """The draft K/V of ``rows`` requests of ``max_length`` tokens (at most the draft's
+        context): the pool's rows and the caches of requests beyond them, measured on one row.
+        A backend without a pool grows each cache with its request (nothing to reserve)."""
+        return cache_pool_bytes(self.model, rows, min(max_length, self.model.info.max_length)) if self._batched else 0
+
+    def reserve(self, max_length: int, rows: int) -> None:
+        """Size every cache to a server's context (``max_length`` tokens, at most the draft's)
+        and allocate the pool now, with at most ``rows`` rows (the server's batch), so the
+        server counts it at start-up (``context_bytes``) instead of meeting it on a request."""
+        if self._states.values():
+            raise ValueError("reserve: requests are drafting")
+        self.max_length = min(max_length, self.model.info.max_length)
+        self._pool_rows = min(self._pool_rows, rows)
+        self._pool = self.model.new_cache_pool(self._pool_rows, self.max_length) if self._batched else None
 
     def memory_bytes(self) -> int:
         """The draft model's resident weights plus the K/V rows its open requests hold."""
@@ -176,7 +204,7 @@ class DraftModelDrafter(DeclaresFeatures):
         keep = min(common_prefix_length(state.fed, ctx.tokens), len(ctx.tokens) - 1)
         state.cache.truncate(keep)
         del state.fed[keep:]
-        return _Chain(ctx, min(ctx.budget, self.model.info.max_length - len(ctx.tokens)))
+        return _Chain(ctx, min(ctx.budget, self.max_length - len(ctx.tokens)))
 
     @staticmethod
     def _catch_up(state: _DraftState, ctx: DraftContext) -> list[int]:

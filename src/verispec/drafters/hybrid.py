@@ -181,6 +181,13 @@ class HybridDrafter(DeclaresFeatures):
     def memory_bytes(self) -> int:
         return sum(sub.memory_bytes() for sub in self._subs)
 
+    def context_bytes(self, max_length: int, rows: int) -> int:
+        return sum(sub.context_bytes(max_length, rows) for sub in self._subs)
+
+    def reserve(self, max_length: int, rows: int) -> None:
+        for sub in self._subs:
+            sub.reserve(max_length, rows)
+
     def observe(self, obs: Observation) -> None:
         state = self._requests.get(obs.request_id)
         if self.features.wanted and not state.prefilled:  # the prefill: a prompt chain
