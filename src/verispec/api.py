@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from .chat import encode_chat
+from .chat import encode_chat, max_text_chars
 from .detokenize import Detokenizer as _Detokenizer  # server.worker's too
 from .drafters.base import Drafter
 from .engine import Engine
@@ -44,7 +44,9 @@ def encode_prompt(model: LoadedModel, prompt: Prompt, chat: bool | None = None) 
             raise ValueError("chat messages must be non-empty")
         if not model.has_chat_template:
             raise ValueError(f"model {model.name} has no chat template; pass a plain prompt")
-        return encode_chat(tok, messages)  # message contents stay literal text (no forged turns)
+        # message contents stay literal text (no forged turns); a rendering longer than the context can hold is
+        # refused as soon as the template's output passes that bound
+        return encode_chat(tok, messages, max_text_chars(tok, model.backend.info.max_length))
     ids = tok(prompt, add_special_tokens=True)["input_ids"]
     bos = model.backend.info.bos_token_id
     if bos is not None and (not ids or ids[0] != bos) and not prompt:

@@ -164,6 +164,7 @@ def generate(
     from .registry import ALIASES, DRAFTERS, describe_method
 
     from .chat import max_text_chars
+    from .chat_template import TemplateError
 
     if drafter not in DRAFTERS and drafter not in ALIASES:
         fail(f"unknown drafter {drafter!r}; choose one of: {', '.join(DRAFTERS)}")
@@ -185,6 +186,8 @@ def generate(
             chunks.append(chunk)
             if stream and not as_json:
                 emit(chunk.delta, end="")
+    except TemplateError as e:  # the model file's chat template: the prompt can still be used as it is
+        fail(f"{e} (--no-chat skips the template)")
     except (ValueError, ModelError) as e:
         fail(str(e))
     out_text = "".join(c.delta for c in chunks)
@@ -464,6 +467,7 @@ def serve(
     max_body_bytes: Optional[int] = typer.Option(None, help="largest request body in bytes (default 2 MiB); larger get HTTP 413"),
     header_timeout: float = typer.Option(10.0, help="seconds a connection may take to send its request headers"),
     body_timeout: float = typer.Option(30.0, help="seconds a request body may take to arrive (HTTP 408 after)"),
+    chat_template_timeout: float = typer.Option(2.0, help="seconds the model's chat template may take to render one chat (HTTP 400 after; the render runs in a separate process)"),
     ray: bool = typer.Option(False, "--ray", help="serve engine replicas on Ray Serve: a local Ray instance, or the cluster RAY_ADDRESS names (docs/ray.md)"),
     replicas: int = typer.Option(1, help="--ray: engine replicas, each with --threads Ray CPUs (default 1) and as many threads"),
 ) -> None:
@@ -492,7 +496,8 @@ def serve(
                               default_max_tokens=default_max_tokens, spec_schedule=spec_schedule,
                               fixed_cost_rows=fixed_cost_rows, token_budget=token_budget,
                               disable_spec_at=disable_spec_at, served_model_name=served_model_name,
-                              prefix_cache_mb=prefix_cache_mb, limits=limits)
+                              prefix_cache_mb=prefix_cache_mb, chat_template_timeout_s=chat_template_timeout,
+                              limits=limits)
         if ray:
             _serve_ray(config, replicas, threads or 1, host, port)
         else:
