@@ -156,5 +156,103 @@ def test_draft_and_serve_shape_mismatch_one_line(tmp_path: Path) -> None:
         assert_one_line_exit_2(result)
 
 
+# ----------------------------------------------------------------------------- 2. tensor dims
+
+
+def refused(tmp_path: Path, mutation: dict, *words: str) -> str:
+    """``load_model`` of the mutated file raises one ModelError line containing ``words``."""
+    from verispec.api import load_model
+    from verispec.models.base import ModelError
+
+    with pytest.raises(ModelError) as err:
+        load_model(str(mutated_gguf(tmp_path / "bad.gguf", mutation)))
+    message = str(err.value)
+    assert "\n" not in message, message
+    for word in words:
+        assert word in message, message
+    return message
+
+
+@pytest.mark.parametrize("label, value", [("tensor blk.0.attn_norm.weight dim 0", 0),
+                                          ("tensor blk.0.attn_k.weight dim 1", 0),
+                                          ("tensor output.weight dim 0", 0),
+                                          ("tensor blk.1.ffn_down.weight dim 1", 1 << 62),
+                                          ("tensor blk.0.attn_q.weight dim 0", 1 << 61),
+                                          ("tensor token_embd.weight dim 1", (1 << 64) - 1),
+                                          ("tensor blk.0.attn_norm.weight n_dims", 0),
+                                          ("tensor blk.0.attn_v.bias n_dims", 5)])
+def test_tensor_dims_zero_huge_or_too_many(tmp_path: Path, label: str, value: int) -> None:
+    """A zero dim was a ZeroDivisionError; 2^62 an OverflowError or a product wrapping in int64
+    past the end-of-file check: now each a one-line refusal naming the tensor."""
+    refused(tmp_path, {"fields": {label: value}}, label.split()[1])
+
+
+@pytest.mark.parametrize("mutation, words", [
+    ({"meta": {"qwen2.attention.key_length": [UINT32, 64]}}, ("blk.0.attn_q.weight", "[64, 256]", "key_length")),
+    ({"meta": {"qwen2.vocab_size": [UINT32, 1_000_000]}}, ("token_embd.weight", "1000000", "qwen2.vocab_size")),
+    ({"meta": {"qwen2.feed_forward_length": [UINT32, 96]}}, ("blk.0.ffn_gate.weight", "feed_forward_length")),
+    ({"meta": {"qwen2.embedding_length": [UINT32, 128]}}, ("token_embd.weight", "embedding_length")),
+    ({"fields": {"tensor blk.1.ffn_norm.weight dim 0": 32}}, ("blk.1.ffn_norm.weight", "[32]", "[64]")),
+    ({"fields": {"tensor blk.1.attn_k.bias dim 0": 16}}, ("blk.1.attn_k.bias", "head_count_kv")),
+])
+def test_tensor_shape_checked_against_the_config(tmp_path: Path, mutation: dict, words: tuple[str, ...]) -> None:
+    """Shapes disagreeing with the metadata reached the compiled runtime (and a double free):
+    now refused at read time, naming the tensor, both shapes and the metadata behind them."""
+    refused(tmp_path, mutation, *words)
+
+
+def test_misaligned_tensor_offset_refused(tmp_path: Path) -> None:
+    for value in (4, 33):
+        refused(tmp_path, {"fields": {"tensor blk.0.attn_q.weight offset": value}}, "blk.0.attn_q.weight", "alignment")
+
+
+# ----------------------------------------------------------------------------- 3. head counts
+
+
+@pytest.mark.parametrize("heads, kv_heads, key_length, words", [
+    (7, 2, None, ("head_count = 7", "embedding_length = 64")),
+    (3, 3, None, ("head_count = 3",)),
+    (4, 3, None, ("head_count_kv = 3",)),
+    (4, 8, None, ("head_count_kv = 8",)),
+    (4, 2, 15, ("key_length = 15",)),
+    (2, 2, None, ("blk.0.attn_k.weight", "[64, 32]", "[64, 64]", "head_count_kv")),
+])
+def test_inconsistent_head_counts_refused(tmp_path: Path, heads: int, kv_heads: int, key_length: int | None,
+                                          words: tuple[str, ...]) -> None:
+    """head_count 7 with hidden 256 loaded: the compiled runtime refused the shape, loading fell
+    back to the PyTorch runtime, which raised on every forward (a server looked healthy)."""
+    meta = {"qwen2.attention.head_count": [UINT32, heads], "qwen2.attention.head_count_kv": [UINT32, kv_heads]}
+    if key_length is not None:
+        meta["qwen2.attention.key_length"] = [UINT32, key_length]
+    refused(tmp_path, {"meta": meta}, *words)
+
+
+def test_unsupported_shape_falls_back_and_says_so(tmp_path: Path) -> None:
+    """A valid model the compiled runtime cannot run (hidden 48 or FFN 80: not multiples of 32)
+    goes to the PyTorch runtime with one warning saying so; a runnable one to the compiled runtime."""
+    import torch
+
+    from verispec.api import choose_backend
+    from verispec.models.loading import open_gguf
+
+    for shape in ({"hidden": 48, "ffn": 96}, {"ffn": 80}):
+        cfg = open_gguf(mutated_gguf(tmp_path / "narrow.gguf", {"model": shape}))[1]
+        with pytest.warns(RuntimeWarning, match="compiled runtime does not run this model's shape"):
+            assert choose_backend(cfg, torch.float32, "cpu", gguf=True) == "native"
+    assert choose_backend(open_gguf(mutated_gguf(tmp_path / "ok.gguf", {}))[1], torch.float32, "cpu", gguf=True) == "cpu"
+
+
+# ----------------------------------------------------------------------------- 4. NaN-making metadata
+
+
+@pytest.mark.parametrize("key", ["qwen2.attention.layer_norm_rms_epsilon", "qwen2.rope.freq_base"])
+@pytest.mark.parametrize("value", [[FLOAT32, math.nan], [FLOAT32, -1.0], [FLOAT32, 0.0], [FLOAT32, math.inf],
+                                   [FLOAT64, 1e300], [FLOAT64, 1e-60], [STRING, "1e-6"], [BOOL, True]])
+def test_nan_making_metadata_refused(tmp_path: Path, key: str, value: list) -> None:
+    """rms_epsilon NaN or -1 and rope.freq_base 0 loaded, then sampling crashed or greedy gave
+    token 0 forever: each must be finite and positive (as float32, the runtimes' precision)."""
+    refused(tmp_path, {"meta": {key: value}}, key.removeprefix("qwen2."), "finite positive")
+
+
 if __name__ == "__main__":
     _drive()

@@ -797,14 +797,18 @@ def layer_formats(weights: dict) -> tuple[WeightFormat, ...]:
                          for m in parts(layer["wqkv"], layer["wo"], layer["w13"], layer["w2"])}))
 
 
+# what ``supports`` asks of a shape (csrc/runtime.cpp: vs_model_new), in words
+SHAPES = "hidden size, FFN size and heads x head size multiples of 32, at most 64 query heads per K/V head"
+
+
 def supports(cfg: dict) -> bool:
-    """Can the compiled runtime run this HF config? (Llama family, shapes in 32-blocks.)"""
+    """Can the compiled runtime run this HF config? (Llama family, ``SHAPES``.)"""
     try:
         a = LlamaArgs.from_hf_config(cfg)
     except (ModelError, KeyError, ValueError):
         return False
     return (cfg.get("model_type") in SUPPORTED_MODEL_TYPES and a.dim % 32 == 0 and a.intermediate_size % 32 == 0
-            and (a.n_heads * a.head_dim) % 32 == 0)
+            and (a.n_heads * a.head_dim) % 32 == 0 and a.n_heads % a.n_kv_heads == 0 and a.group <= 64)
 
 
 CpuLlama.pool_class = CpuCachePool

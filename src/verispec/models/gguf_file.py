@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import mmap
 import os
 import struct
@@ -41,6 +42,7 @@ _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 
 _STRING, _ARRAY = 8, 9
 EXPECTED = "a GGUF v2/v3 file (magic 'GGUF')"
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+_MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 TOKENIZER_ARRAYS = frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"})
 _TOKENIZER_VERSION = 1  # bump when the tokenizer built from a GGUF changes (invalidates the cache)
 
@@ -127,16 +129,26 @@ def _parse(path: Path, buf: mmap.mmap, size: int, arrays: frozenset[str], want_t
         for _ in range(n_tensors):
             name, offset = _string(buf, offset)
             (n_dims,) = struct.unpack_from("<I", buf, offset)
-            if n_dims > 8:
-                raise ValueError(f"tensor {name} has {n_dims} dimensions")
-            shape = struct.unpack_from(f"<{n_dims}Q", buf, offset + 4)
+            if not 1 <= n_dims <= _MAX_DIMS:
+                raise ModelError(f"{path}: tensor {name} has {n_dims} dimensions: expected 1 to {_MAX_DIMS}")
+            shape = tuple(int(d) for d in struct.unpack_from(f"<{n_dims}Q", buf, offset + 4))
+            if min(shape) < 1:
+                raise ModelError(f"{path}: tensor {name} has shape {list(shape)}: expected every dimension >= 1")
             type_id, rel = struct.unpack_from("<IQ", buf, offset + 4 + 8 * n_dims)
             offset += 4 + 8 * n_dims + 12
-            infos.append((name, tuple(int(d) for d in shape), type_id, rel))
-        align = int(meta.get("general.alignment", 32) or 32)
+            infos.append((name, shape, type_id, rel))
+        align = meta.get("general.alignment", 32)
+        if type(align) is not int or align < 1 or align & (align - 1):
+            raise ModelError(f"{path} has general.alignment = {align!r}: expected a power of two")
         data_start = -(-offset // align) * align
         for name, shape, type_id, rel in infos:
+            if rel % align:
+                raise ModelError(f"{path}: tensor {name} starts at data offset {rel}, not a multiple of the "
+                                 f"file's alignment {align}: expected a valid GGUF")
             nbytes = _tensor_nbytes(path, name, shape, type_id)
+            if nbytes > size:
+                raise ModelError(f"{path}: tensor {name} of shape {list(shape)} needs {nbytes:,} bytes, more than the "
+                                 f"whole file ({size:,} bytes): expected a valid GGUF")
             end = data_start + rel + nbytes
             if end > size:
                 raise ModelError(f"{path} is truncated: tensor {name} ends at byte {end:,} but the file has "
@@ -157,7 +169,7 @@ def _tensor_nbytes(path: Path, name: str, shape: tuple[int, ...], type_id: int) 
     if shape and shape[0] % block:
         raise ModelError(f"{path}: tensor {name} has rows of {shape[0]} values, not a multiple of "
                          f"{qtype.name}'s block of {block}: expected a valid GGUF")
-    return int(np.prod(shape, dtype=np.int64)) // block * type_size
+    return math.prod(shape) // block * type_size  # Python ints: a huge shape cannot wrap and pass the size check
 
 
 def _string(buf: mmap.mmap, offset: int) -> tuple[str, int]:
@@ -230,50 +242,85 @@ def check_architecture(info: GGUFInfo) -> str:
 def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
     """An HF-style config dict (``LlamaConfig`` / ``Qwen2Config`` fields) from llama.cpp's
     ``<arch>.*`` metadata; ``eos_token_id`` lists every end-of-generation token when
-    ``eos_ids`` is given (else the GGUF's EOS)."""
+    ``eos_ids`` is given (else the GGUF's EOS). Every size is a positive integer, the head
+    counts agree with each other and the hidden size, the norm epsilon and RoPE base are finite
+    and positive, and (with the tensor table) every weight has the shape they imply: a file
+    that disagrees is one ModelError here, before any weight is read or any runtime sees it."""
     arch = check_architecture(info)
     meta, path = info.meta, info.path
     key = lambda name: f"{arch}.{name}"  # noqa: E731
     if meta.get(key("rope.scaling.type"), "none") not in ("none", None) or "rope_freqs.weight" in info.tensors:
         raise ModelError(f"{path} uses RoPE scaling: expected plain RoPE (scaling is not supported yet)")
-    try:
-        hidden, heads = int(meta[key("embedding_length")]), int(meta[key("attention.head_count")])
-        head_dim = int(meta.get(key("attention.key_length"), hidden // heads))
-        if int(meta.get(key("rope.dimension_count"), head_dim)) != head_dim:
-            raise ModelError(f"{path} applies RoPE to part of each head: expected full-head RoPE")
-        vocab = meta.get(key("vocab_size")) or meta.get("tokenizer.ggml.tokens")
-        if not vocab and "token_embd.weight" in info.tensors:
-            vocab = info.tensors["token_embd.weight"].shape[1]
-        eos = meta.get("tokenizer.ggml.eos_token_id")
-        cfg = {
-            "model_type": arch,
-            "architectures": ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"],
-            "vocab_size": int(vocab),
-            "hidden_size": hidden,
-            "intermediate_size": int(meta[key("feed_forward_length")]),
-            "num_hidden_layers": int(meta[key("block_count")]),
-            "num_attention_heads": heads,
-            "num_key_value_heads": int(meta.get(key("attention.head_count_kv"), heads)),
-            "head_dim": head_dim,
-            "max_position_embeddings": int(meta[key("context_length")]),
-            "rms_norm_eps": _f32(meta[key("attention.layer_norm_rms_epsilon")]),
-            "rope_theta": _f32(meta.get(key("rope.freq_base"), 1000000.0 if arch == "qwen2" else 10000.0)),
-            "tie_word_embeddings": "output.weight" not in info.tensors,
-            "attention_bias": "blk.0.attn_q.bias" in info.tensors,
-            "hidden_act": "silu",
-            "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-            "eos_token_id": list(eos_ids) if eos_ids else eos,
-            "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
-            "torch_dtype": "float32",
-        }
-    except KeyError as err:
-        raise ModelError(f"{path} lacks metadata {err.args[0]!r}: expected a complete {arch} GGUF") from None
-    except (ZeroDivisionError, TypeError, ValueError) as err:
-        raise ModelError(f"{path} has invalid {arch} metadata ({_one_line(err)}): expected a complete {arch} GGUF") from None
-    for name in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "vocab_size",
-                 "intermediate_size", "max_position_embeddings"):
-        if not 0 < cfg[name] <= 1 << 24:
-            raise ModelError(f"{path} has {name} = {cfg[name]}: expected a positive size")
+
+    def invalid(what: str) -> ModelError:
+        return ModelError(f"{path} has invalid {arch} metadata: {what}")
+
+    def given(name: str, default: object) -> object:
+        """The value at ``<arch>.<name>``; ``default`` None: the key is required."""
+        if key(name) not in meta and default is None:
+            raise ModelError(f"{path} lacks metadata {key(name)!r}: expected a complete {arch} GGUF")
+        return meta.get(key(name), default)
+
+    def size(name: str, default: int | None = None) -> int:
+        value = given(name, default)
+        if type(value) is not int or not 0 < value <= _MAX_SIZE:  # bool, float, string, array: not a size
+            raise invalid(f"{name} = {_short(value)}: expected a positive integer up to {_MAX_SIZE:,}")
+        return value
+
+    def positive(name: str, default: float | None = None) -> float:
+        value = given(name, default)
+        with np.errstate(over="ignore"):  # beyond float32's range: inf, refused below
+            f32 = _f32(value) if type(value) in (int, float) else math.nan
+        if not (math.isfinite(f32) and f32 > 0):
+            raise invalid(f"{name} = {_short(value)}: expected a finite positive number")
+        return f32
+
+    hidden, heads = size("embedding_length"), size("attention.head_count")
+    kv_heads = size("attention.head_count_kv", heads)
+    if key("attention.key_length") not in meta and hidden % heads:
+        raise invalid(f"attention.head_count = {heads} does not divide embedding_length = {hidden}: "
+                      "expected heads of a whole number of values")
+    head_dim = size("attention.key_length", hidden // heads)
+    if heads % kv_heads:
+        raise invalid(f"attention.head_count = {heads} is not a multiple of attention.head_count_kv = {kv_heads}: "
+                      "expected query heads in whole groups per K/V head")
+    if head_dim % 2 or size("attention.value_length", head_dim) != head_dim:
+        raise invalid(f"attention.key_length = {head_dim}, value_length = {meta.get(key('attention.value_length'))}: "
+                      "expected an even key length equal to the value length")
+    if size("rope.dimension_count", head_dim) != head_dim:
+        raise ModelError(f"{path} applies RoPE to part of each head: expected full-head RoPE")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if key("vocab_size") in meta:
+        vocab = size("vocab_size")
+    elif isinstance(tokens, (list, int)) and not isinstance(tokens, bool) and tokens:
+        vocab = len(tokens) if isinstance(tokens, list) else tokens
+    elif "token_embd.weight" in info.tensors:
+        vocab = info.tensors["token_embd.weight"].shape[-1]
+    else:
+        raise ModelError(f"{path} has no vocabulary ({key('vocab_size')}, tokenizer.ggml.tokens): expected a "
+                         f"complete {arch} GGUF")
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    cfg = {
+        "model_type": arch,
+        "architectures": ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"],
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": size("feed_forward_length"),
+        "num_hidden_layers": size("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": size("context_length"),
+        "rms_norm_eps": positive("attention.layer_norm_rms_epsilon"),
+        "rope_theta": positive("rope.freq_base", 1000000.0 if arch == "qwen2" else 10000.0),
+        "tie_word_embeddings": "output.weight" not in info.tensors,
+        "attention_bias": "blk.0.attn_q.bias" in info.tensors,
+        "hidden_act": "silu",
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": list(eos_ids) if eos_ids else eos,
+        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
+        "torch_dtype": "float32",
+    }
     if arch == "qwen2":
         cfg["use_sliding_window"] = False
     if info.tensors:
@@ -281,8 +328,19 @@ def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
     return cfg
 
 
+_MAX_SIZE = 1 << 24  # the largest count or length a config may give (layers, heads, vocabulary, context)
+
+
+def _short(value: object, limit: int = 40) -> str:
+    """A metadata value in a one-line message: its repr, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _check_tensors(info: GGUFInfo, cfg: dict) -> None:
-    """Every tensor a decoder layer needs is there, before any weight is read."""
+    """Every tensor a decoder layer needs is there, and every weight has the shape the config
+    gives it (GGUF order: the row length first), before any weight is read: a mismatch names
+    the tensor and the metadata its expected shape comes from."""
     names = ["token_embd.weight", "output_norm.weight"]
     for i in range(cfg["num_hidden_layers"]):
         names += [f"blk.{i}.{n}.weight" for n in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -291,6 +349,30 @@ def _check_tensors(info: GGUFInfo, cfg: dict) -> None:
     if missing:
         raise ModelError(f"{info.path} lacks tensor {missing[0]} ({len(missing)} missing): expected a complete "
                          f"{cfg['model_type']} model")
+    arch, meta = cfg["model_type"], info.meta
+    per_head = (f"{arch}.attention.key_length" if f"{arch}.attention.key_length" in meta
+                else f"{arch}.embedding_length/attention.head_count")
+    vocab_from = next((k for k in (f"{arch}.vocab_size", "tokenizer.ggml.tokens") if k in meta), "token_embd.weight")
+    # each dimension: (size, the metadata it comes from)
+    h = (cfg["hidden_size"], f"{arch}.embedding_length")
+    v = (cfg["vocab_size"], vocab_from)
+    f = (cfg["intermediate_size"], f"{arch}.feed_forward_length")
+    q = (cfg["num_attention_heads"] * cfg["head_dim"], f"{per_head}/head_count")
+    kv = (cfg["num_key_value_heads"] * cfg["head_dim"], f"{per_head}/head_count_kv")
+    shapes = {"token_embd.weight": (h, v), "output.weight": (h, v), "output_norm.weight": (h,)}
+    for i in range(cfg["num_hidden_layers"]):
+        b = f"blk.{i}."
+        shapes |= {b + "attn_norm.weight": (h,), b + "ffn_norm.weight": (h,), b + "attn_q.weight": (h, q),
+                   b + "attn_k.weight": (h, kv), b + "attn_v.weight": (h, kv), b + "attn_output.weight": (q, h),
+                   b + "ffn_gate.weight": (h, f), b + "ffn_up.weight": (h, f), b + "ffn_down.weight": (f, h),
+                   b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
+    for name, dims in shapes.items():
+        t = info.tensors.get(name)
+        want = tuple(d for d, _ in dims)
+        if t is not None and t.shape != want:
+            wrong = [src for (d, src), got in zip(dims, t.shape) if d != got] or [src for _, src in dims]
+            raise ModelError(f"{info.path}: tensor {name} has shape {list(t.shape)}, expected {list(want)} from "
+                             f"{', '.join(dict.fromkeys(wrong))}")
 
 
 def gguf_eos_ids(tokens: list[str], types: list[int] | None, eos: int | None) -> list[int]:

@@ -68,13 +68,23 @@ def choose_backend(cfg: dict | None, dtype: torch.dtype, device: str, gguf: bool
     """What ``backend="auto"`` runs a checkpoint of this HF config on: the compiled runtime
     (``cpu``) for a Llama-family model on CPU in float32 when it is built (bf16 asks for
     PyTorch), else the native PyTorch runtime for a Llama-family model (always for a ``gguf``,
-    which ``open_gguf`` has checked), else transformers (``hf``). ``cfg`` None: unreadable."""
+    which ``open_gguf`` has checked), else transformers (``hf``). ``cfg`` None: unreadable.
+    Only a runtime that is not built or a shape it does not run falls back from ``cpu``; for
+    a GGUF (whose blocks the compiled runtime reads) each says so, in one line on stderr. A
+    malformed file never gets here: ``open_gguf`` refuses it first."""
     from . import cpu
 
-    if (dtype == torch.float32 and torch.device(device).type == "cpu" and cfg is not None
-            and cpu.supports(cfg) and cpu.available()):
-        return "cpu"
-    return "native" if gguf or (cfg is not None and _native_supports(cfg)) else "hf"
+    llama_family = cfg is not None and _native_supports(cfg)
+    if dtype == torch.float32 and torch.device(device).type == "cpu" and llama_family:
+        if cpu.supports(cfg):
+            if cpu.available():  # if not built, available() says so (once)
+                return "cpu"
+        elif gguf:
+            import warnings
+
+            warnings.warn(f"the compiled runtime does not run this model's shape ({cpu.SHAPES}); running the "
+                          "PyTorch runtime instead, 30-100x slower on CPU", RuntimeWarning, stacklevel=2)
+    return "native" if gguf or llama_family else "hf"
 
 
 def _native_supports(cfg: dict) -> bool:
