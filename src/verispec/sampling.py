@@ -10,7 +10,20 @@ import math
 
 import torch
 
+from .models.base import NonFiniteLogits
 from .types import SamplingParams
+
+NON_FINITE = ("the model computed NaN or infinite logits: its weights or metadata are corrupt "
+              "(NaN or inf weights, quantization scales or norm epsilon); check or replace the model file")
+
+
+def check_logits(logits: torch.Tensor) -> None:
+    """Every row of [N, V] logits must name a token: no NaN, no +inf, and at least one finite
+    value; else NonFiniteLogits. -inf alone is legitimate: a token masked by top-k, a logit
+    processor or a reduced LM head (FR-Spec). One reduction: a row's max is NaN when it holds
+    a NaN, +inf when it holds a +inf, and -inf when nothing in it is finite."""
+    if not bool(torch.isfinite(logits.amax(-1)).all()):
+        raise NonFiniteLogits(NON_FINITE)
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -48,8 +61,15 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """Draw one token from a [V] distribution with a request's own generator."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """Draw one token from a [V] distribution with a request's own generator. A distribution
+    that is not one (NaN, inf or negative entries, or no mass: what non-finite logits give after
+    softmax) raises NonFiniteLogits; torch.multinomial checks it anyway, so this costs nothing."""
+    try:
+        return int(torch.multinomial(probs, 1, generator=generator).item())
+    except RuntimeError:
+        if bool(torch.isfinite(probs).all()) and bool((probs >= 0).all()) and float(probs.sum()) > 0:
+            raise
+        raise NonFiniteLogits(NON_FINITE) from None
 
 
 def uniform(generator: torch.Generator) -> float:

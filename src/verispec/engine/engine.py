@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,9 +16,9 @@ import torch
 from ..drafters.base import DraftContext, Drafter, Observation, features_of
 from ..logits_processing import adjust_tree_logits
 from ..logprobs import step_rows, token_logprobs
-from ..models.base import CausalLM, KVCache
+from ..models.base import CausalLM, KVCache, NonFiniteLogits
 from ..policies.draft_length import DraftLengthPolicy, PolicyName
-from ..sampling import sample, target_probs
+from ..sampling import check_logits, sample, target_probs
 from ..tree import DraftTree
 from ..types import FinishReason, SamplingParams, TokenLogprob
 from ..verify import verify_tree
@@ -74,6 +75,7 @@ class Engine:
         if self.prefix_cache is not None:
             self.prefix_cache.bind(target)
         self._ids = itertools.count()
+        self._warned_drafter = False  # a drafter's non-finite logits are reported once (``_drafts``)
 
     # ---- request lifecycle -------------------------------------------------------------
     def add_request(
@@ -185,7 +187,9 @@ class Engine:
 
     @staticmethod
     def _first_token(req: Request, last: torch.Tensor) -> tuple[int, list[TokenLogprob] | None]:
-        """The first generated token from the prefill's [1, V] logits (and its logprobs)."""
+        """The first generated token from the prefill's [1, V] logits (and its logprobs); NaN or
+        infinite logits are NonFiniteLogits (``sampling.check_logits``), not token 0."""
+        check_logits(last)
         scores = last
         if req.params.adjusts_logits:
             scores = adjust_tree_logits(last, DraftTree.chain(req.prompt_ids[-1], []), req.params, req.prompt_ids, [])
@@ -257,7 +261,7 @@ class Engine:
         of the drafter (a draft model then runs one forward per draft step for all of them)."""
         ctxs = [self._draft_context(req, max_drafted) for req in reqs]
         asked = [c for c in ctxs if c is not None]
-        trees = iter(self.drafter.propose_batch(asked) if asked else [])
+        trees = iter(self._drafts(asked) if asked else [])
         out = []
         for req, ctx in zip(reqs, ctxs):
             tree = DraftTree.chain(req.tokens[-1], []) if ctx is None else next(trees)
@@ -268,6 +272,22 @@ class Engine:
                 )
             out.append(tree)
         return out
+
+    def _drafts(self, ctxs: list[DraftContext]) -> list[DraftTree]:
+        """The drafter's trees for ``ctxs``. A drafter whose own logits are NaN or infinite (a
+        corrupt draft model: ``sample`` raises NonFiniteLogits) drafts nothing for the request
+        concerned, as if its draft were rejected: the target alone picks the step's token, so
+        the output's law is untouched; the others keep their drafts (each retried alone)."""
+        try:
+            return self.drafter.propose_batch(ctxs)
+        except NonFiniteLogits:
+            if len(ctxs) > 1:
+                return [tree for ctx in ctxs for tree in self._drafts([ctx])]
+            if not self._warned_drafter:
+                self._warned_drafter = True
+                warnings.warn(f"drafter {self.drafter.name} computed NaN or infinite logits; such drafts are "
+                              "dropped (the output is unchanged, the speed-up lost)", RuntimeWarning, stacklevel=2)
+            return [DraftTree.chain(ctxs[0].tokens[-1], [])]
 
     def _draft_context(self, req: Request, max_drafted: int | None) -> DraftContext | None:
         """What the drafter is asked this step (None: a budget of 0, plain decoding)."""

@@ -27,6 +27,13 @@ class ModelError(ValueError):
     """A model could not be found or loaded; the message names what was expected."""
 
 
+class NonFiniteLogits(ModelError):
+    """A model computed NaN or +inf logits, or a row of logits with no finite value, where a
+    token is chosen: its weights or metadata are corrupt (a Q4_K block with NaN scales, a NaN
+    norm weight). Raised instead of sampling from it (a traceback) or taking its argmax (token 0
+    forever). The server answers it with a 500: the model, not the request, is at fault."""
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """Static facts about a loaded model that the engine and drafters need."""

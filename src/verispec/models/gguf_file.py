@@ -24,6 +24,8 @@ import os
 import struct
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -386,6 +388,64 @@ def gguf_eos_ids(tokens: list[str], types: list[int] | None, eos: int | None) ->
 
 # --------------------------------------------------------------------------- tokenizer
 
+SPECIAL_TOKEN_KEYS = tuple(f"tokenizer.ggml.{name}_token_id" for name in ("bos", "eos", "padding", "unknown"))
+_STRING_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.chat_template")
+_FLAG_KEYS = ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: object, limit: int = 40) -> str:
+    """A metadata value in a one-line message: its repr, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_tokenizer_metadata(info: GGUFInfo) -> None:
+    """The tokenizer's scalar metadata is usable: special-token ids are integers inside the
+    vocabulary, flags booleans, the tokenizer model, pre-tokenizer and chat template strings,
+    and ``token_type`` has one entry per token. It reads no array (an array not decoded counts
+    as its length), so it runs before anything trusts these keys: the config
+    (``loading.open_gguf``) and every tokenizer load, a cached one included. A malformed value
+    is one ModelError naming its key, never an IndexError further on."""
+    meta, path = info.meta, info.path
+    tokens = meta.get("tokenizer.ggml.tokens")
+    n_tokens = len(tokens) if isinstance(tokens, list) else tokens if _is_int(tokens) else None
+    for key in SPECIAL_TOKEN_KEYS:
+        value = meta.get(key)
+        if value is None:
+            continue
+        if not _is_int(value) or value < 0 or (n_tokens is not None and value >= n_tokens):
+            bound = f"[0, {n_tokens})" if n_tokens is not None else "a non-negative integer"
+            raise ModelError(f"{path} has {key} = {_shown(value)}: expected a token id in {bound}")
+    for key in _STRING_KEYS:
+        if key in meta and not isinstance(meta[key], str):
+            raise ModelError(f"{path} has {key} = {_shown(meta[key])}: expected a string")
+    for key in _FLAG_KEYS:
+        if key in meta and not isinstance(meta[key], bool):
+            raise ModelError(f"{path} has {key} = {_shown(meta[key])}: expected a boolean")
+    types = meta.get("tokenizer.ggml.token_type")
+    n_types = len(types) if isinstance(types, list) else types if _is_int(types) else None
+    if types is not None and n_types is None:
+        raise ModelError(f"{path} has tokenizer.ggml.token_type = {_shown(types)}: expected an array of integers")
+    if types is not None and n_tokens is not None and n_types != n_tokens:
+        raise ModelError(f"{path} has tokenizer.ggml.token_type of {n_types} entries for {n_tokens} tokens: "
+                         "expected one token type per token")
+
+
+def _check_items(info: GGUFInfo, key: str, items: object, kind: type[str] | type[int]) -> list:
+    """``items`` (the decoded array at ``key``) as a list whose every item is a ``kind``."""
+    expected = f"expected an array of {'strings' if kind is str else 'integers'}"
+    if not isinstance(items, list):
+        raise ModelError(f"{info.path} has {key} = {_shown(items)}: {expected}")
+    for i, item in enumerate(items):
+        if not isinstance(item, kind) or isinstance(item, bool):
+            raise ModelError(f"{info.path} has {key}[{i}] = {_shown(item)}: {expected}")
+    return items
+
+
 # llama.cpp's pre-tokenizer regexes (llama-vocab.cpp) as HF splits
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
                 r"|\s+(?!\S)|\s+")  # fmt: skip
@@ -434,7 +494,9 @@ def tokenizer_cache_dir(info: GGUFInfo, cache_dir: Path) -> Path:
 
 def gguf_tokenizer(info: GGUFInfo, cache_dir: Path | None = None) -> tuple[PreTrainedTokenizerBase, list[int]]:
     """(tokenizer, end-of-generation ids) of a GGUF. Built once from the file's vocabulary and
-    merges, then read from ``<cache_dir>/tokenizers/gguf-<key>/`` (``cache_dir=None``: not cached)."""
+    merges, then read from ``<cache_dir>/tokenizers/gguf-<key>/`` (``cache_dir=None``: not cached).
+    Malformed tokenizer metadata is one ModelError naming its key, and nothing is cached for it."""
+    check_tokenizer_metadata(info)
     entry = tokenizer_cache_dir(info, cache_dir) if cache_dir is not None else None
     if entry is not None and (entry / "tokenizer.json").is_file() and (entry / "verispec.json").is_file():
         try:
@@ -444,7 +506,8 @@ def gguf_tokenizer(info: GGUFInfo, cache_dir: Path | None = None) -> tuple[PreTr
             pass
     full = read_gguf(info.path, TOKENIZER_ARRAYS, tensors=False) if not isinstance(
         info.meta.get("tokenizer.ggml.tokens"), list) else info  # fmt: skip
-    backend, facts = _build_backend(full)
+    with _tokenizer_errors(info):
+        backend, facts = _build_backend(full)
     if entry is not None:
         try:
             _save_entry(entry, backend, facts)
@@ -477,20 +540,21 @@ def _build_backend(info: GGUFInfo):
     tokenizer models go through transformers' own GGUF tokenizer conversion."""
     meta = info.meta
     tokens = meta.get("tokenizer.ggml.tokens")
-    if not isinstance(tokens, list) or not tokens:
+    if tokens is None or tokens == []:
         raise ModelError(f"{info.path} has no tokenizer.ggml.tokens: expected a GGUF with its tokenizer")
+    tokens = _check_items(info, "tokenizer.ggml.tokens", tokens, str)
+    check_tokenizer_metadata(info)  # the special-token ids against the decoded vocabulary
     types = meta.get("tokenizer.ggml.token_type")
-    types = types if isinstance(types, list) and len(types) == len(tokens) else None
+    types = None if types is None else _check_items(info, "tokenizer.ggml.token_type", types, int)
     eos_ids = gguf_eos_ids(tokens, types, meta.get("tokenizer.ggml.eos_token_id"))
 
     def token(key: str) -> str | None:
         i = meta.get(f"tokenizer.ggml.{key}_token_id")
-        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+        return tokens[i] if i is not None else None
 
     special = {"bos_token": token("bos"), "eos_token": token("eos"), "pad_token": token("padding"),
                "unk_token": token("unknown")}  # fmt: skip
-    template = meta.get("tokenizer.chat_template")
-    facts = _TokenizerFacts(eos_ids, special, template if isinstance(template, str) else None)
+    facts = _TokenizerFacts(eos_ids, special, meta.get("tokenizer.chat_template"))
     model = meta.get("tokenizer.ggml.model")
     if model == "gpt2":
         return _byte_level_bpe(info, tokens, types), facts
@@ -503,8 +567,9 @@ def _byte_level_bpe(info: GGUFInfo, tokens: list[str], types: list[int] | None):
 
     meta = info.meta
     merges = meta.get("tokenizer.ggml.merges")
-    if not isinstance(merges, list):
+    if merges is None:
         raise ModelError(f"{info.path} has a gpt2 tokenizer without tokenizer.ggml.merges: expected BPE merges")
+    merges = _check_items(info, "tokenizer.ggml.merges", merges, str)
     spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
     # every byte-level token is spelled in GPT-2's byte alphabet; respell any that is not
@@ -513,20 +578,25 @@ def _byte_level_bpe(info: GGUFInfo, tokens: list[str], types: list[int] | None):
     for i, s in enumerate(strings):
         vocab.setdefault(s, i)
     pairs = []
-    for m in merges:
+    for i, m in enumerate(merges):
         left, sep, right = m.partition(" ")
         if not sep:
-            raise ModelError(f"{info.path} has a malformed merge {m!r}: expected 'left right'")
+            raise ModelError(f"{info.path} has a malformed merge {_shown(m)}: expected 'left right'")
+        # tokenizers panics (a Rust abort of the whole build) on a merge outside the vocabulary
+        missing = next((t for t in (left, right, left + right) if t not in vocab), None)
+        if missing is not None:
+            raise ModelError(f"{info.path} has tokenizer.ggml.merges[{i}] = {_shown(m)}, naming {_shown(missing)}, "
+                             "not in tokenizer.ggml.tokens: expected merges of vocabulary tokens")
         pairs.append((left, right))
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False, ignore_merges=False))
     tok.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre"))
     tok.decoder = decoders.ByteLevel()
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    add_bos = meta.get("tokenizer.ggml.add_bos_token", False)
     bos_id = meta.get("tokenizer.ggml.bos_token_id")
     if add_bos and bos_id is not None:
-        bos = tokens[int(bos_id)]
+        bos = tokens[bos_id]
         tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                                           special_tokens=[(bos, int(bos_id))])
+                                                           special_tokens=[(bos, bos_id)])
     else:
         tok.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B", special_tokens=[])
     if types is not None:
@@ -546,18 +616,28 @@ def _transformers_backend(info: GGUFInfo):
     """transformers' GGUF tokenizer conversion (sentencepiece-style ``llama`` vocabularies)."""
     from transformers import AutoTokenizer
 
+    return AutoTokenizer.from_pretrained(str(info.path.parent), gguf_file=info.path.name).backend_tokenizer
+
+
+@contextmanager
+def _tokenizer_errors(info: GGUFInfo) -> Iterator[None]:
+    """Whatever building the tokenizer raises past the checks (transformers' GGUF conversion of a
+    vocabulary it cannot read, a Rust panic of ``tokenizers``: pyo3 raises those as a
+    BaseException) is one ModelError; only an interrupt or an exit passes through."""
     try:
-        return AutoTokenizer.from_pretrained(str(info.path.parent), gguf_file=info.path.name).backend_tokenizer
-    except (ValueError, KeyError, OSError) as err:
-        raise ModelError(f"cannot build a tokenizer from {info.path} ({_one_line(err)}): "
+        yield
+    except (ModelError, KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as err:  # noqa: BLE001 - see above: every failure of a hostile file is one line
+        raise ModelError(f"cannot build a tokenizer from {info.path} ({type(err).__name__}: {_one_line(err)}): "
                          "expected a GGUF tokenizer") from None
 
 
 def _kwargs(facts: _TokenizerFacts, info: GGUFInfo) -> dict:
     kw = {k: v for k, v in facts.special.items() if v is not None}
-    ctx = info.meta.get(f"{info.architecture}.context_length")
+    ctx = info.meta.get(f"{info.architecture}.context_length")  # checked by the config; not needed here
     return kw | {"clean_up_tokenization_spaces": False, "chat_template": facts.chat_template,
-                 "model_max_length": int(ctx) if ctx else int(1e30)}  # fmt: skip
+                 "model_max_length": ctx if _is_int(ctx) and ctx > 0 else int(1e30)}  # fmt: skip
 
 
 def _wrap(tokenizer_file: str, facts: _TokenizerFacts, info: GGUFInfo):

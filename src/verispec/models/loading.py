@@ -44,6 +44,7 @@ from verispec.models.gguf_file import (
     EXPECTED,
     GGUFInfo,
     check_architecture,
+    check_tokenizer_metadata,
     gguf_hf_config,
     gguf_tokenizer,
     read_gguf,
@@ -798,6 +799,7 @@ def open_gguf(source_or_path: ModelSource | Path) -> tuple[GGUFInfo, dict]:
     path = source_or_path.path if isinstance(source_or_path, ModelSource) else Path(source_or_path)
     info = read_gguf(path, frozenset({"tokenizer.ggml.token_type"}))
     check_architecture(info)
+    check_tokenizer_metadata(info)  # the special-token ids the config and the EOS list read
     types = info.meta.get("tokenizer.ggml.token_type")
     eos_ids = _eog_ids_fast(info, types if isinstance(types, list) else None)
     return info, gguf_hf_config(info, eos_ids)
@@ -832,7 +834,10 @@ def _token_texts(path: Path, wanted: set[int]) -> dict[int, str]:
             if key != "tokenizer.ggml.tokens":
                 _, offset = _skip_value(buf, offset + 4, vtype)
                 continue
-            _, count = struct.unpack_from("<IQ", buf, offset + 4)
+            item_type, count = struct.unpack_from("<IQ", buf, offset + 4)
+            if (vtype, item_type) != (9, 8):  # an array of strings
+                raise ModelError(f"{path} has a tokenizer.ggml.tokens that is not an array of strings: "
+                                 "expected the vocabulary's token texts")
             offset += 16
             out, last = {}, max(wanted)
             for i in range(min(count, last + 1)):

@@ -22,6 +22,7 @@ from typing import Any
 from ..detokenize import Detokenizer  # the one incremental detokenizer (stop strings, UTF-8 hold-back)
 from ..engine.batch import BatchEngine
 from ..engine.request import Request
+from ..models.base import NonFiniteLogits
 from ..types import SamplingParams, TokenLogprob
 from .metrics import ServerMetrics
 
@@ -180,7 +181,8 @@ class EngineWorker:
         except Exception as e:  # noqa: BLE001
             self._done_id(job.request_id)
             self.metrics.request_done("failed")
-            self._send(job, Event(job.request_id, "", [], error=str(e), status=400 if isinstance(e, ValueError) else 500))
+            bad_request = isinstance(e, ValueError) and not isinstance(e, NonFiniteLogits)  # that one: the model's fault
+            self._send(job, Event(job.request_id, "", [], error=str(e), status=400 if bad_request else 500))
             return
         now = time.perf_counter()
         run = _Running(job, req, Detokenizer(self._tokenizer, job.params.stop), admitted=now)

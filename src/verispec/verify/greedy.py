@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..models.base import NonFiniteLogits
+from ..sampling import NON_FINITE
 from ..tree import DraftTree
 from .acceptance import Acceptance
 
@@ -14,10 +16,17 @@ def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
 
     Example: tokens (7, 3, 5, 9), parents (-1, 0, 0, 1), argmax per node (3, 9, 1, 4):
     root->3 matches, 3->9 matches, 9 is a leaf -> path [1, 3], next token 4 (bonus).
+
+    A node whose row is followed must have a finite maximum (``sampling.check_logits``; the max
+    comes with the argmax at no cost), else NonFiniteLogits: the argmax of a NaN row is token 0,
+    forever. Rows off the path are not read, as plain decoding would not compute them.
     """
-    argmax = logits.argmax(-1).tolist()  # [N]
+    best, argmax = logits.max(-1)  # [N], [N]: a row's max is NaN / +inf / -inf when it names no token
+    finite, argmax = torch.isfinite(best).tolist(), argmax.tolist()
     node, path = 0, []
     while True:
+        if not finite[node]:
+            raise NonFiniteLogits(NON_FINITE)
         want = argmax[node]
         child = next((c for c in tree.children[node] if tree.tokens[c] == want), None)
         if child is None:

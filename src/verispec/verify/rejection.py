@@ -56,13 +56,21 @@ def accept_rejection(
     """``probs``: [N, V] target distribution at each node (already temperature/top-k/top-p
     processed). Uses ``tree.draft_probs`` (q per node) when present, point masses otherwise.
     Each sibling's test is ``rejection_step``; its uniform is drawn from ``generator`` only
-    when q(x) > 0 (a draft q cannot give is rejected without a draw)."""
+    when q(x) > 0 (a draft q cannot give is rejected without a draw).
+
+    A sibling whose q is not finite (a drafter's NaN) is rejected and leaves p as it is: as if it
+    had not been drafted, so the next sibling, or the token sampled, follows p exactly (for
+    chains and i.i.d. siblings; the draft is simply lost). A NaN in p itself, the target's,
+    raises NonFiniteLogits when the token is sampled (``sampling.sample``)."""
     probs = probs.float().cpu()
     q_all = tree.draft_probs.float().cpu() if tree.draft_probs is not None else None
+    q_usable = torch.isfinite(q_all).all(-1).tolist() if q_all is not None else None
     node, path = 0, []
     while True:
         p = probs[node]  # [V]
         for child in tree.children[node]:
+            if q_usable is not None and not q_usable[child]:
+                continue
             x = tree.tokens[child]
             q = q_all[child] if q_all is not None else torch.nn.functional.one_hot(
                 torch.tensor(x), p.shape[-1]
