@@ -119,21 +119,21 @@ def cached_cost_curve(model, key: str, sizes: Sequence[int] = DEFAULT_SIZES, rep
     """``measure(model, sizes, repeats)`` (the target's ``t(n)`` by default; a drafter's
     ``c(n)`` with ``measure_draft_cost``) once per ``key`` (e.g. model/backend/quant/threads),
     stored as JSON under ``<verispec cache>/cost-curves/``; later calls read it back."""
-    from .models.loading import default_cache_dir
+    from .models.model_cache import default_cache_dir, warn, write_cache_file
 
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
     path = Path(cache_dir or default_cache_dir()) / "cost-curves" / f"{safe}.json"
-    if path.exists():
-        stored = json.loads(path.read_text())
-        curve = {int(n): float(t) for n, t in stored["t"].items()}
-        if set(sizes) <= set(curve) and stored.get("estimator") == ESTIMATOR:
-            return {n: curve[n] for n in sizes}
+    if path.is_file():
+        try:  # the cache is input: a damaged file is measured again and replaced
+            stored = json.loads(path.read_text(encoding="utf-8"))
+            curve = {int(n): float(t) for n, t in stored["t"].items()}
+            if set(sizes) <= set(curve) and stored.get("estimator") == ESTIMATOR:
+                return {n: curve[n] for n in sizes}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            warn(f"cached cost curve {path} is damaged ({type(err).__name__}): measuring it again")
     curve = measure(model, sizes, repeats)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": key, "repeats": repeats, "estimator": ESTIMATOR, "t": {str(n): t for n, t in curve.items()}},
-                              indent=1) + "\n")
-    tmp.replace(path)
+    write_cache_file(path, json.dumps({"key": key, "repeats": repeats, "estimator": ESTIMATOR,
+                                       "t": {str(n): t for n, t in curve.items()}}, indent=1) + "\n")
     return curve
 
 

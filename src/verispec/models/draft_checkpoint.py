@@ -52,11 +52,9 @@ def materialize(weights_dir: str | Path, target_dir: str | Path, out_dir: str | 
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from .loading import _build_atomically
+    from .model_cache import cached_dir
 
     weights_dir, target_dir, out = Path(weights_dir), Path(target_dir), Path(out_dir)
-    if (out / WEIGHTS_FILE).exists() and (out / "config.json").exists():
-        return out
 
     def build(tmp: Path) -> None:
         cfg = json.loads((weights_dir / "config.json").read_text())
@@ -83,7 +81,7 @@ def materialize(weights_dir: str | Path, target_dir: str | Path, out_dir: str | 
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
-    return _build_atomically(out, build)
+    return cached_dir(out, build, f"the draft checkpoint {out.name}")
 
 
 def draft_vocab(weights_dir: str | Path) -> torch.Tensor | None:

@@ -22,7 +22,6 @@ import math
 import mmap
 import os
 import struct
-import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -498,12 +497,14 @@ def gguf_tokenizer(info: GGUFInfo, cache_dir: Path | None = None) -> tuple[PreTr
     Malformed tokenizer metadata is one ModelError naming its key, and nothing is cached for it."""
     check_tokenizer_metadata(info)
     entry = tokenizer_cache_dir(info, cache_dir) if cache_dir is not None else None
-    if entry is not None and (entry / "tokenizer.json").is_file() and (entry / "verispec.json").is_file():
+    from verispec.models.model_cache import discard, sound_entry
+
+    if entry is not None and sound_entry(entry):  # checked against its manifest; a damaged one is discarded
         try:
             facts = _TokenizerFacts.from_json((entry / "verispec.json").read_text(encoding="utf-8"))
             return _wrap(str(entry / "tokenizer.json"), facts, info), facts.eos_ids
-        except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt below
-            pass
+        except Exception as err:  # noqa: BLE001 - intact files that do not load: replaced below
+            discard(entry, _one_line(err))
     full = read_gguf(info.path, TOKENIZER_ARRAYS, tensors=False) if not isinstance(
         info.meta.get("tokenizer.ggml.tokens"), list) else info  # fmt: skip
     with _tokenizer_errors(info):
@@ -518,21 +519,15 @@ def gguf_tokenizer(info: GGUFInfo, cache_dir: Path | None = None) -> tuple[PreTr
 
 
 def _save_entry(entry: Path, backend, facts: _TokenizerFacts) -> None:
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
-    try:
+    """Write the cache entry atomically with its manifest, replacing a damaged one
+    (``model_cache.write_entry``); OSError when the cache cannot be written."""
+    from verispec.models.model_cache import write_entry
+
+    def build(tmp: Path) -> None:
         backend.save(str(tmp / "tokenizer.json"))
         (tmp / "verispec.json").write_text(facts.to_json(), encoding="utf-8")
-        tmp.chmod(0o755)
-        try:
-            os.rename(tmp, entry)
-        except OSError:
-            if not (entry / "verispec.json").is_file():
-                raise
-    finally:
-        import shutil
 
-        shutil.rmtree(tmp, ignore_errors=True)
+    write_entry(entry, build)
 
 
 def _build_backend(info: GGUFInfo):

@@ -273,13 +273,14 @@ def distilled_draft_dir(target: LoadedModel, weights: str = "shipped") -> Path:
     from ..weights import shipped_weights
     from .draft_checkpoint import is_draft_weights, materialize, materialized_dir
     from .loading import default_cache_dir
+    from .model_cache import sound_entry
 
     path = shipped_weights("draft", target.name) if weights == "shipped" else Path(weights)
     if not is_draft_weights(path):
         raise ValueError(f"{path} is not a distilled draft's weights directory (verispec train draft output)")
     if target.source.kind == "gguf":  # the embedding and tokenizer come from the file: no float32 target copy
         out = materialized_dir(path, target.source.path, default_cache_dir())
-        if (out / "config.json").is_file():
+        if sound_entry(out):
             return out
         return materialize(path, target.source.path, out, embedding=target_embedding(target),
                            tokenizer=target.tokenizer, eos_token_ids=list(target.backend.info.eos_token_ids))

@@ -10,7 +10,8 @@ so each source format is converted exactly once:
 
 Conversions write into a temporary directory beside the cache entry and ``rename`` it into
 place only after the weights and tokenizer were checked, so an interrupted conversion never
-leaves a half-written entry. The entry name hashes the converter version and the source files
+leaves a half-written entry; an entry is checked against its manifest whenever it is read and a
+damaged one replaced (``models/model_cache.py``). The entry name hashes the converter version and the source files
 (size, mtime, first MiB), so a changed file or converter gets a fresh entry.
 
 Both foreign formats store Q/K projections for *interleaved* RoPE (rotate pairs ``(2i, 2i+1)``);
@@ -20,6 +21,7 @@ HF Llama rotates halves (``rotate_half``), so their rows are permuted back per h
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.metadata
 import json
@@ -30,7 +32,6 @@ import shutil
 import struct
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -51,6 +52,15 @@ from verispec.models.gguf_file import (
 )
 from verispec.models.catalog import CATALOG, CatalogEntry, PackageFile, PackageParts
 from verispec.models.formats import WeightFormat
+from verispec.models.model_cache import (
+    cached_dir,
+    default_cache_dir,
+    discard,
+    locked_temp,
+    make_dir,
+    reason,
+    remove_stale_temps,
+)
 
 if TYPE_CHECKING:  # transformers/tokenizers/gguf are imported inside functions: `verispec models` stays instant
     from transformers import LlamaConfig, PreTrainedTokenizerBase
@@ -184,6 +194,8 @@ def assemble_package_parts(name: str, loc: PackageParts, cache_dir: Path | None 
     written beside it after the sha256 check (``<file>.verified``), so a warm start never
     re-hashes a GB; any other file there is re-verified (and replaced if it is wrong)."""
     dest = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "models" / loc.file
+    if dest.parent.is_dir():  # temporaries of killed assemblies go even when the file is there
+        remove_stale_temps(dest)
     if is_verified(dest, loc.size, loc.sha256):
         return dest
     if dest.is_file() and dest.stat().st_size == loc.size and _sha256_file(dest, f"verifying {dest.name}") == loc.sha256:
@@ -279,18 +291,41 @@ def assemble_file(parts: list[Part], dest: Path, size: int, sha256: str, fix_all
     total = sum(p.path.stat().st_size for p in parts)
     if total != size:
         raise ModelError(f"{what}: its {len(parts)} parts hold {total:,} bytes, expected {size:,}: run `{fix_all}`")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(dest.parent).free
+    try:
+        make_dir(dest.parent)
+        remove_stale_temps(dest)  # before counting free space: a killed assembly's temporary is up to 1.1 GB
+        free = shutil.disk_usage(dest.parent).free
+    except OSError as err:
+        raise ModelError(f"{what}: cannot write the model cache {dest.parent} ({reason(err)}): set VERISPEC_CACHE "
+                         "to a writable directory") from None
     if free < size:
-        raise ModelError(f"{what}: {dest.parent} has {free / 2**30:.1f} GiB free, assembling needs "
-                         f"{size / 2**30:.1f} GiB: expected room in the cache (set VERISPEC_CACHE elsewhere)")
+        raise ModelError(f"{what}: {dest.parent} has {free:,} bytes free, assembling needs {size:,}: free some "
+                         "space or set VERISPEC_CACHE to a directory with room")
+    if os.path.lexists(dest) and not dest.is_file():
+        discard(dest, "not a regular file")
     print(f"verispec: assembling {dest.name} ({size / 2**30:.2f} GiB) from {len(parts)} pip parts into "
           f"{dest.parent} (once)", file=sys.stderr, flush=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.tmp-", dir=dest.parent)
-    tmp = Path(tmp_name)
+    with locked_temp(dest) as tmp:  # removed by a later run if this process is killed
+        digest = _write_parts(parts, tmp, size, what, f"assembling {dest.name}")
+        if tmp.stat().st_size != size:
+            raise ModelError(f"{what}: assembled {tmp.stat().st_size:,} bytes, expected {size:,}: run `{fix_all}`")
+        if digest != sha256:
+            bad = _culprits(parts)
+            names = f": {', '.join(p.path.name for p in bad)}" if bad else ""
+            raise ModelError(f"{what}: the assembled file's sha256 is {digest[:16]}..., expected "
+                             f"{sha256[:16]}... (a corrupt part{names}): run `{bad[0].fix if len(bad) == 1 else fix_all}`")
+        tmp.chmod(0o644)
+        os.replace(tmp, dest)
+    _write_verified(dest, sha256)
+    return dest
+
+
+def _write_parts(parts: list[Part], tmp: Path, size: int, what: str, desc: str) -> str:
+    """Stream ``parts`` into ``tmp`` (synced); their sha256. A full disk (another writer took the
+    room checked before) or a failing read is one ModelError line naming the directory."""
     digest = hashlib.sha256()
     try:
-        with os.fdopen(fd, "wb") as out, _progress(size, f"assembling {dest.name}") as bar:
+        with tmp.open("wb") as out, _progress(size, desc) as bar:
             for part in parts:
                 with part.path.open("rb") as f:
                     while block := f.read(_ASSEMBLE_BLOCK):
@@ -299,19 +334,12 @@ def assemble_file(parts: list[Part], dest: Path, size: int, sha256: str, fix_all
                         bar.update(len(block))
             out.flush()
             os.fsync(out.fileno())
-        if tmp.stat().st_size != size:
-            raise ModelError(f"{what}: assembled {tmp.stat().st_size:,} bytes, expected {size:,}: run `{fix_all}`")
-        if digest.hexdigest() != sha256:
-            bad = _culprits(parts)
-            names = f": {', '.join(p.path.name for p in bad)}" if bad else ""
-            raise ModelError(f"{what}: the assembled file's sha256 is {digest.hexdigest()[:16]}..., expected "
-                             f"{sha256[:16]}... (a corrupt part{names}): run `{bad[0].fix if len(bad) == 1 else fix_all}`")
-        tmp.chmod(0o644)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _write_verified(dest, sha256)
-    return dest
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ModelError(f"{what}: {tmp.parent} ran out of space while assembling (needs {size:,} bytes): free "
+                             "some space or set VERISPEC_CACHE to a directory with room") from None
+        raise ModelError(f"{what}: assembling into {tmp.parent} failed ({reason(err)})") from None
+    return digest.hexdigest()
 
 
 def _culprits(parts: list[Part]) -> list[Part]:
@@ -348,22 +376,17 @@ def list_models() -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------- the cache
 
 
-def default_cache_dir() -> Path:
-    """``$VERISPEC_CACHE`` if set, else ``~/.cache/verispec``."""
-    return Path(os.environ.get("VERISPEC_CACHE") or Path.home() / ".cache" / "verispec").expanduser()
-
-
 def materialize(source: ModelSource, cache_dir: Path | None = None) -> Path:
-    """An HF directory for ``source``: ``hf_dir`` as is, other formats converted once and cached."""
+    """An HF directory for ``source``: ``hf_dir`` as is, other formats converted once and cached
+    (a damaged entry is replaced; an unusable cache converts into a directory of this process)."""
     if source.kind == "hf_dir":
         return source.path
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / cache_entry_name(source)
-    if final.is_dir():  # entries only ever appear complete (atomic rename below)
-        return final
     convert = _convert_gguf if source.kind == "gguf" else _convert_llama2c
-    out = _build_atomically(final, lambda out: convert(source, out))
-    prune_stale_entries(source, root)
+    out = cached_dir(final, lambda out: convert(source, out), f"the converted {source.path.name}")
+    if out == final:
+        prune_stale_entries(source, root)
     return out
 
 
@@ -392,27 +415,6 @@ def cache_entry_name(source: ModelSource) -> str:
         digest.update(f"|{path.name}:{stat.st_size}:{stamp}:".encode() + head)
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", source.path.stem)
     return f"{stem}-{source.kind}-{digest.hexdigest()[:16]}"
-
-
-def _build_atomically(final: Path, build: Callable[[Path], None]) -> Path:
-    """Run ``build`` into a temp dir beside ``final``, then rename it into place.
-
-    ``rename`` of a directory is atomic on POSIX, so readers see either no entry or a
-    complete one; if another process finished first, its entry is kept and ours dropped.
-    """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
-        build(tmp)
-        tmp.chmod(0o755)  # mkdtemp makes it 0700; a cache entry is read by whoever loads the model
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 # --------------------------------------------------------------------------- writing an HF dir
