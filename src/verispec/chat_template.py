@@ -146,8 +146,10 @@ class RenderWorker:
             proc.kill()
 
     def _started(self) -> subprocess.Popen:
-        if self._proc is not None and self._proc.poll() is None:
-            return self._proc
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                return self._proc
+            self._kill(self._proc)  # stopped (``stop``) or dead: its pipes closed, its status collected
         here = str(Path(__file__).resolve().parents[1])  # the worker imports this verispec, however it was found
         env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
         try:
@@ -308,8 +310,11 @@ class _Bounded:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         cpu = math.ceil(usage.ru_utime + usage.ru_stime + self.timeout_s) + 2
         self._lower(resource.RLIMIT_CPU, cpu)
-        with open("/proc/self/statm") as f:  # pages of address space (Linux; elsewhere memory is not capped)
-            size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        try:
+            with open("/proc/self/statm") as f:  # pages of address space (Linux; elsewhere memory is not capped)
+                size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            return
         self._lower(resource.RLIMIT_AS, size + self.memory_mb * (1 << 20))
 
     def __exit__(self, *exc: Any) -> None:

@@ -28,13 +28,14 @@ HI = [{"role": "user", "content": "hi"}]
 NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}"
 SILENT_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 RECURSION = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"
-TIME_S = 0.5  # small bounds keep the tests fast
+TIME_S = 0.5  # small bounds keep the tests fast...
+SLACK_S = 10.0  # ...and renders that end by another bound get time to spare on a loaded machine
 MEMORY_MB = 64
 
 
-def render(source: str, messages=HI, max_chars: int = 10_000, **bounds) -> str:
-    template = ChatTemplate(source, {"bos_token": "<s>"}, RenderBounds(**({"timeout_s": TIME_S,
-                                                                            "memory_mb": MEMORY_MB} | bounds)))
+def render(source: str, messages=HI, max_chars: int = 10_000, timeout_s: float = SLACK_S,
+           memory_mb: int = MEMORY_MB) -> str:
+    template = ChatTemplate(source, {"bos_token": "<s>"}, RenderBounds(timeout_s, memory_mb))
     return template.render([(messages, max_chars)])[0]
 
 
@@ -64,11 +65,12 @@ def one_line(e: pytest.ExceptionInfo) -> str:
      "recursed too deeply"),
 ])
 def test_runaway_templates_are_bounded(source, error, needle) -> None:
+    timeout_s = TIME_S if "did not finish" in needle else SLACK_S
     start = time.monotonic()
     with pytest.raises(error) as e:
-        render(source)
+        render(source, timeout_s=timeout_s)
     assert needle in one_line(e)
-    assert time.monotonic() - start < TIME_S + 10  # the bound, plus a loaded machine's slack; hours without it
+    assert time.monotonic() - start < timeout_s + SLACK_S  # the bound, and slack; hours (or swapping) without it
     assert render(CHAT_TEMPLATE) == "user: hi\nassistant:"  # the worker renders again (a fresh one if killed)
 
 
@@ -77,7 +79,7 @@ def test_the_time_bound_is_the_configured_one(timeout_s) -> None:
     start = time.monotonic()
     with pytest.raises(TemplateError, match=f"within {timeout_s:g} s"):
         render(SILENT_LOOPS, timeout_s=timeout_s)
-    assert timeout_s <= time.monotonic() - start < timeout_s + 10
+    assert timeout_s <= time.monotonic() - start < timeout_s + SLACK_S
 
 
 @pytest.mark.parametrize("max_chars", [5, 100, 4_000])
@@ -194,11 +196,12 @@ def test_same_text_as_transformers_qwen() -> None:
 
 
 def test_runaway_render_leaves_completions_and_shutdown_alone() -> None:
-    """A chat whose render runs away (3 s bound) is in progress: /v1/completions still answer
+    """A chat whose render runs away (5 s bound) is in progress: /v1/completions still answer
     (before: they queued behind it on the one tokenizer thread forever), the chat gets a
-    one-line 400, and the server stops without waiting for the template."""
+    one-line 400, and shutdown waits for a runaway render no longer than its bound (before:
+    forever)."""
     model = with_chat_template(stories_native_model(), SILENT_LOOPS)
-    timeout_s = 3.0
+    timeout_s = 5.0
     with running_server(model, chat_template_timeout_s=timeout_s) as (url, _, server):
         chat: dict = {}
 
@@ -250,7 +253,7 @@ def test_server_with_a_broken_template_serves_completions(source, needle) -> Non
 ])
 def test_server_template_failures_are_400(source, code, needle) -> None:
     model = with_chat_template(stories_native_model(), source)
-    with running_server(model, chat_template_memory_mb=MEMORY_MB) as (url, _, _):
+    with running_server(model, chat_template_memory_mb=MEMORY_MB, chat_template_timeout_s=SLACK_S) as (url, _, _):
         for stream in (False, True):
             r = httpx.post(f"{url}/v1/chat/completions", json={"model": MODEL, "messages": HI, "stream": stream},
                            timeout=60)

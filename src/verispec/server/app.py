@@ -22,7 +22,8 @@ The chat template is the model file's code: it is compiled at start-up (a broken
 warning, and chat requests get its one-line error as a 400 while completions are served) and
 rendered in the server's own worker process (``chat_template.py``) under a time, memory and
 size bound. Waiting for a render happens on a render thread, not the tokenizer thread, so a
-runaway template delays only chat requests, by at most its timeout, and never shutdown.
+runaway template delays only chat requests and shutdown (an in-flight request like any
+other), each by at most its timeout.
 """
 
 from __future__ import annotations
