@@ -324,3 +324,27 @@ def test_damaged_assembled_file_is_replaced(tmp_path: Path) -> None:
     with pytest.warns(RuntimeWarning, match="not a regular file"):
         assert assemble_file(parts, dest, len(data), sha, "pip install x").read_bytes() == data
     assert sorted(p.name for p in dest.parent.iterdir()) == ["m.gguf", "m.gguf.verified"]
+
+
+@pytest.mark.parametrize("damage", ["garbage header", "shifted tail"])
+def test_large_safetensors_are_checked_by_their_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       damage: str) -> None:
+    """Files above HASHED_BYTES (a float32 GGUF conversion) are not hashed on every read: their
+    size and safetensors header are."""
+    import torch
+    from safetensors.torch import save_file
+
+    from verispec.models import model_cache
+
+    monkeypatch.setattr(model_cache, "HASHED_BYTES", 0)
+    save_file({"a": torch.zeros(100), "b": torch.ones(50)}, str(tmp_path / "model.safetensors"))
+    write_manifest(tmp_path)
+    assert entry_damage(tmp_path) is None
+    data = (tmp_path / "model.safetensors").read_bytes()
+    if damage == "garbage header":
+        data = os.urandom(8) + data[8:]
+    else:  # same size, the header claims a shorter file
+        n = int.from_bytes(data[:8], "little")
+        data = data[:8] + data[8:8 + n].replace(b"600", b"599") + data[8 + n:]
+    (tmp_path / "model.safetensors").write_bytes(data)
+    assert entry_damage(tmp_path) == "model.safetensors has a malformed header"

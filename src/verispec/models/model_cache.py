@@ -6,7 +6,7 @@ damaged entry, and ``VERISPEC_CACHE`` can name anything. So:
 
 * an entry is a directory built in a temporary directory beside it (``.<name>.tmp-*``) and renamed
   into place when complete; its last file is a manifest (``verispec-entry.json``: every file's size,
-  and sha256 up to ``_HASHED_BYTES``), checked whenever the entry is read. An entry whose manifest
+  and sha256 up to ``HASHED_BYTES``), checked whenever the entry is read. An entry whose manifest
   is missing or does not match (truncated, edited, written by an older verispec) is replaced, with
   a one-line warning; one that cannot be moved away is a one-line ``ModelError`` naming it;
 * a temporary file or directory is held under an ``flock`` by the process writing it, so the next
@@ -35,7 +35,7 @@ from pathlib import Path
 from verispec.models.base import ModelError
 
 MANIFEST = "verispec-entry.json"
-_HASHED_BYTES = 64 << 20  # files up to this size are hashed on every read (a tokenizer, a tiny model): ~ms
+HASHED_BYTES = 64 << 20  # files up to this size are hashed on every read (a tokenizer, a tiny model): ~ms
 
 
 def default_cache_dir() -> Path:
@@ -102,7 +102,8 @@ def _sound_safetensors(path: Path, size: int) -> bool:
             return False
         try:
             header = json.loads(f.read(n))
-            return 8 + n + max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0) == size
+            end = max((t["data_offsets"][1] for key, t in header.items() if key != "__metadata__"), default=0)
+            return 8 + n + end == size
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             return False
 
@@ -112,7 +113,7 @@ def write_manifest(tmp: Path) -> None:
     files = []
     for path in sorted(p for p in tmp.iterdir() if p.name != MANIFEST):
         size = path.stat().st_size
-        files.append([path.name, size, _sha256(path) if size <= _HASHED_BYTES else None])
+        files.append([path.name, size, _sha256(path) if size <= HASHED_BYTES else None])
     (tmp / MANIFEST).write_text(json.dumps({"files": files}, indent=1) + "\n", encoding="utf-8")
 
 
