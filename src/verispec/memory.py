@@ -17,7 +17,8 @@ GIB = 2**30
 
 def available_bytes() -> int:
     """Bytes this process could still allocate: ``MemAvailable`` from /proc/meminfo, capped by
-    the cgroup (v2 or v1) limit minus its usage; the free physical pages elsewhere."""
+    the cgroup (v2 or v1) limit minus its usage and by an address-space limit minus the
+    address space in use; the free physical pages elsewhere."""
     avail = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -31,8 +32,8 @@ def available_bytes() -> int:
             avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError, AttributeError):
             return 2**62  # unknown: no bound
-    room = _cgroup_room()
-    return min(avail, room) if room is not None else avail
+    rooms = [r for r in (avail, _cgroup_room(), _address_space_room()) if r is not None]
+    return min(rooms)
 
 
 def _cgroup_room() -> int | None:
@@ -48,6 +49,20 @@ def _cgroup_room() -> int | None:
             return None
         return max(0, int(limit) - usage)
     return None
+
+
+def _address_space_room() -> int | None:
+    """What an address-space limit (``ulimit -v``: RLIMIT_AS) leaves this process, when one is set."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    try:
+        used = int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0, limit - used)
 
 
 def check_fits(nbytes: int, what: str, hint: str = "") -> None:

@@ -254,5 +254,42 @@ def test_nan_making_metadata_refused(tmp_path: Path, key: str, value: list) -> N
     refused(tmp_path, {"meta": {key: value}}, key.removeprefix("qwen2."), "finite positive")
 
 
+# ----------------------------------------------------------------------------- 5. huge contexts
+
+
+def test_huge_context_runs_with_a_bounded_context(tmp_path: Path) -> None:
+    """context_length 2^24 on a 4.7 MB model made generate build 2.5-20 GiB of RoPE tables and
+    reserve 8 GiB of K/V: the context is cut to what the file can carry (said once) and K/V
+    grows with the request, so generate runs under the driver's address-space cap."""
+    contexts, jobs = (1 << 24, 1 << 22, 70_000), []
+    for context in contexts:
+        model = {"hidden": 256, "heads": 2, "kv_heads": 1, "ffn": 256, "context": context}
+        path = mutated_gguf(tmp_path / f"long{context}.gguf", {"model": model})
+        jobs.append({"label": str(context), "cli": ["generate", "--model", str(path), "-n", "3", "the"]})
+    for context, result in zip(contexts, drive(jobs)):
+        assert result["exit"] == 0, result
+        assert f"declares a context of {context:,} tokens" in result["output"], result["output"]
+        assert "running with a context of 65,536 tokens" in result["output"], result["output"]
+
+
+def test_kv_cache_grows_with_the_request_and_stays_exact(tmp_path: Path) -> None:
+    """A cache not sized by its caller (what generate and a draft get) starts small and grows as
+    the request goes on; logits equal those of a cache held at full length from the start."""
+    import torch
+
+    from verispec.api import load_model
+
+    backend = load_model(str(mutated_gguf(tmp_path / "ctx.gguf", {"model": {"context": 1 << 16}}))).backend
+    assert backend.info.max_length == 1 << 16
+    grown, held = backend.new_cache(), backend.new_cache(1 << 16)
+    assert grown.pool.nbytes * 64 < held.pool.nbytes  # 256 of 65,536 slots
+    ids = torch.randint(0, 262, (1, 700), generator=torch.Generator().manual_seed(0))
+    for start, end in ((0, 200), (200, 300), (300, 301), (301, 700)):
+        chunk, pos = ids[:, start:end], torch.arange(start, end)[None]
+        a, b = backend.forward(chunk, pos, grown).logits, backend.forward(chunk, pos, held).logits
+        assert torch.equal(a, b), (start, end)
+    assert grown.pool.slots == 1024 and grown.length == held.length == 700
+
+
 if __name__ == "__main__":
     _drive()

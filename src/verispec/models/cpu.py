@@ -39,8 +39,10 @@ from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
 from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
 from verispec.models.formats import WeightFormat
 from verispec.models.llama import SUPPORTED_MODEL_TYPES, LlamaArgs, read_safetensors, rope_tables, take
+from verispec.memory import check_fits
 
 SLOT_TILE = 64  # K cache slots per transposed tile (csrc/vs.h: KV_TILE)
+GROW_FROM = 4 * SLOT_TILE  # slots a growing cache pool starts with
 PANEL_ROWS = 16  # rows per weight panel (csrc/vs.h: PANEL)
 ABI_VERSION = 2  # csrc/vs.h: ABI_VERSION
 _ERR = 512
@@ -288,15 +290,34 @@ def requantize(m: RawMatrix, fmt: WeightFormat | str = WeightFormat.Q4_0) -> Raw
 class CpuCachePool(CachePool):
     """K/V of ``rows`` requests, in ``owner.kv_dtype``: k [layers, rows, kv_heads, slots/64, head_dim, 64] (64-slot
     transposed tiles, so a token's scores read contiguous keys), v [layers, rows, kv_heads,
-    slots, head_dim]. ``torch.empty``: slots past a request's length are never read."""
+    slots, head_dim]. ``torch.empty``: slots past a request's length are never read.
 
-    def __init__(self, owner: CpuLlama, rows: int, max_length: int):
+    A pool sized by its caller (a server's batch) holds all ``max_length`` slots from the start;
+    one that ``grow``s (``CpuLlama.new_cache`` / ``new_cache_pool`` without a length: the
+    model's whole context, which a GGUF may declare as 2^24 tokens) starts small and at least
+    doubles as its requests reach further, so ``generate`` holds what the request needs. Each
+    allocation is checked against the memory available first (one line, not an allocator error)."""
+
+    def __init__(self, owner: CpuLlama, rows: int, max_length: int, grow: bool = False):
         super().__init__(owner, rows, max_length)
-        a = owner.args
-        self.slots = -(-max_length // SLOT_TILE) * SLOT_TILE
-        dtype = owner.kv_dtype
-        self.k = torch.empty(a.n_layers, rows, a.n_kv_heads, self.slots // SLOT_TILE, a.head_dim, SLOT_TILE, dtype=dtype)
-        self.v = torch.empty(a.n_layers, rows, a.n_kv_heads, self.slots, a.head_dim, dtype=dtype)
+        self._limit = -(-max_length // SLOT_TILE) * SLOT_TILE  # the slots it may grow to
+        self.slots = 0
+        self.reserve(min(self._limit, GROW_FROM) if grow else self._limit)
+
+    def reserve(self, slots: int) -> None:
+        """Hold at least ``slots`` slots (at most ``max_length`` rounded up to a tile), keeping the K/V held."""
+        if slots <= self.slots:
+            return
+        new = min(self._limit, max(-(-slots // SLOT_TILE) * SLOT_TILE, 2 * self.slots))
+        a, dtype = self.owner.args, self.owner.kv_dtype
+        per_slot = 2 * a.n_layers * self.rows * a.n_kv_heads * a.head_dim * dtype.itemsize
+        check_fits(new * per_slot, f"the K/V cache of {self.rows} x {new:,} tokens", "ask for fewer tokens")
+        k = torch.empty(a.n_layers, self.rows, a.n_kv_heads, new // SLOT_TILE, a.head_dim, SLOT_TILE, dtype=dtype)
+        v = torch.empty(a.n_layers, self.rows, a.n_kv_heads, new, a.head_dim, dtype=dtype)
+        if self.slots:  # numpy copies, as in _read_slots
+            k.numpy()[:, :, :, :self.slots // SLOT_TILE] = self.k.numpy()
+            v.numpy()[:, :, :, :self.slots] = self.v.numpy()
+        self.k, self.v, self.slots = k, v, new
 
     def _move_slots(self, row: int, src: list[int], dst_start: int) -> None:
         idx = _i32(src)
@@ -314,6 +335,7 @@ class CpuCachePool(CachePool):
 
     def _write_slots(self, row: int, start: int, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
         k_in, v_in = (t.numpy() for t in kv)
+        self.reserve(start + v_in.shape[2])
         k, v = self.k.numpy(), self.v.numpy()
         for t, lo, hi, at in _tile_spans(start, v_in.shape[2]):
             k[:, row, :, t, :, lo:hi] = k_in[..., at:at + hi - lo]
@@ -342,6 +364,17 @@ CpuCachePool.cache_class = CpuCache
 
 
 # ----------------------------------------------------------------------------- model
+
+
+def _check_rope_fits(args: LlamaArgs, positions: int) -> None:
+    """RoPE tables grow with the context a model declares, not with its weights: a 4.7 MB GGUF
+    declaring 2^24 positions of 64-value heads needs 10 GiB of them (angles, cos and sin here,
+    cos and sin copied into the runtime). Refused in one line when this machine cannot hold them."""
+    try:
+        check_fits(5 * 4 * positions * (args.head_dim // 2), f"the RoPE tables of a {positions:,}-token context",
+                   "the model declares a longer context (GGUF context_length) than this machine can hold")
+    except ValueError as err:
+        raise ModelError(str(err)) from None
 
 
 class CpuLlama(PooledLM):
@@ -377,6 +410,7 @@ class CpuLlama(PooledLM):
         self._cfg = _Config(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim,
                             args.intermediate_size, info.max_length, args.norm_eps, int(self.kv_dtype == torch.float16),
                             args.vocab_size if embed is None else sum(p.rows for p in embed_parts))
+        _check_rope_fits(args, info.max_length)
         cos, sin = (t.contiguous() for t in rope_tables(args, info.max_length, torch.device("cpu")))
         err = ctypes.create_string_buffer(_ERR)
         threads = threads or torch.get_num_threads()
@@ -439,6 +473,11 @@ class CpuLlama(PooledLM):
             if part.release is not None:
                 part.release()
             row += part.rows
+
+    def new_cache_pool(self, rows: int, max_length: int | None = None) -> CpuCachePool:
+        """``rows`` caches of ``max_length`` slots each, held from the start; without a length, of
+        the model's whole context, grown as used (``CpuCachePool``)."""
+        return CpuCachePool(self, rows, max_length or self.info.max_length, grow=max_length is None)
 
     def _free(self) -> None:
         """Free the runtime's model exactly once: the handle is cleared before it is freed, so a
@@ -544,6 +583,7 @@ class CpuLlama(PooledLM):
         b, n = (input_ids.shape if input_ids.dim() == 2 else (0, 0))
         n_real = list(num_tokens) if num_tokens is not None else [n] * len(caches)
         self._validate(input_ids, positions, caches, tree_masks, n_real)
+        caches[0].pool.reserve(max(c.length + k for c, k in zip(caches, n_real)))
         # flat per-token arrays, built in numpy: small torch ops here would wake torch's
         # OpenMP threads, which then spin on the cores the runtime's own threads need
         ids_np, pos_np = input_ids.cpu().numpy(), positions.cpu().numpy()
@@ -598,6 +638,7 @@ class CpuLlama(PooledLM):
         [T, len * H], for ``want_hidden`` the final-normed hidden states [T, H]; the pool's
         lengths are not touched (the caller owns the slots)."""
         t = len(ids)
+        pool.reserve(max(cached, int(np.max(slots, initial=-1)) + 1))
         vis_off = np.concatenate([[0], np.cumsum([len(v) for v in visible])])
         keep = [_i32(a) for a in (ids, positions, np.zeros(t), slots, vis_off, np.concatenate(visible), [row], [cached],
                                     np.arange(t) if logit_rows is None else logit_rows)]

@@ -213,6 +213,7 @@ def _gguf_backend(source: ModelSource, info, cfg: dict, name: str, dtype: torch.
         if not 1 <= num_layers <= cfg["num_hidden_layers"]:
             raise ValueError(f"num_layers must be in [1, {cfg['num_hidden_layers']}], got {num_layers}")
         cfg, name = {**cfg, "num_hidden_layers": num_layers}, f"{name}[:{num_layers}]"
+    context = gguf_context(source, info, cfg)
     if backend == "cpu":
         from .cpu import CpuLlama, gguf_weights
 
@@ -222,13 +223,13 @@ def _gguf_backend(source: ModelSource, info, cfg: dict, name: str, dtype: torch.
             raise ValueError("backend cpu computes in float32 (quantized weights, int8 activations); drop --dtype")
         if quant == "auto":  # the file's own blocks (head_rows: only those LM-head rows)
             weights = gguf_weights(source.path, cfg, head_rows=head_rows, requant=requant)
-            model = CpuLlama.from_weights(cfg, weights, None, name=name, head_rows=head_rows)
+            model = CpuLlama.from_weights(cfg, weights, context, name=name, head_rows=head_rows)
             model.gguf_path = source.path
             return model
         fmt = quant.compiled
         _say_dequantized(source, info, f"the compiled runtime requantizes it to {fmt}")
         state = gguf_state_dict(info, cfg)
-        return CpuLlama.from_state_dict(cfg, state, None, quant=fmt, name=name, head_rows=head_rows)
+        return CpuLlama.from_state_dict(cfg, state, context, quant=fmt, name=name, head_rows=head_rows)
     if backend == "native":
         from .native import NativeLlama, NativeOptions
 
@@ -236,9 +237,33 @@ def _gguf_backend(source: ModelSource, info, cfg: dict, name: str, dtype: torch.
             quant = default_quant(source)
         _say_dequantized(source, info, f"the PyTorch runtime runs it as {quant}")
         state = gguf_state_dict(info, cfg)
-        return NativeLlama.from_state_dict(cfg, state, NativeOptions(dtype=dtype, quant=quant), device, None,
+        return NativeLlama.from_state_dict(cfg, state, NativeOptions(dtype=dtype, quant=quant), device, context,
                                            name=name, head_rows=head_rows)
     raise ValueError(f"backend {backend!r} does not read a GGUF directly")
+
+
+MIN_CONTEXT = 1 << 16  # a GGUF's context is never cut below this many tokens (gguf_context)
+_CONTEXT_WARNED: set[Path] = set()
+
+
+def gguf_context(source: ModelSource, info, cfg: dict) -> int:
+    """The context a GGUF runs with: the one it declares (``context_length``), unless the RoPE
+    tables of that many positions, built at load for every position a request may reach
+    (head_dim floats a position, here and in the compiled runtime), would outweigh the file
+    itself: then the largest context whose tables do not, at least MIN_CONTEXT, said once. A
+    4.7 MB file declaring 2^24 tokens made ``generate`` build 2.5-20 GiB of tables."""
+    import warnings
+
+    declared, per_position = cfg["max_position_embeddings"], 8 * cfg["head_dim"]
+    fits = max(MIN_CONTEXT, info.size // per_position)
+    if declared <= fits:
+        return declared
+    if source.path not in _CONTEXT_WARNED:
+        _CONTEXT_WARNED.add(source.path)
+        warnings.warn(f"{source.path.name} declares a context of {declared:,} tokens, whose RoPE tables "
+                      f"({declared * per_position / 2**30:.1f} GiB) would outweigh the file ({info.size / 2**20:.1f} MiB): "
+                      f"running with a context of {fits:,} tokens", RuntimeWarning, stacklevel=3)
+    return fits
 
 
 def _say_dequantized(source: ModelSource, info, how: str) -> None:
