@@ -42,9 +42,10 @@ class BuildExt(build_ext):
 
 setup(cmdclass={"build_ext": BuildExt}, ext_modules=[Extension(
     "verispec._vscpu",
-    sources=[str(CSRC / f) for f in ("runtime.cpp", "threads.cpp", "kernels_scalar.cpp", "kernels_avx2.cpp",
-                                      "kernels_avx512.cpp")] + sorted(str(p) for p in (CSRC / "formats").glob("*.cpp")),
-    depends=[str(CSRC / f) for f in ("vs.h", "threads.h", "kernels_generic.inc", "formats/layout.h",
+    sources=[str(CSRC / f) for f in ("weights.cpp", "forward.cpp", "c_api.cpp", "c_api_test.cpp", "threads.cpp",
+                                      "kernels_scalar.cpp", "kernels_avx2.cpp", "kernels_avx512.cpp")]
+    + sorted(str(p) for p in (CSRC / "formats").glob("*.cpp")),
+    depends=[str(CSRC / f) for f in ("vs.h", "model.h", "threads.h", "kernels_generic.inc", "formats/layout.h",
                                       "formats/simd_avx2.h", "formats/simd_avx512.h")],
     # -Wno-maybe-uninitialized: GCC 12's own avx512fintrin.h trips it (~240 times) in
     # _mm512_undefined_ps() (`__m512 __Y = __Y;`, GCC bug 105593, fixed in GCC 13) inlined

@@ -15,18 +15,18 @@ namespace avx2 {
 static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 static inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
 
-// Scores of whole 64-slot tiles: lanes are keys, and each lane is the fmaf chain over d.
-// All G heads of the kv head share the key loads; 16 keys per pass keep the G * 2
-// accumulators in AVX2's 16 registers.
+// Scores of whole KV_TILE-slot tiles: lanes are keys, and each lane is the fmaf chain over d.
+// All G heads of the kv head share the key loads; 16 keys per pass (two registers) keep the
+// G * 2 accumulators in AVX2's 16 registers.
 template <int G, class KV>
 static void score_tiles_g(const AttnTask& t, int D, int tiles, float* sc, int stride) {
   for (int tile = 0; tile < tiles; tile++) {
-    const KV* kt = (const KV*)t.kt + (size_t)tile * D * 64;
-    for (int part = 0; part < 4; part++) {
+    const KV* kt = (const KV*)t.kt + (size_t)tile * D * KV_TILE;
+    for (int part = 0; part < KV_TILE / 16; part++) {
       __m256 acc[G][2];
       for (int h = 0; h < G; h++) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
       for (int d = 0; d < D; d++) {
-        const KV* kd = kt + d * 64 + 16 * part;
+        const KV* kd = kt + d * KV_TILE + 16 * part;
         const __m256 k0 = load8(kd), k1 = load8(kd + 8);
         for (int h = 0; h < G; h++) {
           const __m256 q = _mm256_set1_ps(t.q[(size_t)h * D + d]);
@@ -35,7 +35,7 @@ static void score_tiles_g(const AttnTask& t, int D, int tiles, float* sc, int st
         }
       }
       for (int h = 0; h < G; h++)
-        for (int i = 0; i < 2; i++) _mm256_storeu_ps(sc + (size_t)h * stride + tile * 64 + 16 * part + 8 * i, acc[h][i]);
+        for (int i = 0; i < 2; i++) _mm256_storeu_ps(sc + (size_t)h * stride + tile * KV_TILE + 16 * part + 8 * i, acc[h][i]);
     }
   }
 }

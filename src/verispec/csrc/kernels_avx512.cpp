@@ -16,18 +16,20 @@ namespace avx512 {
 static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 static inline __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 
-// Scores of whole 64-slot tiles: lanes are keys, and each lane is the fmaf chain over d.
-// All G heads of the kv head share the key loads (G a template argument: registers).
+// Scores of whole KV_TILE-slot tiles: lanes are keys, and each lane is the fmaf chain over d.
+// All G heads of the kv head share the key loads (G a template argument: registers); a tile
+// row is four registers of 16 keys.
+static_assert(KV_TILE == 4 * 16, "score_tiles_g loads a K tile row as four 16-lane registers");
 template <int G, class KV>
 static void score_tiles_g(const AttnTask& t, int D, int tiles, float* sc, int stride) {
   for (int tile = 0; tile < tiles; tile++) {
-    const KV* kt = (const KV*)t.kt + (size_t)tile * D * 64;
+    const KV* kt = (const KV*)t.kt + (size_t)tile * D * KV_TILE;
     __m512 acc[G][4];
     for (int h = 0; h < G; h++)
       for (int i = 0; i < 4; i++) acc[h][i] = _mm512_setzero_ps();
     for (int d = 0; d < D; d++) {
-      const __m512 k0 = load16(kt + d * 64), k1 = load16(kt + d * 64 + 16);
-      const __m512 k2 = load16(kt + d * 64 + 32), k3 = load16(kt + d * 64 + 48);
+      const __m512 k0 = load16(kt + d * KV_TILE), k1 = load16(kt + d * KV_TILE + 16);
+      const __m512 k2 = load16(kt + d * KV_TILE + 32), k3 = load16(kt + d * KV_TILE + 48);
       for (int h = 0; h < G; h++) {
         const __m512 q = _mm512_set1_ps(t.q[(size_t)h * D + d]);
         acc[h][0] = _mm512_fmadd_ps(q, k0, acc[h][0]);
@@ -37,7 +39,7 @@ static void score_tiles_g(const AttnTask& t, int D, int tiles, float* sc, int st
       }
     }
     for (int h = 0; h < G; h++)
-      for (int i = 0; i < 4; i++) _mm512_storeu_ps(sc + (size_t)h * stride + tile * 64 + 16 * i, acc[h][i]);
+      for (int i = 0; i < 4; i++) _mm512_storeu_ps(sc + (size_t)h * stride + tile * KV_TILE + 16 * i, acc[h][i]);
   }
 }
 
@@ -45,12 +47,12 @@ static void score_tiles_g(const AttnTask& t, int D, int tiles, float* sc, int st
 template <int G, class KV>
 static void score_tiles_wide_g(const AttnTask& t, int D, int tiles, float* sc, int stride) {
   for (int tile = 0; tile < tiles; tile++) {
-    const KV* kt = (const KV*)t.kt + (size_t)tile * D * 64;
-    for (int part = 0; part < 2; part++) {
+    const KV* kt = (const KV*)t.kt + (size_t)tile * D * KV_TILE;
+    for (int part = 0; part < KV_TILE / 32; part++) {
       __m512 acc[G][2];
       for (int h = 0; h < G; h++) acc[h][0] = acc[h][1] = _mm512_setzero_ps();
       for (int d = 0; d < D; d++) {
-        const __m512 k0 = load16(kt + d * 64 + 32 * part), k1 = load16(kt + d * 64 + 32 * part + 16);
+        const __m512 k0 = load16(kt + d * KV_TILE + 32 * part), k1 = load16(kt + d * KV_TILE + 32 * part + 16);
         for (int h = 0; h < G; h++) {
           const __m512 q = _mm512_set1_ps(t.q[(size_t)h * D + d]);
           acc[h][0] = _mm512_fmadd_ps(q, k0, acc[h][0]);
@@ -58,7 +60,7 @@ static void score_tiles_wide_g(const AttnTask& t, int D, int tiles, float* sc, i
         }
       }
       for (int h = 0; h < G; h++)
-        for (int i = 0; i < 2; i++) _mm512_storeu_ps(sc + (size_t)h * stride + tile * 64 + 32 * part + 16 * i, acc[h][i]);
+        for (int i = 0; i < 2; i++) _mm512_storeu_ps(sc + (size_t)h * stride + tile * KV_TILE + 32 * part + 16 * i, acc[h][i]);
     }
   }
 }

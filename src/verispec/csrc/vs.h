@@ -21,7 +21,9 @@ constexpr int ABI_VERSION = 2;  // bump when Config, Batch, the slots or the for
 constexpr int PANEL = 16;       // output rows per weight panel (one AVX-512 register of fp32 lanes)
 constexpr int QK = 32;          // elements per activation quantization block (and per small weight block)
 constexpr int QK_K = 256;       // elements per K-quant super-block
-constexpr int KV_TILE = 64;     // K cache slots per transposed tile: [slots / 64][head_dim][64]
+constexpr int KV_TILE_LOG2 = 6;  // K cache slots per transposed tile: [slots / KV_TILE][head_dim][KV_TILE];
+constexpr int KV_TILE = 1 << KV_TILE_LOG2;  // 64. Slot s: tile s >> KV_TILE_LOG2, lane s & (KV_TILE - 1)
+constexpr int MAX_GROUP = 64;   // query heads per kv head at most (attention keeps one sum per head on the stack)
 
 enum Isa : int { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, N_ISA = 3 };
 

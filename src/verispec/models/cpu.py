@@ -838,7 +838,7 @@ def layer_formats(weights: dict) -> tuple[WeightFormat, ...]:
                          for m in parts(layer["wqkv"], layer["wo"], layer["w13"], layer["w2"])}))
 
 
-# what ``supports`` asks of a shape (csrc/runtime.cpp: vs_model_new), in words
+# what ``supports`` asks of a shape (csrc/c_api.cpp: vs_model_new), in words
 SHAPES = "hidden size, FFN size and heads x head size multiples of 32, at most 64 query heads per K/V head"
 
 

@@ -1,5 +1,5 @@
 // AVX2 + FMA + F16C building blocks of the format kernels and their matmul driver.
-// Include inside `#pragma GCC target(VS_TARGET_AVX2)` and a namespace of the format's own.
+// Include between VS_BEGIN_AVX2 and VS_END_TARGET (formats/layout.h), in a namespace of the format's own.
 // A 16-row panel is two 8-lane halves h; lane r of a half is output row 8h + r, so one
 // output's reduction is the same fmaf sequence as the scalar reference. Integer block dots:
 // vpmaddubsw (u8 x s8 pairs into int16) then vpmaddwd into int32; each format says how many

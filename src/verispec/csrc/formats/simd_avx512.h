@@ -1,5 +1,5 @@
 // AVX-512 (F, BW, VL, VNNI) building blocks of the format kernels and their matmul driver.
-// Include inside `#pragma GCC target(VS_TARGET_AVX512)` and a namespace of the format's own.
+// Include between VS_BEGIN_AVX512 and VS_END_TARGET (formats/layout.h), in a namespace of the format's own.
 // Lane r of a register is output row r of a 16-row panel, so one output's reduction is the
 // same fmaf sequence as the scalar reference. Integer block dots: vpdpbusd (u8 x s8), exact.
 
