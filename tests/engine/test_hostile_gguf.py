@@ -48,7 +48,8 @@ def mutated_gguf(path: Path, mutation: dict) -> Path:
 
 def _run_job(job: dict, runner, app) -> dict:
     """One job: ``cli`` args through the command line (in-process), or a ``fuzz`` mutation
-    loaded through ``load_model`` and generating three greedy tokens."""
+    loaded through ``load_model`` and generating up to three greedy tokens after a one-token
+    prompt (a context may be as short as two tokens)."""
     if "cli" in job:
         r = runner.invoke(app, job["cli"])
         return {"exit": r.exit_code, "output": r.output}
@@ -59,7 +60,7 @@ def _run_job(job: dict, runner, app) -> dict:
     path = mutated_gguf(Path(job["path"]), job["fuzz"])
     try:
         model = load_model(str(path))
-        out = SpecDecoder(model).generate("the", SamplingParams(max_new_tokens=3, temperature=0.0))
+        out = SpecDecoder(model).generate("t", SamplingParams(max_new_tokens=3, temperature=0.0), chat=False)
         return {"outcome": "ok", "tokens": len(out.token_ids)}
     except ModelError as err:
         return {"outcome": "ModelError", "message": str(err)}
@@ -206,6 +207,14 @@ def test_misaligned_tensor_offset_refused(tmp_path: Path) -> None:
         refused(tmp_path, {"fields": {"tensor blk.0.attn_q.weight offset": value}}, "blk.0.attn_q.weight", "alignment")
 
 
+@pytest.mark.parametrize("key", ["qwen2.context_length", "qwen2.block_count", "qwen2.attention.head_count"])
+@pytest.mark.parametrize("value", [[ARRAY, [UINT32, [1, 2]]], [ARRAY, [STRING, ["a", "b", "c", "d"]]], [BOOL, True],
+                                   [FLOAT32, 2.0], [UINT64, 1 << 62], [INT32, -1]])
+def test_sizes_must_be_integers(tmp_path: Path, key: str, value: list) -> None:
+    """An array read as its length (2 layers from [1, 2]) or a bool, float, huge or negative value is no size."""
+    refused(tmp_path, {"meta": {key: value}}, key.removeprefix("qwen2."), "expected an integer")
+
+
 # ----------------------------------------------------------------------------- 3. head counts
 
 
@@ -247,7 +256,8 @@ def test_unsupported_shape_falls_back_and_says_so(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("key", ["qwen2.attention.layer_norm_rms_epsilon", "qwen2.rope.freq_base"])
 @pytest.mark.parametrize("value", [[FLOAT32, math.nan], [FLOAT32, -1.0], [FLOAT32, 0.0], [FLOAT32, math.inf],
-                                   [FLOAT64, 1e300], [FLOAT64, 1e-60], [STRING, "1e-6"], [BOOL, True]])
+                                   [FLOAT64, 1e300], [FLOAT64, 1e-60], [STRING, "1e-6"], [BOOL, True],
+                                   [ARRAY, [FLOAT32, [1.0]]]])
 def test_nan_making_metadata_refused(tmp_path: Path, key: str, value: list) -> None:
     """rms_epsilon NaN or -1 and rope.freq_base 0 loaded, then sampling crashed or greedy gave
     token 0 forever: each must be finite and positive (as float32, the runtimes' precision)."""
@@ -289,6 +299,73 @@ def test_kv_cache_grows_with_the_request_and_stays_exact(tmp_path: Path) -> None
         a, b = backend.forward(chunk, pos, grown).logits, backend.forward(chunk, pos, held).logits
         assert torch.equal(a, b), (start, end)
     assert grown.pool.slots == 1024 and grown.length == held.length == 700
+
+
+# ----------------------------------------------------------------------------- the fuzz
+
+
+def _meta_values(vtype: int, value: object) -> list[list]:
+    """Replacements for one metadata value: other types, 0, -1, huge, NaN, arrays of the wrong
+    item type or count; [type, value] each (an array: [ARRAY, [item type, items]])."""
+    if vtype == ARRAY:
+        item_type, items = value
+        other = [INT32, [0] * len(items)] if item_type == STRING else [STRING, [str(i) for i in items]]
+        return [[ARRAY, [item_type, items[: len(items) // 2]]], [ARRAY, [item_type, items + items[:3]]],
+                [ARRAY, [item_type, []]], [ARRAY, other], [ARRAY, [ARRAY, [[UINT32, [1]]]]],
+                [UINT32, len(items)], [STRING, "x"]]
+    common = [[STRING, "7"], [BOOL, True], [ARRAY, [UINT32, [1, 2]]], [UINT32, 0], [INT32, -1]]
+    if vtype == STRING:
+        return common + [[STRING, ""], [STRING, "é" * 3], [STRING, value * 2]]
+    floats = [[FLOAT32, math.nan], [FLOAT32, math.inf], [FLOAT32, -1.0], [FLOAT32, 0.0], [FLOAT64, 1e300]]
+    if vtype in (FLOAT32, FLOAT64):
+        return common + floats
+    return common + floats[:3] + [[UINT64, 1 << 62], [UINT32, (1 << 32) - 1], [UINT32, 1 << 24],
+                                  [UINT32, value * 2], [UINT32, value + 1], [FLOAT32, float(value)]]
+
+
+def _field_values(fmt: str, value: int | float) -> list[int | float]:
+    """Replacements for one fixed-size header field (an integer wraps to the field's width)."""
+    if fmt in ("<f", "<d"):
+        return [math.nan, math.inf, -1.0, 0.0, 1e30]
+    if fmt == "<Q":
+        return [0, 1, 1 << 62, 1 << 63, (1 << 64) - 1, value + 1, value - 1, value * 2, value + 4096]
+    return [0, 1, 3, 13, 1 << 31, (1 << 32) - 1, value + 1, value - 1]
+
+
+def fuzz_mutations(seed: int, count: int) -> list[dict]:
+    """``count`` mutations of the tiny model, deterministic for ``seed``: first one of each
+    metadata key and each header field (every key, every tensor's name length, n_dims, each
+    dim, type and offset, string lengths, array item types and counts), then others at random."""
+    import struct
+
+    from gguf_fixtures import gguf_bytes
+
+    rng = random.Random(seed)
+    meta, tensors = tiny_qwen2()
+    data, fields = gguf_bytes(meta, tensors)
+    targets = [[{"meta": {key: v}} for v in _meta_values(*meta[key])] + [{"meta": {key: None}}] for key in meta]
+    for label, f in fields.items():
+        original = struct.unpack_from(f.fmt, data, f.offset)[0]
+        targets.append([{"fields": {label: v}} for v in _field_values(f.fmt, original)])
+    chosen = [rng.choice(options) for options in targets]
+    rest = [m for options in targets for m in options if m not in chosen]
+    return chosen + rng.sample(rest, max(0, count - len(chosen)))
+
+
+def test_fuzz_mutated_ggufs_load_or_refuse_in_one_line(tmp_path: Path) -> None:
+    """Several hundred single-field mutations of a valid GGUF, loaded through ``load_model``
+    in one capped driver process: each loads and generates three greedy tokens, or raises one
+    ModelError line; never another exception type, an abort, a hang or a runaway allocation."""
+    mutations = fuzz_mutations(seed=32, count=400)
+    assert len(mutations) == 400
+    path = str(tmp_path / "mutant.gguf")
+    jobs = [{"label": json.dumps(m), "fuzz": m, "path": path} for m in mutations]
+    results = drive(jobs, timeout=240)
+    bad = [r for r in results if r["outcome"] not in ("ok", "ModelError") or "\n" in r.get("message", "")]
+    assert not bad, f"{len(bad)} of {len(results)} mutations: " + "; ".join(
+        f"{r['label']} -> {r['outcome']}: {r.get('message')}" for r in bad[:8])
+    outcomes = {r["outcome"] for r in results}
+    assert outcomes == {"ok", "ModelError"}, outcomes  # both kinds are exercised
 
 
 if __name__ == "__main__":

@@ -78,6 +78,7 @@ class GGUFInfo:
     meta: dict[str, object]
     tensors: dict[str, GGUFTensor] = field(repr=False)
     tokenizer_key: str = ""  # sha256 of the tokenizer.* key/value bytes (+ the builder version)
+    array_keys: frozenset[str] = frozenset()  # keys holding arrays (an undecoded one reads as its length)
 
     @property
     def architecture(self) -> str:
@@ -115,6 +116,7 @@ def _parse(path: Path, buf: mmap.mmap, size: int, arrays: frozenset[str], want_t
     if version not in (2, 3):
         raise ModelError(f"{path} is GGUF version {version}: expected {EXPECTED}")
     meta: dict[str, object] = {}
+    array_keys: set[str] = set()
     tok_hash = hashlib.sha256(f"verispec-gguf-tokenizer-v{_TOKENIZER_VERSION}".encode())
     offset = 24
     for _ in range(n_kv):
@@ -122,6 +124,8 @@ def _parse(path: Path, buf: mmap.mmap, size: int, arrays: frozenset[str], want_t
         key, offset = _string(buf, offset)
         (vtype,) = struct.unpack_from("<I", buf, offset)
         meta[key], offset = _value(buf, offset + 4, vtype, decode=key in arrays)
+        if vtype == _ARRAY:
+            array_keys.add(key)
         if key.startswith("tokenizer."):
             tok_hash.update(buf[start:offset])
     tensors: dict[str, GGUFTensor] = {}
@@ -155,7 +159,7 @@ def _parse(path: Path, buf: mmap.mmap, size: int, arrays: frozenset[str], want_t
                 raise ModelError(f"{path} is truncated: tensor {name} ends at byte {end:,} but the file has "
                                  f"{size:,} bytes (expected the complete file; download or reinstall it again)")
             tensors[name] = GGUFTensor(name, shape, type_id, data_start + rel, nbytes)
-    return GGUFInfo(path, size, meta, tensors, tok_hash.hexdigest())
+    return GGUFInfo(path, size, meta, tensors, tok_hash.hexdigest(), frozenset(array_keys))
 
 
 def _tensor_nbytes(path: Path, name: str, shape: tuple[int, ...], type_id: int) -> int:
@@ -262,18 +266,19 @@ def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
             raise ModelError(f"{path} lacks metadata {key(name)!r}: expected a complete {arch} GGUF")
         return meta.get(key(name), default)
 
-    def size(name: str, default: int | None = None) -> int:
+    def size(name: str, default: int | None = None, least: int = 1) -> int:
         value = given(name, default)
-        if type(value) is not int or not 0 < value <= _MAX_SIZE:  # bool, float, string, array: not a size
-            raise invalid(f"{name} = {_short(value)}: expected a positive integer up to {_MAX_SIZE:,}")
+        # bool, float, string, array (an undecoded one reads as its length): not a size
+        if type(value) is not int or key(name) in info.array_keys or not least <= value <= _MAX_SIZE:
+            raise invalid(f"{name} = {_shown(value)}: expected an integer from {least} to {_MAX_SIZE:,}")
         return value
 
     def positive(name: str, default: float | None = None) -> float:
         value = given(name, default)
         with np.errstate(over="ignore"):  # beyond float32's range: inf, refused below
-            f32 = _f32(value) if type(value) in (int, float) else math.nan
+            f32 = _f32(value) if type(value) in (int, float) and key(name) not in info.array_keys else math.nan
         if not (math.isfinite(f32) and f32 > 0):
-            raise invalid(f"{name} = {_short(value)}: expected a finite positive number")
+            raise invalid(f"{name} = {_shown(value)}: expected a finite positive number")
         return f32
 
     hidden, heads = size("embedding_length"), size("attention.head_count")
@@ -311,7 +316,7 @@ def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
-        "max_position_embeddings": size("context_length"),
+        "max_position_embeddings": size("context_length", least=2),  # a prompt token and one generated
         "rms_norm_eps": positive("attention.layer_norm_rms_epsilon"),
         "rope_theta": positive("rope.freq_base", 1000000.0 if arch == "qwen2" else 10000.0),
         "tie_word_embeddings": "output.weight" not in info.tensors,
@@ -330,12 +335,6 @@ def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
 
 
 _MAX_SIZE = 1 << 24  # the largest count or length a config may give (layers, heads, vocabulary, context)
-
-
-def _short(value: object, limit: int = 40) -> str:
-    """A metadata value in a one-line message: its repr, cut to ``limit`` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_tensors(info: GGUFInfo, cfg: dict) -> None:
