@@ -264,6 +264,34 @@ def test_nan_making_metadata_refused(tmp_path: Path, key: str, value: list) -> N
     refused(tmp_path, {"meta": {key: value}}, key.removeprefix("qwen2."), "finite positive")
 
 
+CLI_CASES = {  # classes 2-4 through the command line: name -> (mutation, a word of the error line)
+    "dim_zero": ({"fields": {"tensor blk.0.attn_k.weight dim 1": 0}}, "blk.0.attn_k.weight"),
+    "dim_2^62": ({"fields": {"tensor blk.1.ffn_up.weight dim 1": 1 << 62}}, "blk.1.ffn_up.weight"),
+    "n_dims_0": ({"fields": {"tensor output_norm.weight n_dims": 0}}, "output_norm.weight"),
+    "heads_7": ({"meta": {"qwen2.attention.head_count": [UINT32, 7]}}, "head_count = 7"),
+    "kv_heads_3": ({"meta": {"qwen2.attention.head_count_kv": [UINT32, 3]}}, "head_count_kv = 3"),
+    "eps_nan": ({"meta": {"qwen2.attention.layer_norm_rms_epsilon": [FLOAT32, math.nan]}}, "layer_norm_rms_epsilon"),
+    "eps_-1": ({"meta": {"qwen2.attention.layer_norm_rms_epsilon": [FLOAT32, -1.0]}}, "layer_norm_rms_epsilon"),
+    "theta_0": ({"meta": {"qwen2.rope.freq_base": [FLOAT32, 0.0]}}, "rope.freq_base"),
+    "theta_inf": ({"meta": {"qwen2.rope.freq_base": [FLOAT32, math.inf]}}, "rope.freq_base"),
+}
+
+
+def test_malformed_files_through_the_cli_target_and_draft(tmp_path: Path) -> None:
+    """Each file as ``--model`` and as the draft of a valid target (``-o model=``): one line
+    naming what is wrong, exit 2, under ``generate`` and ``--backend native`` alike."""
+    good = str(mutated_gguf(tmp_path / "good.gguf", {}))
+    jobs = []
+    for name, (mutation, _) in CLI_CASES.items():
+        bad = str(mutated_gguf(tmp_path / f"{name}.gguf", mutation))
+        jobs += [{"label": f"{name} target", "cli": ["generate", "--model", bad, "-n", "3", "the"]},
+                 {"label": f"{name} native", "cli": ["generate", "--model", bad, "--backend", "native", "the"]},
+                 {"label": f"{name} draft", "cli": ["generate", "--model", good, "--drafter", "draft",
+                                                    "-o", f"model={bad}", "-n", "3", "the"]}]
+    for result in drive(jobs):
+        assert_one_line_exit_2(result, CLI_CASES[result["label"].split()[0]][1])
+
+
 # ----------------------------------------------------------------------------- 5. huge contexts
 
 
