@@ -77,14 +77,14 @@ def test_dense_prefill_path_matches_kernel():
     assert torch.equal(quant_linear(x[:, :3], qw, dense=True), quant_linear(x[:, :3], qw))  # few rows: the kernel
 
 
-@pytest.mark.parametrize("k", [168, 172, 176])
+@pytest.mark.parametrize("k", [160, 168, 172, 176, 184, 192])
 def test_int8_runs_every_in_features(k):
-    """torch's int8 kernel crashes the process for in_features not a multiple of 8 with two or
-    more rows (stories260K's FFN, K = 172, under --quant int8): such weights dequantize
-    instead. Either way the product is x @ (q * scale).T."""
+    """torch's int8 kernel crashes the process for in_features not a multiple of its vector width
+    (8 on AVX2, 16 on AVX-512) with two or more rows (stories260K's FFN, K = 172, under --quant
+    int8): such weights dequantize instead. Either way the product is x @ (q * scale).T."""
     w = torch.randn(64, k, generator=torch.Generator().manual_seed(k))
     qw = quantize_int8(w)
-    assert qw.packed_kernel == (k % 8 == 0)
+    assert qw.packed_kernel == (k % 32 == 0)
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(1))
     ref = (x.bfloat16() @ qw.q.to(torch.bfloat16).T).float() * qw.scales.float()
     torch.testing.assert_close(quant_linear(x, qw), ref, atol=0.05, rtol=0.02)

@@ -22,7 +22,9 @@ import torch
 import torch.nn.functional as F
 
 KERNEL_DTYPE = torch.bfloat16  # activation dtype of the packed kernels
-INT8_PACK_K = 8  # the int8 kernel runs only where in_features is a multiple of this (quantize_int8)
+# the int8 kernel runs only where in_features is a multiple of this (quantize_int8): torch's AVX2 path reads K in
+# 8-wide vectors, its AVX-512 path in 16-wide ones; 32 leaves room for a wider path (every real model's K is)
+INT8_PACK_K = 32
 
 
 @dataclass(frozen=True)
@@ -87,9 +89,9 @@ def quantize_int8(w: torch.Tensor) -> Int8Weight:
     scales = (w32.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # [N]
     q = torch.round(w32 / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
     scales = scales.to(KERNEL_DTYPE)
-    # torch's CPU kernel reads K in 8-wide vectors: for other K it reads past the rows and, with
-    # two or more activation rows, crashes the process (torch 2.13: K = 172, stories260K's FFN),
-    # which no probe can catch: such K dequantize instead (exact, not faster)
+    # torch's CPU kernel reads K in 8- (AVX2) or 16-wide (AVX-512) vectors: for other K it reads past the rows
+    # and, with two or more activation rows, crashes the process (torch 2.13: K = 172, stories260K's FFN, on
+    # AVX2; K = 168 on AVX-512), which no probe can catch: such K dequantize instead (exact, not faster)
     packed = w.shape[1] % INT8_PACK_K == 0 and _works(lambda x: torch._weight_int8pack_mm(x, q, scales), q)
     return Int8Weight(q=q, scales=scales, packed_kernel=packed)
 
