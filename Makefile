@@ -16,7 +16,7 @@ install:
 demo: install
 	verispec demo
 
-# the linter (pyproject's [tool.ruff]), then the default suite (pyproject's pytest options): tests/unit, tests/engine, the core of tests/real
+# the linter (pyproject's [tool.ruff]), then the default suite (pyproject's pytest options): every tests/ folder but the non-core tests of tests/real
 # (the compiled runtime's bitwise and greedy-equality checks on SmolLM2) and the docstring examples
 test: install
 	$(PYTHON) -m ruff check src tests scripts

@@ -1,10 +1,12 @@
 """Shared fixtures and the test groups. Tests pin torch to 2 threads (CI machines have 2 cores).
 
-Layout (by what a test needs): ``unit/`` pure functions, drafters and caches (seconds);
-``engine/`` the engine, every drafter and backend on toy, tiny random and stories260K models;
+Layout (by subject): ``unit/`` pure functions, drafters and caches (seconds); ``engine/`` the
+engine and every drafter on toy, tiny random and stories260K models; ``models/`` loading, model
+files, caches and the runtimes; ``server/`` the OpenAI-compatible server and Ray Serve;
+``cli/`` the command line; ``bench/``, ``train/``; ``packaging/`` the wheel and CI's guards;
 ``real/`` the real targets (SmolLM2-135M, the Qwen2.5-Coder pair), marked ``real`` here. The
-default suite (``make test``) runs unit/, engine/, the ``core`` subset of real/ and the
-docstring examples of ``src/verispec``; ``.ci/run`` then runs the rest of real/."""
+default suite (``make test``) runs all but real/'s non-``core`` tests and the docstring
+examples of ``src/verispec``; ``.ci/run`` then runs the rest of real/."""
 
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from serving import KEY, TEMPLATE, running_server, stories_native_model, with_chat_template
 from tiny_models import make_tiny_dirs, tiny_llama
 from verispec.models.hf import HFCausalLM
+from verispec.server.guard import Limits
 
 torch.set_num_threads(2)
 
@@ -89,3 +93,22 @@ def stories_native():
     from verispec.api import load_model
 
     return load_model("stories260k")
+
+
+# a server for the hostile-request tests: stories260K with a ChatML-like template (``chatml``), on 127.0.0.1
+# with small limits and an API key (``guarded``), and its base URL (``url``); module-scoped: one per test module
+@pytest.fixture(scope="module")
+def chatml():
+    return with_chat_template(stories_native_model(), TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def guarded(chatml):
+    limits = Limits(max_body_bytes=32_768, header_timeout_s=0.5, body_timeout_s=0.5, api_key=KEY)
+    with running_server(chatml, max_queue=3, limits=limits) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def url(guarded) -> str:
+    return guarded[0]

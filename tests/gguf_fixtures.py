@@ -11,11 +11,13 @@ length, an array's count) and nothing else.
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
 SCALAR_FORMATS = {UINT8: "<B", INT8: "<b", UINT16: "<H", INT16: "<h", UINT32: "<I", INT32: "<i", FLOAT32: "<f",
@@ -151,3 +153,85 @@ def patch(path: Path, field: Field, value: int | float) -> None:
     with open(path, "r+b") as f:
         f.seek(field.offset)
         f.write(packed)
+
+
+# ----------------------------------------------------------------------------- from a transformers model
+
+
+def _tiny_vocab() -> tuple[list[str], list[int], list[str]]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens = specials + sorted(bytes_to_unicode().values()) + ["Ġt", "he", "Ġthe"]
+    return tokens, [3] * 3 + [1] * (len(tokens) - 3), ["Ġ t", "h e", "Ġt he"]
+
+
+def _permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:  # llama.cpp LlamaModel.permute
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+          "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+          "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
+def write_tiny_gguf(path: Path, arch: str = "qwen2", hidden: int = 64, ffn: int = 96, heads: int = 4,
+                    kv_heads: int = 2, raw_types: dict[str, int] | None = None):
+    """A random tiny model in llama.cpp's layout (llama: permuted Q/K; qwen2: as HF, with QKV
+    bias; untied head); returns the transformers reference model (``arch`` llama/qwen2), or
+    None for other architectures (tensors written as they are)."""
+    import gguf
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    tokens, types, merges = _tiny_vocab()
+    kw = dict(vocab_size=len(tokens), hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=2,
+              num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=128,
+              rms_norm_eps=1e-6, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    if arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**kw, rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**kw))
+    model.eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(2), w.add_context_length(128), w.add_embedding_length(hidden), w.add_feed_forward_length(ffn)
+    w.add_head_count(heads), w.add_head_count_kv(kv_heads), w.add_rope_dimension_count(hidden // heads)
+    w.add_rope_freq_base(1e6 if arch == "qwen2" else 10000.0), w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("qwen2" if arch == "qwen2" else "smollm")
+    w.add_token_list(tokens), w.add_token_types(types), w.add_token_merges(merges)
+    w.add_bos_token_id(0), w.add_eos_token_id(2), w.add_chat_template("{% for m in messages %}<|im_start|>"
+                                                                      "{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                                                                      "{% endfor %}")
+    for name, tensor in model.state_dict().items():
+        fixed = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                 "lm_head.weight": "output.weight"}
+        if name in fixed:
+            gname = fixed[name]
+        else:
+            layer, rest, kind = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name).groups()
+            gname = f"blk.{layer}.{_NAMES[rest]}.{kind}"
+        t = tensor
+        if arch == "llama" and ("q_proj" in name or "k_proj" in name):
+            t = _permute(tensor, heads if "q_proj" in name else kv_heads)
+        array = np.ascontiguousarray(t.numpy())
+        qtype = (raw_types or {}).get(gname)
+        if qtype is not None:
+            from gguf import GGML_QUANT_SIZES
+
+            block, size = GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
+            raw = np.zeros((array.shape[0], array.shape[1] // block * size), dtype=np.uint8)
+            w.add_tensor(gname, raw, raw_dtype=gguf.GGMLQuantizationType(qtype))
+        elif name == "model.layers.1.mlp.up_proj.weight":  # one Q8_0 tensor: the reference gets its values
+            packed = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(gname, packed, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            tensor.copy_(torch.from_numpy(gguf.quants.dequantize(packed, gguf.GGMLQuantizationType.Q8_0)))
+        else:
+            w.add_tensor(gname, array)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return model
+
+

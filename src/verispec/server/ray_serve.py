@@ -161,7 +161,7 @@ def replica_grpc_on_loopback() -> None:
     if not is_loopback(ray.util.get_node_ip_address()):
         return
     bind = getattr(replica, "add_port_to_grpc_server", None)
-    if bind is None:  # another Ray Serve: tests/engine/test_ray_loopback.py says what it binds
+    if bind is None:  # another Ray Serve: tests/server/test_ray_serve.py says what it binds
         logger.warning("verispec: cannot move this Ray Serve replica's gRPC server to loopback")
         return
 

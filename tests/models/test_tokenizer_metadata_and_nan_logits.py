@@ -19,9 +19,9 @@ import httpx
 import numpy as np
 import pytest
 import torch
-
 from gguf_fixtures import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT32, UINT64, byte_level_vocab, tiny_qwen2, write_gguf
 from serving import one_line_exit_2, running_server, stories_native_model
+
 from verispec.api import load_model
 from verispec.drafters.base import NoDrafter
 from verispec.drafters.draft_model import DraftModelDrafter
@@ -282,7 +282,7 @@ def test_cli_nan_after_the_prefill_is_one_line_exit_2(tmp_path: Path, monkeypatc
 
 def test_cli_q4_k_block_of_ff_bytes_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The issue's reproduction: a Q4_K tensor of 0xFF bytes has NaN scales (f16 0xFFFF)."""
-    from test_qwen_loading import write_tiny_gguf
+    from gguf_fixtures import write_tiny_gguf
 
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "q4k.gguf"

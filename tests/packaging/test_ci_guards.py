@@ -1,6 +1,6 @@
 """CI's guard against a failed C++ build: with VERISPEC_REQUIRE_COMPILED=1 (``.ci/run``), a
 compiled runtime that did not load fails the whole run (tests/conftest.py) instead of letting
-the compiled-runtime tests (engine/test_cpu.py, test_prefix_cache.py, test_eagle_runner.py, ...)
+the compiled-runtime tests (models/test_cpu.py, engine/test_prefix_cache.py, test_eagle_runner.py, ...)
 skip quietly."""
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
+from gguf_fixtures import write_tiny_gguf
 from serving import runner
-from test_qwen_loading import write_tiny_gguf
+
 from verispec.cli import app as cli_app
 from verispec.models.base import ModelError
 from verispec.models.gguf_file import gguf_tokenizer, read_gguf, tokenizer_cache_dir
