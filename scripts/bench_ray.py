@@ -78,7 +78,7 @@ def routing(args: argparse.Namespace) -> None:
     import ray
     from ray import serve
 
-    from verispec.server.app import ServerConfig
+    from verispec.server.state import ServerConfig
     from verispec.server.ray_serve import (
         APP_NAME,
         QUIET,

@@ -23,7 +23,8 @@ from typer.testing import CliRunner
 from verispec.api import load_model
 from verispec.cli import app as cli_app
 from verispec.drafters.base import DraftContext, StatelessDrafter
-from verispec.server.app import ServerConfig, build_state, make_server
+from verispec.server.app import make_server
+from verispec.server.state import ServerConfig, build_state
 from verispec.tree import DraftTree
 
 MODEL = "stories260k"

@@ -19,6 +19,15 @@ def sample_seed(seed: int, k: int) -> int:
     return (seed + k) % (MAX_SEED + 1)
 
 
+class ParameterError(ValueError):
+    """An invalid value of the named parameter (``param``, a ``SamplingParams`` field): the
+    server's HTTP 400 names it, the command line prints the message."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens. ``temperature == 0`` (or below ``GREEDY_BELOW``) is greedy decoding.
@@ -53,35 +62,37 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.temperature <= MAX_TEMPERATURE:  # also rejects NaN and inf
-            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
+            raise ParameterError("temperature",
+                                 f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
         if self.temperature < GREEDY_BELOW:
             # logits / 1e-300 overflow to inf and softmax gives NaN; such a temperature means greedy (as in vLLM)
             object.__setattr__(self, "temperature", 0.0)
         if not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"seed must be in [0, 2^63 - 1], got {self.seed}")
+            raise ParameterError("seed", f"seed must be in [0, 2^63 - 1], got {self.seed}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+            raise ParameterError("top_k", f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise ParameterError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise ParameterError("max_new_tokens", f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
+            raise ParameterError("stop", "stop strings must be non-empty")
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise ParameterError("min_p", f"min_p must be in [0, 1], got {self.min_p}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+                raise ParameterError(name, f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not 0.0 < self.repetition_penalty <= 10.0:  # also rejects NaN
-            raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+            raise ParameterError("repetition_penalty",
+                                 f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
         if any(not -100.0 <= b <= 100.0 or t < 0 for t, b in self.logit_bias):
-            raise ValueError("logit_bias maps token ids >= 0 to biases in [-100, 100]")
+            raise ParameterError("logit_bias", "logit_bias maps token ids >= 0 to biases in [-100, 100]")
         if len({t for t, _ in self.logit_bias}) != len(self.logit_bias):
-            raise ValueError("logit_bias names a token id twice")
+            raise ParameterError("logit_bias", "logit_bias names a token id twice")
         if any(t < 0 for t in self.stop_token_ids):
-            raise ValueError("stop_token_ids must be >= 0")
+            raise ParameterError("stop_token_ids", "stop_token_ids must be >= 0")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+            raise ParameterError("logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:

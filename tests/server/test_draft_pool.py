@@ -16,7 +16,8 @@ from verispec.engine import Engine
 from verispec.engine.batch import batch_bytes
 from verispec.memory import cache_pool_bytes
 from verispec.registry import make_drafter
-from verispec.server.app import ServerConfig, build_state, create_app
+from verispec.server.app import create_app
+from verispec.server.state import ServerConfig, build_state
 
 from serving import MODEL, one_line_exit_2, stories_native_model
 
@@ -79,7 +80,7 @@ def test_what_fits_counts_the_draft_caches(monkeypatch, max_batch: int) -> None:
     """--max-model-len 0 (what fits): a draft model as large as the target halves the context."""
     from dataclasses import replace
 
-    from verispec.server.app import fits_context
+    from verispec.server.state import fits_context
 
     model = stories_native_model()
     target = model.backend

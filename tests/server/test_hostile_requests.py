@@ -25,8 +25,9 @@ from serving import AUTH, KEY, MODEL, TEMPLATE, assert_error, post, running_serv
 from verispec import memory
 from verispec.chat import content_spans, encode_chat
 from verispec.drafters.base import DraftContext, StatelessDrafter
-from verispec.server.app import ServerConfig, build_state, make_server
+from verispec.server.app import make_server
 from verispec.server.guard import Limits
+from verispec.server.state import ServerConfig, build_state
 from verispec.tree import DraftTree
 from verispec.types import MAX_SEED, SamplingParams
 
@@ -233,7 +234,7 @@ def test_requests_outliving_the_grace_period_end_cleanly(chatml) -> None:
 
 
 def test_negative_grace_is_rejected(chatml) -> None:
-    from verispec.server.app import ServerConfig, build_state
+    from verispec.server.state import ServerConfig, build_state
 
     state = build_state(ServerConfig(model=MODEL, max_model_len=64), model=chatml)
     with pytest.raises(ValueError, match="graceful"):
@@ -324,7 +325,7 @@ def test_logit_bias_ascii_key_works(url) -> None:  # noqa: F811
 
 
 def test_connection_after_a_500_is_closed_or_usable(url, monkeypatch) -> None:  # noqa: F811
-    import verispec.server.app as app_module
+    import verispec.server.handler as app_module
 
     def boom(*_a, **_k):
         raise RuntimeError("unexpected")

@@ -1,4 +1,4 @@
-"""OpenAI-compatible request bodies (pydantic) and the error body.
+"""OpenAI-compatible request bodies (pydantic) and errors (``ApiError``, ``error_body``).
 
 Only what verispec can honour is accepted: fields of the OpenAI API that would change the
 output in ways the engine does not implement (``echo`` with logprobs, streaming ``best_of``,
@@ -183,3 +183,15 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
                code: str | None = None) -> dict:
     """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class ApiError(Exception):
+    """A request's failure as an OpenAI-shaped error: HTTP ``status`` and the body's ``message``,
+    ``type``, ``param`` (the request field at fault, named where the check is made) and ``code``;
+    ``headers`` such as ``Retry-After``. The app's exception handler answers it."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type_: str = "invalid_request_error", headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
+        self.headers = headers

@@ -1,0 +1,240 @@
+"""The two OpenAI endpoints as the request handler (``handler.py``) sees them: how a request's
+prompts are built and how its choices are shaped. The rest (checks, sampling parameters, jobs,
+streaming, usage) is the handler's, the same for both.
+
+- ``Completions`` (POST /v1/completions): one or more prompts, each text or token ids, encoded
+  on the tokenizer thread one prompt per slice; ``best_of`` samples per prompt, of which the
+  ``n`` most likely are returned; a choice has ``text`` (the prompt first with ``echo``) and
+  OpenAI's completion logprobs (tokens with text offsets).
+- ``Chat`` (POST /v1/chat/completions): messages rendered through the model's chat template
+  on the render thread, then tokenized on the tokenizer thread; a choice has a ``message`` (a
+  ``delta`` when streamed, the first naming the role) and OpenAI's chat logprobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from ..api import encode_prompt
+from ..chat import ChatTooLong, RenderedChat, render_chat, tokenize_chat
+from ..chat_template import TemplateError
+from .generation import FINISH
+from .openai_logprobs import TextOffsets, chat_logprobs, completion_logprobs
+from .schemas import ApiError, ChatCompletionRequest, CompletionRequest
+from .state import ServerState
+from .validation import check_chat_size, check_prompt_sizes, max_new_tokens
+from .worker import Event
+
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions (chat: --default-max-tokens)
+
+
+class Endpoint(ABC):
+    """One request to one endpoint: its prompts, and its choices' shape. A choice is
+    ``{"index", <text | message | delta>, "logprobs", "finish_reason"}``; the handler adds the
+    token ids a request asks for (``return_token_ids``)."""
+
+    object: ClassVar[str]  # the response's "object"
+    chunk_object: ClassVar[str]  # a streamed chunk's
+    id_prefix: ClassVar[str]  # of the response's "id"
+
+    def __init__(self, state: ServerState, body: CompletionRequest | ChatCompletionRequest):
+        self.state, self.body, self.tokenizer = state, body, state.model.tokenizer
+
+    @property
+    @abstractmethod
+    def samples(self) -> int:
+        """Samples generated per prompt; ``body.n`` of them are returned (the most likely)."""
+
+    @property
+    @abstractmethod
+    def logprobs(self) -> int | None:
+        """Alternatives per token the engine reports (None: no logprobs)."""
+
+    @property
+    @abstractmethod
+    def shows_logprobs(self) -> bool:
+        """Whether the choices carry logprobs."""
+
+    @abstractmethod
+    def check_size(self) -> None:
+        """Refuse, before any tokenization, what the queue or the context cannot hold."""
+
+    @abstractmethod
+    async def prompts(self) -> list[list[int]]:
+        """The prompts' token ids (built off the event loop)."""
+
+    @abstractmethod
+    def max_tokens(self, prompts: list[list[int]]) -> int:
+        """The request's token budget; refuses prompts that leave no room in the context."""
+
+    @abstractmethod
+    def opening_choices(self, total: int) -> list[dict[str, Any]]:
+        """Streamed before any token, one chunk each (``total``: the request's choices)."""
+
+    @abstractmethod
+    def stream_choice(self, index: int, ev: Event) -> dict[str, Any]:
+        """The streamed choice ``index`` carrying one event."""
+
+    @abstractmethod
+    def choice(self, index: int, prompt: int, out: dict[str, Any]) -> dict[str, Any]:
+        """Choice ``index`` of a whole answer: ``out`` (``generation.collect``'s) for prompt ``prompt``."""
+
+
+def render_chat_prompt(state: ServerState, messages: list[dict[str, str]]) -> RenderedChat:
+    """A chat through the model's template (``api.encode_prompt``'s checks), on the render
+    thread: refuses a rendering longer than ``max_prompt_chars`` (the template's own text
+    counts), or past the template's time or memory bound, in one line."""
+    if any(not m["content"].strip() for m in messages):
+        raise ApiError(400, "chat messages must be non-empty", "messages")
+    if state.chat_error is not None:
+        raise ApiError(400, state.chat_error, "messages", "chat_template_error")
+    if state.chat_template is None:
+        raise ApiError(400, f"model {state.model.name} has no chat template; use /v1/completions", "messages")
+    try:
+        return render_chat(state.model.tokenizer, messages, state.max_prompt_chars, state.chat_template)
+    except ChatTooLong as e:
+        raise ApiError(400, str(e), "messages", "context_length_exceeded") from None
+    except TemplateError as e:
+        raise ApiError(400, str(e), "messages", "chat_template_error") from None
+
+
+def tokenize_chat_prompt(state: ServerState, messages: list[dict[str, str]], rendered: RenderedChat) -> list[int]:
+    """Token ids of a rendered chat, its message contents literal (on the tokenizer thread)."""
+    try:
+        return tokenize_chat(state.model.tokenizer, messages, rendered)
+    except ValueError as e:
+        raise ApiError(400, str(e), "messages") from None
+
+
+def encode_completion_prompt(state: ServerState, prompt: str | list[int]) -> list[int]:
+    """Token ids of one completion prompt: text encoded as it is (no chat template), or token
+    ids checked against the vocabulary (on the tokenizer thread)."""
+    vocab = state.model.backend.info.vocab_size
+    if isinstance(prompt, list):
+        if not prompt or min(prompt) < 0 or max(prompt) >= vocab:
+            raise ApiError(400, f"prompt token ids must be a non-empty list in [0, {vocab})", "prompt")
+        return prompt
+    try:
+        return encode_prompt(state.model, prompt, chat=False)
+    except ValueError as e:
+        raise ApiError(400, str(e), "prompt") from None
+
+
+async def off_loop(state: ServerState, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn(*args)`` on the tokenizer thread (the event loop keeps serving others)."""
+    return await asyncio.get_running_loop().run_in_executor(state.tokenizer_pool, fn, *args)
+
+class Completions(Endpoint):
+    object = chunk_object = "text_completion"
+    id_prefix = "cmpl"
+    body: CompletionRequest
+
+    def __init__(self, state: ServerState, body: CompletionRequest):
+        super().__init__(state, body)
+        self.raw = body.prompts()
+        self.echoes: list[str] = []  # per prompt: the text echoed before its choices' ("" without echo)
+        self.offsets: list[TextOffsets] = []  # per streamed choice: its logprobs' text_offset
+
+    @property
+    def samples(self) -> int:
+        return self.body.best_of or self.body.n  # > n: generate best_of, return the n most likely
+
+    @property
+    def logprobs(self) -> int | None:
+        return self.body.logprobs if self.samples == self.body.n or self.body.logprobs is not None else 0
+
+    @property
+    def shows_logprobs(self) -> bool:
+        return self.body.logprobs is not None
+
+    def check_size(self) -> None:
+        queue = self.state.worker.max_queue
+        if len(self.raw) * self.samples > queue:
+            raise ApiError(400, f"{len(self.raw)} prompts x {self.samples} samples in one request; this server "
+                           f"queues at most {queue}", "prompt", "too_many_prompts")
+        check_prompt_sizes(self.state, [p for p in self.raw if isinstance(p, str)],
+                           [p for p in self.raw if isinstance(p, list)], "prompt")
+
+    async def prompts(self) -> list[list[int]]:
+        prompts = [await off_loop(self.state, encode_completion_prompt, self.state, p)  # one slice each
+                   for p in self.raw]
+        self.echoes = [(p if isinstance(p, str) else self.tokenizer.decode(p)) if self.body.echo else ""
+                       for p in self.raw]
+        self.offsets = [TextOffsets(len(echo)) for echo in self.echoes for _ in range(self.samples)]
+        return prompts
+
+    def max_tokens(self, prompts: list[list[int]]) -> int:
+        return min(max_new_tokens(self.body.max_tokens, COMPLETION_MAX_TOKENS, len(p), self.state.max_len, "prompt")
+                   for p in prompts)
+
+    def opening_choices(self, total: int) -> list[dict[str, Any]]:
+        return [{"index": k, "text": self.echoes[k // self.samples], "logprobs": None, "finish_reason": None}
+                for k in range(total) if self.body.echo]
+
+    def stream_choice(self, index: int, ev: Event) -> dict[str, Any]:
+        choice = {"index": index, "text": ev.text, "logprobs": None, "finish_reason": FINISH.get(ev.finished or "")}
+        if self.shows_logprobs:
+            offsets = self.offsets[index]  # completion_logprobs advances it
+            choice["logprobs"] = completion_logprobs(self.tokenizer, ev.logprobs or [], offsets)
+        return choice
+
+    def choice(self, index: int, prompt: int, out: dict[str, Any]) -> dict[str, Any]:
+        echo = self.echoes[prompt]
+        choice = {"index": index, "text": echo + out["text"], "logprobs": None, "finish_reason": out["finish_reason"]}
+        if self.shows_logprobs:
+            choice["logprobs"] = completion_logprobs(self.tokenizer, out["logprobs"], len(echo))
+        return choice
+
+
+class Chat(Endpoint):
+    object, chunk_object = "chat.completion", "chat.completion.chunk"
+    id_prefix = "chatcmpl"
+    body: ChatCompletionRequest
+
+    def __init__(self, state: ServerState, body: ChatCompletionRequest):
+        super().__init__(state, body)
+        self.messages = body.chat_messages()
+
+    @property
+    def samples(self) -> int:
+        return self.body.n
+
+    @property
+    def logprobs(self) -> int | None:
+        return (self.body.top_logprobs or 0) if self.body.logprobs else None
+
+    @property
+    def shows_logprobs(self) -> bool:
+        return self.logprobs is not None
+
+    def check_size(self) -> None:
+        if self.body.n > self.state.worker.max_queue:
+            raise ApiError(400, f"n = {self.body.n} samples in one request; this server queues at most "
+                           f"{self.state.worker.max_queue}", "n", "too_many_prompts")
+        check_chat_size(self.state, self.messages)
+
+    async def prompts(self) -> list[list[int]]:
+        loop = asyncio.get_running_loop()
+        rendered = await loop.run_in_executor(self.state.render_pool, render_chat_prompt, self.state, self.messages)
+        return [await off_loop(self.state, tokenize_chat_prompt, self.state, self.messages, rendered)]
+
+    def max_tokens(self, prompts: list[list[int]]) -> int:
+        return max_new_tokens(self.body.max_completion_tokens or self.body.max_tokens,
+                              self.state.config.default_max_tokens, len(prompts[0]), self.state.max_len, "messages")
+
+    def opening_choices(self, total: int) -> list[dict[str, Any]]:
+        return [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for k in range(total)]
+
+    def stream_choice(self, index: int, ev: Event) -> dict[str, Any]:
+        return {"index": index, "delta": {"content": ev.text} if ev.text else {},
+                "logprobs": chat_logprobs(self.tokenizer, ev.logprobs or []) if self.shows_logprobs else None,
+                "finish_reason": FINISH.get(ev.finished or "")}
+
+    def choice(self, index: int, prompt: int, out: dict[str, Any]) -> dict[str, Any]:
+        return {"index": index, "message": {"role": "assistant", "content": out["text"]},
+                "logprobs": chat_logprobs(self.tokenizer, out["logprobs"]) if self.shows_logprobs else None,
+                "finish_reason": out["finish_reason"]}
