@@ -27,7 +27,9 @@ from verispec.cli import app as cli_app
 from verispec.detokenize import Detokenizer
 from verispec.drafters.eagle import EagleConfig, check_tree_options
 from verispec.logits_processing import adjust_logits
-from verispec.models.loading import load_tokenizer, materialize, resolve_model
+from verispec.models.converted import converted_hf_dir
+from verispec.models.resolve import resolve_model
+from verispec.models.tokenizer import load_tokenizer
 from verispec.paths import check_output_dir, check_output_file
 from verispec.sampling import target_probs
 from verispec.server.guard import Limits
@@ -77,7 +79,7 @@ DEEP = "[" * 100_000 + "]" * 100_000
 def test_chatml_literal_contents_smollm2_tokenizer() -> None:
     """SmolLM2's ChatML: normal messages tokenize exactly as before; an injected turn adds no
     <|im_start|>/<|im_end|> ids and decodes back to the same text."""
-    tok = AutoTokenizer.from_pretrained(str(materialize(resolve_model("smollm2-135m-instruct"))))
+    tok = AutoTokenizer.from_pretrained(str(converted_hf_dir(resolve_model("smollm2-135m-instruct"))))
     control = set(tok.added_tokens_decoder)  # <|im_start|>, <|im_end|>, <|endoftext|>, ...
 
     def old(msgs):  # the template's usual tokenization (special tokens parsed everywhere)
@@ -371,7 +373,7 @@ def test_non_utf8_stop_argument() -> None:
 
 
 def test_unbounded_prompts_are_capped(monkeypatch, tmp_path) -> None:
-    import verispec.cli as cli
+    import verispec.cli.common as cli
 
     monkeypatch.setattr(cli, "MAX_PROMPT_BYTES", 1000)
     one_line_exit_2("generate", "--model", "stories260k", "-", input=b"a" * 5000, needle="stdin")
@@ -398,7 +400,7 @@ def test_output_to_dev_full() -> None:
 
 @pytest.mark.parametrize("errno_", [28, 32, 5])  # ENOSPC, EPIPE, EIO
 def test_failing_stdout_is_one_line(monkeypatch, errno_) -> None:
-    import verispec.cli as cli
+    import verispec.cli.common as cli
 
     class Failing:
         def write(self, _text):

@@ -25,10 +25,11 @@ from verispec.drafters.prompt_lookup import PromptLookupDrafter
 from verispec.drafters.suffix_tree import SuffixDecodingDrafter
 from verispec.engine import Engine
 from verispec.engine.prefix_cache import PrefixCache, prefix_cache_support
+from verispec.models import cpu_abi
 from verispec.types import SamplingParams
 
 cpu = pytest.importorskip("verispec.models.cpu")
-if not cpu.available():
+if not cpu_abi.available():
     pytest.skip("the compiled runtime verispec._vscpu is not built", allow_module_level=True)
 
 B = 16  # block size under test
@@ -445,7 +446,8 @@ def test_spec_decoder_reuses_across_calls(tiny_cpu_model):
 def test_cli_flags_and_stats(tiny_cpu_model):
     from typer.testing import CliRunner
 
-    from verispec.cli import PREFIX_CACHE_MB, app
+    from verispec.cli import app
+    from verispec.cli.common import PREFIX_CACHE_MB
     from verispec.engine.prefix_cache import DEFAULT_MAX_MB
 
     assert PREFIX_CACHE_MB == DEFAULT_MAX_MB

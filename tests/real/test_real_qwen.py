@@ -62,12 +62,13 @@ def test_chain_tree_batch_bitwise(target, draft, name):
 def test_every_isa_gives_the_same_bits(draft):
     """AVX2 (and AVX-512 where the CPU has it) give the same logits and hidden states on the
     0.5B's five formats; the scalar reference is checked per format on small models."""
-    from verispec.models.cpu import CpuLlama, gguf_weights
+    from verispec.models.cpu import CpuLlama
+    from verispec.models.cpu_weights import gguf_weights
 
     simd = [isa for isa in ISAS if isa != "scalar"]
     outs = {}
     for isa in simd:
-        weights = gguf_weights(draft.backend.gguf_path, _cfg(draft))
+        weights = gguf_weights(draft.source.gguf, _cfg(draft))
         model = CpuLlama.from_weights(_cfg(draft), weights, 512, name="draft", isa=isa)
         outs[isa] = scenario(model, VOCAB)
         del model
@@ -76,7 +77,8 @@ def test_every_isa_gives_the_same_bits(draft):
 
 
 def _cfg(loaded) -> dict:
-    from verispec.models.gguf_file import gguf_hf_config, read_gguf
+    from verispec.models.gguf_config import gguf_hf_config
+    from verispec.models.gguf_file import read_gguf
 
     return gguf_hf_config(read_gguf(loaded.backend.gguf_path))
 
@@ -176,7 +178,7 @@ def test_serve_context_defaults_to_what_fits(target, monkeypatch):
     """--max-model-len 0: the model's 32,768 tokens when 16 requests' K/V (28 KB a token) fit
     in 60% of available memory, else the longest 64-multiple that does (at least 2048)."""
     from verispec import memory
-    from verispec.server.app import fits_context
+    from verispec.server.state import fits_context
 
     per_token = memory.cache_pool_bytes(target.backend, 1, 64) / 64
     assert 27_000 < per_token < 30_000  # 28 layers x 2 kv heads x 128 x (K + V) x fp16

@@ -21,8 +21,9 @@ from serving import (CHAT_TEMPLATE, MODEL, TEMPLATE, assert_error, complete, one
 from verispec.chat import encode_chat, render_chat
 from verispec.chat_template import ChatTemplate, ChatTooLong, RenderBounds, TemplateError
 from verispec.cli import app as cli_app
-from verispec.models.loading import is_installed, load_tokenizer, resolve_model
-from verispec.server.app import ServerConfig
+from verispec.models.resolve import is_installed, resolve_model
+from verispec.models.tokenizer import load_tokenizer
+from verispec.server.state import ServerConfig
 
 HI = [{"role": "user", "content": "hi"}]
 NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}"

@@ -142,7 +142,7 @@ def test_a_loopback_host_warns_when_the_cluster_listens_elsewhere(monkeypatch, c
     listens everywhere anyway, says nothing."""
     import ray
 
-    from verispec.server.ray_serve import is_loopback, warn_if_exposed
+    from verispec.server.ray_network import is_loopback, warn_if_exposed
 
     assert all(map(is_loopback, ("127.0.0.1", "127.8.9.1", "::1", "[::1]", "localhost", "::ffff:127.0.0.1")))
     assert not any(map(is_loopback, ("0.0.0.0", "::", "10.0.0.5", "192.0.2.2", "example.com", "")))
@@ -210,7 +210,7 @@ def test_serve_ray_on_loopback_listens_on_loopback_only(host: str) -> None:
     """A local Ray started for a loopback --host: GCS, raylet, workers, agents, the Serve
     proxy and the replicas' gRPC servers all listen on loopback (Ray has no authentication:
     a port on the network lets anyone join the cluster and run code); a request is answered."""
-    from verispec.server.ray_serve import is_loopback
+    from verispec.server.ray_network import is_loopback
 
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -234,7 +234,7 @@ def test_serve_ray_on_loopback_listens_on_loopback_only(host: str) -> None:
 def ray_cluster():
     import ray
 
-    from verispec.server.ray_serve import no_usage_stats
+    from verispec.server.ray_network import no_usage_stats
 
     no_usage_stats()
     ray.init(num_cpus=2, logging_level="ERROR", log_to_driver=False)

@@ -1,5 +1,5 @@
 """``verispec bench``: Spec-Bench prompts x methods (ours and peers), interleaved, with
-exactness checks, Markdown/JSON results and plots. ``cli.py`` registers :func:`bench`.
+exactness checks, Markdown/JSON results and plots. ``verispec.cli`` registers :func:`bench`.
 
 Only typer/rich are imported at module level, so ``verispec --help`` stays instant.
 """
@@ -133,15 +133,16 @@ def _hf_runner(spec, opts: dict[str, str], k: int, lm, o: BenchOptions, shared: 
             raise BenchError(f"{spec.label}: truncated:N needs N >= 1")
         assistant = load_hf_model(lm.hf_dir, dtype, num_layers=layers)
     else:
-        from ..models.loading import materialize, resolve_model
+        from ..models.converted import converted_hf_dir
+        from ..models.resolve import resolve_model
 
-        assistant = load_hf_model(materialize(resolve_model(draft)), dtype)
+        assistant = load_hf_model(converted_hf_dir(resolve_model(draft)), dtype)
     configure_assistant(assistant, k, confidence)
     return HFGenerateRunner(spec.label, shared.hf_model, "assisted", k, eos, assistant=assistant)
 
 
 def _llamacpp_runner(spec, opts: dict[str, str], k: int, lm, o: BenchOptions, shared: _Shared):
-    from ..models.loading import resolve_model
+    from ..models.resolve import resolve_model
     from .peers import LlamaCppRunner, llamacpp_available
 
     if not llamacpp_available():
@@ -375,7 +376,7 @@ def bench(
 
 
 def _print_summary(result: dict) -> None:
-    from ..cli import emit  # a failing stdout is one line and exit 2
+    from ..cli.common import emit  # a failing stdout is one line and exit 2
     from .lossless import exactness_counts
     from .report import speedup_table
 
