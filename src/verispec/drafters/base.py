@@ -25,6 +25,7 @@ class DraftContext:
     budget: int  # at most this many drafted nodes (root excluded)
     params: SamplingParams
     generator: torch.Generator  # the drafter's own per-request generator
+    prediction: tuple[int, ...] = ()  # the request's predicted output (Predicted Outputs), if any
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,10 @@ class RequestTable(Generic[S]):
         if request_id not in self._states:
             raise ValueError(f"request {request_id!r} was not started (or already finished)")
         return self._states[request_id]
+
+    def find(self, request_id: str) -> S | None:
+        """A request's state, or None when it has none (for drafters that keep state only for some requests)."""
+        return self._states.get(request_id)
 
     def pop(self, request_id: str) -> S | None:
         """Forget a request; finishing an unknown one is a no-op."""

@@ -85,12 +85,14 @@ class Engine:
         request_id: str | None = None,
         cache: KVCache | None = None,
         draft_limit: int | None = None,
+        prediction: Sequence[int] = (),
     ) -> Request:
         """Validate, then prefill: one target forward over the prompt yields the first token.
         ``cache`` (empty) lets a batch scheduler hand out rows of one cache pool; by default
         the request gets ``target.new_cache()``. ``draft_limit`` caps this request's draft
-        budget (0 = plain decoding)."""
-        req = self._new_request(prompt_ids, params, request_id, cache, draft_limit)
+        budget (0 = plain decoding). ``prediction``: token ids the answer is expected to
+        repeat (Predicted Outputs), handed to the drafter with every draft request."""
+        req = self._new_request(prompt_ids, params, request_id, cache, draft_limit, prediction)
         self.drafter.start(req.request_id, req.prompt_ids)
         self._prefill(req)
         return req
@@ -103,13 +105,13 @@ class Engine:
         cache: KVCache | None = None,
         draft_limit: int | None = None,
     ) -> Request:
-        """Another sample of ``parent``'s prompt that shares its prefill: the prompt's K/V are
+        """Another sample of ``parent``'s prompt (and prediction) that shares its prefill: the prompt's K/V are
         copied from ``parent.cache`` (which may have moved on: only its first ``len(prompt)``
         slots are read) and the first token is drawn from the parent's prefill logits with
         this request's own generator. Output is that of ``add_request`` with the same
         arguments. Falls back to a fresh prefill when the cache cannot copy or the drafter
         needs the prefill's hidden states."""
-        req = self._new_request(parent.prompt_ids, params, request_id, cache, draft_limit)
+        req = self._new_request(parent.prompt_ids, params, request_id, cache, draft_limit, parent.prediction)
         self.drafter.start(req.request_id, req.prompt_ids)
         if (parent.prefill_logits is None or not self.target.caps.copy_prefix
                 or features_of(self.drafter).wanted):
@@ -124,7 +126,7 @@ class Engine:
         return req
 
     def _new_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None,
-                     cache: KVCache | None, draft_limit: int | None) -> Request:
+                     cache: KVCache | None, draft_limit: int | None, prediction: Sequence[int] = ()) -> Request:
         info = self.target.info
         if not prompt_ids:
             raise ValueError("the prompt is empty (a base model needs at least BOS)")
@@ -142,6 +144,11 @@ class Engine:
                              f"[0, {info.vocab_size})")
         if draft_limit is not None and draft_limit < 0:
             raise ValueError(f"draft_limit must be >= 0, got {draft_limit}")
+        prediction = tuple(int(t) for t in prediction)
+        if len(prediction) > info.max_length:
+            raise ValueError(f"the prediction has {len(prediction)} tokens; the model's context is {info.max_length}")
+        if prediction and (max(prediction) >= info.vocab_size or min(prediction) < 0):
+            raise ValueError(f"prediction token ids must be in [0, {info.vocab_size})")
         return Request(
             request_id=request_id or f"req-{next(self._ids)}",
             prompt_ids=list(prompt_ids),
@@ -149,6 +156,7 @@ class Engine:
             cache=self.target.new_cache() if cache is None else cache,
             policy=DraftLengthPolicy(self.num_draft_tokens, self.policy),
             draft_limit=draft_limit,
+            prediction=prediction,
         )
 
     def _prefill(self, req: Request) -> None:
@@ -300,7 +308,7 @@ class Engine:
                 budget = min(budget, cap)
         if budget <= 0:
             return None
-        return DraftContext(req.request_id, req.tokens, budget, req.params, req.draft_generator)
+        return DraftContext(req.request_id, req.tokens, budget, req.params, req.draft_generator, req.prediction)
 
     def forward_tree(self, req: Request, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One target forward over all tree nodes; returns [N, V] logits and [N, H] hidden."""
@@ -348,10 +356,11 @@ class Engine:
 
     # ---- convenience -------------------------------------------------------------------
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+        prediction: Sequence[int] = (),
     ) -> Iterator[StepResult]:
         """Yield the prefill token, then one StepResult per step, until finished."""
-        req = self.add_request(prompt_ids, params, request_id)
+        req = self.add_request(prompt_ids, params, request_id, prediction=prediction)
         try:
             yield StepResult(req.generated, 0, 0, req.finished, list(req.logprobs) if params.logprobs is not None else None)
             while not req.finished:

@@ -27,6 +27,7 @@ class Request:
     finished: FinishReason | None = None
     stats: RequestStats = field(default_factory=RequestStats)
     draft_limit: int | None = None  # per-request cap on drafted nodes (0 = no speculation)
+    prediction: tuple[int, ...] = ()  # the predicted output (Predicted Outputs): drafts, never output
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if asked
     prefill_logits: torch.Tensor | None = None  # [1, V] raw target logits after the prompt (for forks)
     # the observed target features of the tokens in the cache, in order, kept for the prefix

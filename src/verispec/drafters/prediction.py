@@ -1,0 +1,182 @@
+"""Predicted Outputs (OpenAI's ``prediction``): a request may carry the text it expects most
+of the answer to repeat (the file being edited), and drafts come from it for free.
+
+``PredictionDrafter`` wraps the engine's drafter. For a request with a prediction it drafts
+the prediction's continuation after the place where the recent output matches it; for a
+request without one, or where the output has left the prediction, it asks the wrapped
+drafter. The place is found again after every divergence (an inserted line, a renamed
+variable): the longest run of the output's last tokens that occurs in the prediction, the
+occurrence nearest after the previous place winning ties, so an edit is followed as an edit
+and not only as a common prefix (the idea of prompt lookup, Saxena 2023, with the prediction
+as the only source; the same as llama.cpp's and vLLM's n-gram drafters over a given text).
+
+A prediction is only a draft: the target verifies every token, so a wrong, empty or hostile
+prediction costs speed at worst, never output. Its size is bounded like a prompt's by the
+caller (the engine refuses one longer than the context).
+
+Usage (``prediction_usage``): OpenAI counts ``accepted_prediction_tokens`` (prediction tokens
+that appeared in the completion) and ``rejected_prediction_tokens`` (those that did not).
+Here the accepted ones are the prediction's drafted tokens the target accepted, each position
+of the prediction counted once; the rejected ones are the rest of the prediction.
+
+    d = PredictionDrafter(SuffixDrafter())
+    engine = Engine(target, d, 16)
+    req = engine.add_request(prompt_ids, params, prediction=tuple(tok(old_code)))
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from ..tree import DraftTree
+from .base import DraftContext, Drafter, Features, Observation, RequestTable
+
+MIN_MATCH = 2  # output tokens that must match the prediction before its continuation is drafted
+MAX_MATCH = 64  # a match is not extended further back than this (it only ranks candidates)
+MAX_CANDIDATES = 256  # occurrences of the output's last tokens ranked per step (those nearest the place)
+KEPT_USAGE = 4096  # finished requests whose prediction usage is kept until read
+
+
+@dataclass
+class _Place:
+    """A request's prediction, indexed by its ``MIN_MATCH``-grams, and where drafting stands."""
+
+    prediction: tuple[int, ...]
+    index: dict[tuple[int, ...], list[int]]  # n-gram -> its start positions, ascending
+    next_pos: int = 0  # the prediction position after the last drafted/accepted one
+    drafted: dict[int, int] = field(default_factory=dict)  # this step's tree node -> prediction position
+    accepted: set[int] = field(default_factory=set)  # prediction positions accepted as drafts
+    from_prediction: bool = False  # did this step's tree come from the prediction?
+    guessed_start: bool = False  # was the prediction's start drafted before the output matched it?
+
+
+def _index(prediction: tuple[int, ...]) -> dict[tuple[int, ...], list[int]]:
+    index: dict[tuple[int, ...], list[int]] = {}
+    for p in range(len(prediction) - MIN_MATCH + 1):
+        index.setdefault(prediction[p:p + MIN_MATCH], []).append(p)
+    return index
+
+
+def find_place(prediction: tuple[int, ...], index: dict[tuple[int, ...], list[int]], tokens: Sequence[int],
+               hint: int) -> int | None:
+    """The prediction position right after the occurrence of ``tokens``' last tokens that
+    matches longest (at least MIN_MATCH), the occurrence nearest at or after ``hint`` winning
+    ties; None when the output's last MIN_MATCH tokens are nowhere in it. In step (the output
+    ends where the prediction does at ``hint`` or one past it: the bonus token) costs O(1);
+    otherwise at most ``MAX_CANDIDATES`` occurrences around ``hint`` are ranked.
+
+    Example: prediction (5, 6, 7, 8, 5, 6, 9), output ending (.., 5, 6), hint 3 -> 6 (the
+    second "5 6" is nearer after the hint; both match two tokens).
+    """
+    if len(tokens) < MIN_MATCH:
+        return None
+    tail = tuple(tokens[-MIN_MATCH:])
+    for h in (hint + 1, hint):
+        if MIN_MATCH <= h <= len(prediction) and prediction[h - MIN_MATCH:h] == tail:
+            return h
+    starts = index.get(tail)
+    if not starts:
+        return None
+    at = bisect_left(starts, hint - MIN_MATCH)
+    window = starts[max(0, at - MAX_CANDIDATES // 2):at + MAX_CANDIDATES // 2]
+    best, best_key = None, None
+    for s in window:
+        after, n = s + MIN_MATCH, MIN_MATCH  # prediction[s:after] == the output's last n tokens; extend n backwards
+        while n < MAX_MATCH and after - n > 0 and n < len(tokens) and prediction[after - n - 1] == tokens[-n - 1]:
+            n += 1
+        key = (n, after >= hint, -abs(after - hint))
+        if best_key is None or key > best_key:
+            best, best_key = after, key
+    return best
+
+
+class PredictionDrafter:
+    """Drafts a request's prediction where the output follows it; ``inner`` drafts elsewhere
+    (and observes every step, so it stays in step with the request). Declares what ``inner``
+    declares (its features, memory, reset) and answers to its name (statistics name the
+    method a request ran; the prediction is the request's, not a method)."""
+
+    def __init__(self, inner: Drafter):
+        self.inner = inner
+        self.name = inner.name
+        self.features: Features = inner.features
+        self._places: RequestTable[_Place] = RequestTable()
+        # finished requests' (accepted, prediction tokens), oldest first, until read (bounded)
+        self._usage: OrderedDict[str, tuple[int, int]] = OrderedDict()
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def start(self, request_id: str, prompt_ids: list[int]) -> None:
+        self.inner.start(request_id, prompt_ids)
+
+    def finish(self, request_id: str) -> None:
+        place = self._places.pop(request_id)
+        if place is not None:
+            self._usage[request_id] = (len(place.accepted), len(place.prediction))
+            while len(self._usage) > KEPT_USAGE:
+                self._usage.popitem(last=False)
+        self.inner.finish(request_id)
+
+    def prediction_usage(self, request_id: str) -> tuple[int, int] | None:
+        """(accepted, rejected) prediction tokens of a finished request that had a prediction
+        (OpenAI's ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``); read once."""
+        usage = self._usage.pop(request_id, None)
+        return None if usage is None else (usage[0], usage[1] - usage[0])
+
+    def observe(self, obs: Observation) -> None:
+        place = self._places.find(obs.request_id)
+        if place is not None and place.from_prediction:
+            on_path = [place.drafted[node] for node in obs.path if node in place.drafted]
+            place.accepted.update(on_path)
+            if on_path:
+                place.next_pos = on_path[-1] + 1
+        self.inner.observe(obs)
+
+    # ---- proposing -------------------------------------------------------------------
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        return self.propose_batch([ctx])[0]
+
+    def propose_batch(self, ctxs: Sequence[DraftContext]) -> list[DraftTree]:
+        """Prediction drafts where a request's output follows its prediction; ``inner`` drafts
+        the others in one ``propose_batch`` call (a draft model: one forward for all)."""
+        trees: list[DraftTree | None] = [self._from_prediction(c) for c in ctxs]
+        rest = [c for c, t in zip(ctxs, trees) if t is None]
+        inner = iter(self.inner.propose_batch(rest) if rest else [])
+        return [t if t is not None else next(inner) for t in trees]
+
+    def _from_prediction(self, ctx: DraftContext) -> DraftTree | None:
+        if not ctx.prediction:
+            return None
+        place = self._places.find(ctx.request_id)
+        if place is None:
+            place = _Place(ctx.prediction, _index(ctx.prediction))
+            self._places.add(ctx.request_id, place)
+        pos = find_place(place.prediction, place.index, ctx.tokens, place.next_pos)
+        if pos is None and not place.guessed_start and not place.accepted:
+            # nothing of it matched yet: once, guess that the answer starts where the prediction does (its
+            # first token may be the one the prefill gave)
+            place.guessed_start = True
+            pos = 1 if place.prediction[0] == ctx.tokens[-1] else 0
+        draft = [] if pos is None else list(place.prediction[pos:pos + ctx.budget])
+        place.from_prediction = bool(draft)
+        if not draft:
+            return None
+        place.drafted = {i + 1: pos + i for i in range(len(draft))}  # chain node i + 1 drafts position pos + i
+        return DraftTree.chain(ctx.tokens[-1], draft)
+
+    # ---- what the wrapped drafter declares -------------------------------------------
+    def memory_bytes(self) -> int:
+        return self.inner.memory_bytes()
+
+    def context_bytes(self, max_length: int, rows: int) -> int:
+        return self.inner.context_bytes(max_length, rows)
+
+    def reserve(self, max_length: int, rows: int) -> None:
+        self.inner.reserve(max_length, rows)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def cost_signature(self) -> str:
+        return self.inner.cost_signature()

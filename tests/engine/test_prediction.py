@@ -1,0 +1,141 @@
+"""Predicted Outputs (drafters/prediction.py): a request's prediction drafts where the output
+follows it, and the wrapped drafter drafts elsewhere. Greedy output equals plain decoding for
+right, wrong, edited, empty, longer-than-the-answer and out-of-vocabulary-free random
+predictions; the sampled law is the target's; usage counts what was accepted."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from helpers import run, same_first_tokens_law
+
+from verispec.drafters.base import DraftContext, NoDrafter
+from verispec.drafters.prediction import PredictionDrafter, find_place
+from verispec.drafters.prompt_lookup import PromptLookupDrafter
+from verispec.engine import Engine
+from verispec.types import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=60, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def target(stories_native):
+    return stories_native.backend
+
+
+@pytest.fixture(scope="module")
+def prompt(stories_native):
+    return stories_native.tokenizer("Once upon a time, there was a little girl")["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def plain(target, prompt):
+    return run(target, NoDrafter(), prompt, GREEDY)[0]
+
+
+def generate(target, drafter, prompt, prediction, params=GREEDY, k=8):
+    engine = Engine(target, drafter, k)
+    req = engine.add_request(prompt, params, prediction=prediction)
+    while not req.finished:
+        engine.step(req)
+    engine.finish(req, req.finished)
+    return req.generated, req.stats
+
+
+def edits(plain: list[int], vocab: int) -> dict[str, list[int]]:
+    """Predictions of the answer: right, wrong, edited in the ways an editor's file differs."""
+    g = torch.Generator().manual_seed(0)
+    rand = torch.randint(3, vocab, (80,), generator=g).tolist()
+    return {
+        "right": plain,
+        "longer": plain + plain[:30],
+        "empty": [],
+        "random": rand,
+        "inserted": plain[:20] + rand[:7] + plain[20:],  # the answer lacks a span of the prediction
+        "deleted": plain[:15] + plain[25:],  # the answer has a span the prediction lacks
+        "renamed": [t if i % 13 else rand[i % 80] for i, t in enumerate(plain)],
+        "shifted": plain[5:],
+        "repeated": plain[:10] * 6,
+    }
+
+
+@pytest.mark.parametrize("inner", ["none", "prompt-lookup"])
+def test_greedy_equals_plain_for_every_prediction(target, prompt, plain, inner):
+    drafter = PredictionDrafter(NoDrafter() if inner == "none" else PromptLookupDrafter())
+    for name, prediction in edits(plain, target.info.vocab_size).items():
+        out, stats = generate(target, drafter, prompt, prediction)
+        assert out == plain, name
+        assert stats.accepted <= stats.drafted
+
+
+def test_a_right_prediction_is_accepted_and_counted(target, prompt, plain):
+    drafter = PredictionDrafter(NoDrafter())
+    out, stats = generate(target, drafter, prompt, plain, k=8)
+    assert out == plain
+    assert stats.accepted == stats.drafted and stats.steps <= len(plain) // 9 + 1  # 8 drafts + the bonus a step
+    engine = Engine(target, drafter, 8)
+    req = engine.add_request(prompt, GREEDY, request_id="r", prediction=plain + plain[:30])
+    while not req.finished:
+        engine.step(req)
+    engine.finish(req, req.finished)
+    accepted, rejected = drafter.prediction_usage("r")
+    assert accepted == req.stats.accepted and accepted + rejected == len(plain) + 30
+    assert drafter.prediction_usage("r") is None  # read once
+
+
+def test_an_edit_is_followed_after_the_divergence(target, prompt, plain):
+    """The prediction lacks a span of the answer (a line the edit inserts): after it, drafting
+    finds its place again instead of giving up (most of the rest is accepted)."""
+    deleted = plain[:15] + plain[25:]
+    out, stats = generate(target, PredictionDrafter(NoDrafter()), prompt, deleted)
+    assert out == plain and stats.accepted >= len(plain) - 20
+
+
+def test_without_a_prediction_the_inner_drafter_runs_unchanged(target, prompt, plain):
+    out, stats = generate(target, PredictionDrafter(PromptLookupDrafter()), prompt, ())
+    ref, ref_stats = run(target, PromptLookupDrafter(), prompt, GREEDY, k=8)
+    assert out == ref == plain and (stats.drafted, stats.accepted) == (ref_stats.drafted, ref_stats.accepted)
+
+
+def test_bad_predictions_are_refused(target, prompt):
+    engine = Engine(target, PredictionDrafter(NoDrafter()), 4)
+    with pytest.raises(ValueError, match="prediction token ids"):
+        engine.add_request(prompt, GREEDY, prediction=[target.info.vocab_size])
+    with pytest.raises(ValueError, match="prediction token ids"):
+        engine.add_request(prompt, GREEDY, prediction=[-1])
+    with pytest.raises(ValueError, match="prediction has"):
+        engine.add_request(prompt, GREEDY, prediction=[1] * (target.info.max_length + 1))
+
+
+class FixedPrediction(PredictionDrafter):
+    """Every request predicts ``prediction`` (so the shared law helpers can run it)."""
+
+    def __init__(self, inner, prediction):
+        super().__init__(inner)
+        self.fixed = tuple(prediction)
+
+    def propose_batch(self, ctxs: list[DraftContext]):
+        return super().propose_batch([dataclasses.replace(c, prediction=self.fixed) for c in ctxs])
+
+
+def test_sampling_law_with_a_prediction(target, prompt, plain):
+    """T = 1: tokens 2-3 (committed by speculative steps from the prediction) follow the
+    target's law, as with plain sampling (two-sample chi-square)."""
+    assert same_first_tokens_law(target, FixedPrediction(NoDrafter(), plain), prompt, seeds=200, k=4) > 1e-3
+
+
+@pytest.mark.parametrize("prediction,tokens,hint,want", [
+    ((5, 6, 7, 8, 5, 6, 9), [1, 5, 6], 3, 6),  # nearest after the place
+    ((5, 6, 7, 8, 5, 6, 9), [1, 5, 6], 0, 2),
+    ((4, 5, 6, 7, 8, 5, 6, 9), [4, 5, 6], 8, 3),  # out of step: the longer match wins over the nearer
+    ((5, 6, 7), [1, 2], 0, None),
+    ((5, 6, 7), [6], 0, None),  # shorter than a match
+    ((5, 6, 7, 8), [5, 6, 7], 2, 3),  # in step: one past the place (the bonus token)
+])
+def test_find_place(prediction, tokens, hint, want):
+    index: dict[tuple[int, ...], list[int]] = {}
+    for p in range(len(prediction) - 1):
+        index.setdefault(prediction[p:p + 2], []).append(p)
+    assert find_place(prediction, index, tokens, hint) == want
