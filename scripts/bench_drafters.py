@@ -71,9 +71,10 @@ def ensure_datastore(path: Path, model: str) -> Path:
     from transformers import AutoTokenizer
 
     from verispec.drafters.retrieval import build_datastore, read_documents, tokenizer_fingerprint
-    from verispec.models.loading import materialize, resolve_model
+    from verispec.models.converted import converted_hf_dir
+    from verispec.models.resolve import resolve_model
 
-    tok = AutoTokenizer.from_pretrained(str(materialize(resolve_model(model))))
+    tok = AutoTokenizer.from_pretrained(str(converted_hf_dir(resolve_model(model))))
     texts = read_documents(Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl", "answer")
     ds = build_datastore((tok(t, add_special_tokens=False)["input_ids"] for t in texts),
                          fingerprint=tokenizer_fingerprint(tok))

@@ -12,7 +12,7 @@ import ctypes
 
 import numpy as np
 
-from verispec.models import cpu
+from verispec.models import cpu_abi
 from verispec.models.ggml_quants import quantize
 
 
@@ -26,19 +26,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
-    lib = cpu.library()
+    lib = cpu_abi.library()
     lib.vs_bench_matmul.restype = ctypes.c_double
     lib.vs_bench_matmul.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                     ctypes.c_int, ctypes.c_char_p, ctypes.c_int)
     w = np.random.default_rng(0).standard_normal((args.rows, args.cols)).astype(np.float32)
     tokens = [int(t) for t in args.tokens.split(",")]
-    print(f"[{args.rows} x {args.cols}], {args.threads} threads, ISA {cpu.isa_name(args.isa)}")
+    print(f"[{args.rows} x {args.cols}], {args.threads} threads, ISA {cpu_abi.isa_name(args.isa)}")
     print(f"{'format':7} " + " ".join(f"{'T=' + str(t):>22}" for t in tokens))
     for fmt in args.formats.split(","):
         blocks = np.ascontiguousarray(quantize(w, fmt))
         cells, t1 = [], None
         for t in tokens:
-            s = lib.vs_bench_matmul(cpu.FORMATS[fmt].ggml_type, blocks.ctypes.data, args.rows, args.cols, t,
+            s = lib.vs_bench_matmul(cpu_abi.FORMATS[fmt].ggml_type, blocks.ctypes.data, args.rows, args.cols, t,
                                     args.reps, args.isa.encode(), args.threads)
             t1 = t1 or s
             cells.append(f"{s * 1e3:6.2f}ms {args.rows * args.cols * t / s / 1e9:5.1f}GMAC/s {s / t1:4.2f}x")

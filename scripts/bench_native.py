@@ -40,7 +40,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from verispec.models.loading import materialize, resolve_model
+from verispec.models.converted import converted_hf_dir
+from verispec.models.resolve import resolve_model
 from verispec.models.native import NativeLlama
 
 KS = (1, 2, 4, 8, 16)
@@ -178,7 +179,7 @@ def load_cpu(source, name: str, max_length: int, threads: int):
 
     if source.kind != "gguf":
         raise SystemExit(f"{name} needs a GGUF model")
-    return CpuLlama.from_hf_dir(materialize(source), gguf=source.path, max_length=max_length, threads=threads,
+    return CpuLlama.from_hf_dir(converted_hf_dir(source), gguf=source.path, max_length=max_length, threads=threads,
                                 isa="avx2" if name.endswith("avx2") else None)
 
 
@@ -235,7 +236,8 @@ def synthetic_1b(ids_len: int, threads: int):
     and loaded twice: the widest ISA and forced AVX2. Built tensor by tensor (fp32 peak ~3.5 GB)."""
     from transformers import LlamaConfig
 
-    from verispec.models.cpu import CpuLlama, state_dict_weights
+    from verispec.models.cpu import CpuLlama
+    from verispec.models.cpu_weights import state_dict_weights
 
     cfg = LlamaConfig(**SYNTHETIC_1B).to_dict()
     g = torch.Generator().manual_seed(0)
@@ -375,7 +377,7 @@ def main() -> None:
             print(markdown(results))
         return
     source = resolve_model(args.model)
-    path = materialize(source)
+    path = converted_hf_dir(source)
     ids = torch.randint(0, 49152, (1, ctx + max(*ks, 16)), generator=torch.Generator().manual_seed(0))
     console.print(f"model dir {path}")
     if args.ab:

@@ -481,7 +481,7 @@ def main() -> None:
     from verispec.api import encode_prompt, load_model
     from verispec.bench.datasets import load_spec_bench, load_spec_bench_category
     from verispec.models.catalog import CATALOG
-    from verispec.models.loading import resolve_model
+    from verispec.models.resolve import resolve_model
     from verispec.system import set_threads
 
     set_threads(args.threads)  # before loading: the compiled runtime sizes its pool at load

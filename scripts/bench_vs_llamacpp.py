@@ -376,7 +376,7 @@ def report(a, vs_info: dict, vs: list[dict], ll: list[dict], ll_facts: dict, bw:
 def resolve_gguf(model: str) -> str:
     if model.endswith(".gguf"):
         return str(Path(model).expanduser().resolve())
-    from verispec.models.loading import resolve_model
+    from verispec.models.resolve import resolve_model
 
     src = resolve_model(model)
     if src.kind != "gguf":

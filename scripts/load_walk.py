@@ -48,7 +48,7 @@ def walk(argv: list[str]) -> tuple[list[str], list[str]]:
             name = frame.f_code.co_name
             if name == "<module>":
                 return True, in_load
-            if name == "generate" and frame.f_globals.get("__name__") == "verispec.cli":
+            if name == "generate" and _is_cli(frame.f_globals.get("__name__", "")):
                 return False, in_load
             in_load = in_load or (name == "load_model" and frame.f_globals.get("__name__") == "verispec.models.load")
             frame = frame.f_back
@@ -60,7 +60,7 @@ def walk(argv: list[str]) -> tuple[list[str], list[str]]:
             return
         module, code = frame.f_globals.get("__name__", ""), frame.f_code
         if not started:
-            started = module == "verispec.cli" and code.co_name == "generate"
+            started = _is_cli(module) and code.co_name == "generate"
             if not started:
                 return
         if not module.startswith("verispec") or code.co_name == "<module>" or code in seen:
@@ -81,6 +81,11 @@ def walk(argv: list[str]) -> tuple[list[str], list[str]]:
     finally:
         sys.setprofile(None)
     return _collapse([m for m, _ in steps]), _collapse([m for m, in_load in steps if in_load])
+
+
+def _is_cli(module: str) -> bool:
+    """The command line's module (``verispec.cli``, or a module of the ``verispec.cli`` package)."""
+    return module == "verispec.cli" or module.startswith("verispec.cli.")
 
 
 def _collapse(modules: list[str]) -> list[str]:

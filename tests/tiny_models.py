@@ -134,10 +134,10 @@ def assert_tree_bitwise(model, vocab: int, prefix_len: int = 12) -> None:
 
 def has_isa(isa: str) -> bool:
     """Does this CPU (and the compiled runtime) run ``isa``?"""
-    from verispec.models import cpu
+    from verispec.models import cpu_abi
 
     try:
-        return cpu.isa_name(isa) == isa
+        return cpu_abi.isa_name(isa) == isa
     except (ValueError, OSError):  # OSError: the runtime is not built
         return False
 
@@ -234,15 +234,15 @@ def runtime_dequant(fmt: str, blocks, rows: int, cols: int):
 
     import numpy as np
 
-    from verispec.models import cpu
+    from verispec.models import cpu_abi
 
-    lib = cpu.library()
+    lib = cpu_abi.library()
     fp = ctypes.POINTER(ctypes.c_float)
     lib.vs_test_dequant.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, fp, ctypes.c_char_p,
                                     ctypes.c_int)
     out = np.zeros((rows, cols), dtype=np.float32)
     err = ctypes.create_string_buffer(256)
     data = np.ascontiguousarray(blocks)
-    assert lib.vs_test_dequant(cpu.FORMATS[fmt].ggml_type, data.ctypes.data, rows, cols, out.ctypes.data_as(fp),
+    assert lib.vs_test_dequant(cpu_abi.FORMATS[fmt].ggml_type, data.ctypes.data, rows, cols, out.ctypes.data_as(fp),
                                err, 256) == 0, err.value.decode()
     return out

@@ -19,7 +19,7 @@ DrafterFactory = Callable[["LoadedModel", dict[str, Any]], Drafter]
 
 def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     from .models.catalog import CATALOG
-    from .models.cpu import REQUANTS
+    from .models.cpu_weights import REQUANTS
     from .models.load import load_draft_model
     from .weights import VOCAB_FREQ, has_shipped
 
@@ -60,7 +60,7 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
 
 
 DEFAULT_DRAFT_VOCAB = 32768  # FR-Spec head rows of a catalog draft (plus its control tokens)
-DEFAULT_DRAFT_QUANT = WeightFormat.Q4_0  # a catalog draft's wider matrices, re-encoded at load (models.cpu.requantize)
+DEFAULT_DRAFT_QUANT = WeightFormat.Q4_0  # a catalog draft's wider matrices, re-encoded at load (models.cpu_weights.requantize)
 
 
 def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> Drafter:
@@ -220,7 +220,7 @@ def best_method(target: "LoadedModel", batched: bool = False) -> tuple[str, dict
     not); any other target gets SuffixDecoding (the fastest measured on SmolLM2), or prompt
     lookup in the batched server (``batched``: the server's measured best, docs/cpu.md)."""
     from .models.catalog import CATALOG
-    from .models.loading import is_installed
+    from .models.resolve import is_installed
 
     entry = CATALOG.get(target.name)
     if entry and entry.draft and target.backend_kind == "cpu" and is_installed(entry.draft):

@@ -61,28 +61,28 @@ def compiled_runtime() -> dict[str, Any]:
     """Is the compiled runtime built and loadable; which ISA it picks and which run here."""
     import importlib.util
 
-    from .models import cpu
+    from .models import cpu_abi
 
     spec = importlib.util.find_spec("verispec._vscpu")
     out: dict[str, Any] = {"built": False, "path": spec.origin if spec else None, "error": None, "isa": None,
                            "isas_available": [], "isa_forced": os.environ.get("VERISPEC_ISA") or None}
     try:
-        cpu.library()
+        cpu_abi.library()
     except OSError as e:
-        out["error"] = f"{e}; {cpu.MISSING_FIX}"
+        out["error"] = f"{e}; {cpu_abi.MISSING_FIX}"
         return out
     out["built"] = True
-    out["isas_available"] = [isa for isa in ISAS if _supported(cpu, isa)]
+    out["isas_available"] = [isa for isa in ISAS if _supported(cpu_abi, isa)]
     try:
-        out["isa"] = cpu.isa_name()
+        out["isa"] = cpu_abi.isa_name()
     except ValueError as e:  # VERISPEC_ISA names one this CPU lacks
         out["error"] = str(e)
     return out
 
 
-def _supported(cpu, isa: str) -> bool:
+def _supported(cpu_abi, isa: str) -> bool:
     try:
-        cpu.isa_name(isa)
+        cpu_abi.isa_name(isa)
     except ValueError:
         return False
     return True
@@ -95,7 +95,7 @@ def info() -> dict[str, Any]:
     import torch
 
     from . import __version__
-    from .models.loading import default_cache_dir
+    from .models.model_cache import default_cache_dir
 
     cache = default_cache_dir()
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

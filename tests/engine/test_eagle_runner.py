@@ -14,9 +14,10 @@ from verispec.drafters.base import NoDrafter
 from verispec.drafters.eagle import EagleDrafter
 from verispec.drafters.eagle_runner import CompiledHeadRunner, TorchHeadRunner
 from verispec.models import cpu
+from verispec.models import cpu_abi
 from verispec.types import SamplingParams
 
-pytestmark = pytest.mark.skipif(not cpu.available(), reason="the compiled runtime is not built")
+pytestmark = pytest.mark.skipif(not cpu_abi.available(), reason="the compiled runtime is not built")
 
 H, V = 64, 96
 

@@ -155,12 +155,13 @@ def test_stop_token_ids_end_generation(toy_target):
 def exact_models(tmp_path_factory, toy_target):
     """The toy target on the bit-exact runtimes (native PyTorch; compiled when built)."""
     from verispec.models import cpu
+    from verispec.models import cpu_abi
     from verispec.models.native import NativeLlama
 
     path = tmp_path_factory.mktemp("toy-exact")
     toy_target.model.save_pretrained(path)
     models = {"native": NativeLlama.from_hf_dir(path, dtype=torch.float32)}
-    if cpu.available():
+    if cpu_abi.available():
         models["cpu"] = cpu.CpuLlama.from_hf_dir(path, max_length=512)
     return models
 

@@ -31,10 +31,11 @@ from tiny_models import (
     scenario,
     tokens,
 )
+from verispec.models import cpu_abi
 from verispec.models.base import ModelError
 
 cpu = pytest.importorskip("verispec.models.cpu")
-if not cpu.available():
+if not cpu_abi.available():
     pytest.skip("the compiled runtime verispec._vscpu is not built", allow_module_level=True)
 CpuLlama = cpu.CpuLlama
 ISAS = available_isas()  # scalar (the reference) first
@@ -64,15 +65,15 @@ def load(tiny_dirs):
 
 
 def test_isa_probe_and_forcing(monkeypatch):
-    assert "scalar" in ISAS and cpu.isa_name() in ISAS
-    assert cpu.isa_name("auto") == ISAS[-1]  # the widest one
+    assert "scalar" in ISAS and cpu_abi.isa_name() in ISAS
+    assert cpu_abi.isa_name("auto") == ISAS[-1]  # the widest one
     monkeypatch.setenv("VERISPEC_ISA", "scalar")
-    assert cpu.isa_name() == "scalar"
+    assert cpu_abi.isa_name() == "scalar"
     monkeypatch.setenv("VERISPEC_ISA", "bogus")
     with pytest.raises(ValueError, match="bogus"):
-        cpu.isa_name()
+        cpu_abi.isa_name()
     with pytest.raises(ValueError, match="bogus"):
-        cpu.isa_name("bogus")
+        cpu_abi.isa_name("bogus")
 
 
 def test_model_facts(load):
@@ -103,7 +104,7 @@ def test_forced_isa_from_environment(monkeypatch, tiny_dirs):
 @pytest.mark.skipif(has_isa("avx512"), reason="this CPU has AVX-512")
 def test_missing_isa_is_refused(tiny_dirs):
     with pytest.raises(ValueError):
-        cpu.isa_name("avx512")
+        cpu_abi.isa_name("avx512")
     with pytest.raises(ModelError):
         CpuLlama.from_hf_dir(tiny_dirs["llama"][0], max_length=64, isa="avx512")
 
@@ -366,7 +367,8 @@ def test_unsupported_shapes(tiny_dirs, tmp_path):
     """dim / heads * head_dim not a multiple of 32 (hidden 48), and stories260K (ffn 172)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from verispec.models.loading import materialize, resolve_model
+    from verispec.models.converted import converted_hf_dir
+    from verispec.models.resolve import resolve_model
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=128, num_hidden_layers=1,
@@ -376,7 +378,7 @@ def test_unsupported_shapes(tiny_dirs, tmp_path):
     with pytest.raises(ModelError, match="multiples of 32"):
         CpuLlama.from_hf_dir(tmp_path)
 
-    stories = materialize(resolve_model("stories260k"))
+    stories = converted_hf_dir(resolve_model("stories260k"))
     stories_cfg = json.loads((stories / "config.json").read_text())
     assert stories_cfg["intermediate_size"] % 32 != 0 and not cpu.supports(stories_cfg)
     with pytest.raises(ModelError, match="multiples of 32"):

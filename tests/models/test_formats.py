@@ -24,11 +24,13 @@ from tiny_models import (
     scenario,
 )
 
-from verispec.models import cpu
-from verispec.models.cpu import FORMATS, CpuLlama, quantize_matrix
+from verispec.models import cpu_abi
+from verispec.models.cpu import CpuLlama
+from verispec.models.cpu_abi import FORMATS
+from verispec.models.cpu_weights import quantize_matrix
 from verispec.models.ggml_quants import quantize
 
-if not cpu.available():
+if not cpu_abi.available():
     pytest.fail("the compiled runtime is not built", pytrace=False)
 ISAS = available_isas()  # scalar (the reference) first
 
@@ -37,7 +39,7 @@ QUANTIZED = ("q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k")
 
 def test_format_table_matches_ggml():
     """The library's table names every format with ggml's type id and block geometry."""
-    cpu.library()
+    cpu_abi.library()
     assert set(FORMATS) == {"f32", *QUANTIZED}
     for name, f in FORMATS.items():
         qtype = GGMLQuantizationType[name.upper()]
@@ -46,7 +48,7 @@ def test_format_table_matches_ggml():
 
 
 def _lib():
-    lib = cpu.library()
+    lib = cpu_abi.library()
     p = ctypes.POINTER
     lib.vs_test_matmul.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, p(ctypes.c_float),
                                    ctypes.c_int, p(ctypes.c_float), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int)

@@ -23,15 +23,11 @@ from hypothesis import strategies as st
 from verispec.data import data_file
 from verispec.models.base import ModelError
 from verispec.models.catalog import CATALOG, DEFAULT_MODEL, CatalogEntry, PackageFile
-from verispec.models.loading import (
-    ModelSource,
-    hf_dir_tokenizer,
-    list_models,
-    materialize,
-    read_llama2c_vocab,
-    resolve_model,
-    rope_interleaved_to_half,
-)
+from verispec.models.converted import converted_hf_dir
+from verispec.models.llama import rope_interleaved_to_half
+from verispec.models.llama2c import read_llama2c_vocab
+from verispec.models.resolve import list_models, ModelSource, resolve_model
+from verispec.models.tokenizer import hf_dir_tokenizer
 
 STORIES_README = data_file("models/stories260K/README.md")
 
@@ -41,7 +37,7 @@ STORIES_README = data_file("models/stories260K/README.md")
 
 @pytest.fixture(scope="module")
 def stories_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return materialize(resolve_model("stories260k"), tmp_path_factory.mktemp("cache"))
+    return converted_hf_dir(resolve_model("stories260k"), tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +255,7 @@ def test_tiny_gguf_round_trip(tmp_path: Path) -> None:
     reference = write_tiny_gguf(tmp_path / "tiny.gguf")
     source = resolve_model(str(tmp_path / "tiny.gguf"))
     assert (source.kind, source.chat) == ("gguf", True)
-    hf_dir = materialize(source, tmp_path / "cache")
+    hf_dir = converted_hf_dir(source, tmp_path / "cache")
     model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     ids = torch.randint(0, reference.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -281,14 +277,14 @@ def test_materialize_caches_and_rebuilds_on_change(tmp_path: Path) -> None:
     model.parent.mkdir()
     shutil.copy(src.path, model), shutil.copy(src.tokenizer_path, tok)
     cache = tmp_path / "cache"
-    first = materialize(resolve_model(str(model)), cache)
+    first = converted_hf_dir(resolve_model(str(model)), cache)
     stamp = (first / "model.safetensors").stat().st_mtime_ns
-    assert materialize(resolve_model(str(model)), cache) == first
+    assert converted_hf_dir(resolve_model(str(model)), cache) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp  # not rebuilt
     data = bytearray(model.read_bytes())
     data[-1] ^= 0xFF  # flip a byte of the (unused) freq_cis tail: same size, new content
     model.write_bytes(bytes(data))
-    second = materialize(resolve_model(str(model)), cache)
+    second = converted_hf_dir(resolve_model(str(model)), cache)
     assert second != first and sorted(p.name for p in cache.iterdir()) == sorted([first.name, second.name])
 
 
@@ -298,20 +294,20 @@ def test_failed_conversion_leaves_no_cache_entry(tmp_path: Path) -> None:
     bad_tok.write_bytes(src.tokenizer_path.read_bytes()[:-10])  # truncated inside the last token
     source = ModelSource("bad", "llama2c", src.path, tokenizer_path=bad_tok)
     with pytest.raises(ModelError):
-        materialize(source, tmp_path / "cache")
+        converted_hf_dir(source, tmp_path / "cache")
     assert list((tmp_path / "cache").iterdir()) == []
 
 
 def test_default_cache_dir_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "envcache"))
-    out = materialize(resolve_model("stories260k"))
+    out = converted_hf_dir(resolve_model("stories260k"))
     assert out.parent == tmp_path / "envcache"
 
 
 def test_hf_dir_returned_as_is(stories_dir: Path) -> None:
     source = resolve_model(str(stories_dir))
     assert (source.kind, source.chat) == ("hf_dir", False)
-    assert materialize(source) == stories_dir
+    assert converted_hf_dir(source) == stories_dir
 
 
 def test_list_models_and_default() -> None:
@@ -391,18 +387,18 @@ def test_corrupt_gguf(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "model.gguf"
     path.write_bytes(content)
     with pytest.raises(ModelError) as err:
-        materialize(resolve_model(str(path)), tmp_path / "cache")
+        converted_hf_dir(resolve_model(str(path)), tmp_path / "cache")
     _assert_one_line(err, "GGUF")
 
 
 def test_truncated_gguf_data(tmp_path: Path) -> None:
-    """Metadata intact, tensor data cut: resolve succeeds, conversion fails cleanly."""
+    """Metadata intact, tensor data cut: refused in one line by the file's one header parse (when
+    it is resolved: every tensor's data range is checked), before anything is written."""
     write_tiny_gguf(tmp_path / "full.gguf")
     data = (tmp_path / "full.gguf").read_bytes()
     (tmp_path / "cut.gguf").write_bytes(data[: len(data) - 5000])
-    source = resolve_model(str(tmp_path / "cut.gguf"))
     with pytest.raises(ModelError) as err:
-        materialize(source, tmp_path / "cache")
+        converted_hf_dir(resolve_model(str(tmp_path / "cut.gguf")), tmp_path / "cache")
     _assert_one_line(err, "truncated")
     assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").iterdir()) == []  # found before any write
 

@@ -242,7 +242,7 @@ def test_unsupported_shape_falls_back_and_says_so(tmp_path: Path) -> None:
     import torch
 
     from verispec.api import choose_backend
-    from verispec.models.loading import open_gguf
+    from verispec.models.gguf_config import open_gguf
 
     for shape in ({"hidden": 48, "ffn": 96}, {"ffn": 80}):
         cfg = open_gguf(mutated_gguf(tmp_path / "narrow.gguf", {"model": shape}))[1]

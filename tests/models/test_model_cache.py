@@ -28,8 +28,12 @@ from serving import runner
 
 from verispec.cli import app as cli_app
 from verispec.models.base import ModelError
-from verispec.models.gguf_file import gguf_tokenizer, read_gguf, tokenizer_cache_dir
-from verispec.models.loading import Part, assemble_file, hf_dir_tokenizer, materialize, resolve_model
+from verispec.models.gguf_file import read_gguf
+from verispec.models.gguf_tokenizer import gguf_tokenizer, tokenizer_cache_dir
+from verispec.models.converted import converted_hf_dir
+from verispec.models.package_parts import assemble_file, Part
+from verispec.models.resolve import resolve_model
+from verispec.models.tokenizer import hf_dir_tokenizer
 from verispec.models.model_cache import (
     MANIFEST,
     entry_damage,
@@ -43,7 +47,7 @@ from verispec.models.model_cache import (
 @pytest.fixture(scope="module")
 def stories_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A sound converted stories260k entry, copied by each test that damages one."""
-    return materialize(resolve_model("stories260k"), tmp_path_factory.mktemp("pristine"))
+    return converted_hf_dir(resolve_model("stories260k"), tmp_path_factory.mktemp("pristine"))
 
 
 def _copy_entry(entry: Path, tmp_path: Path) -> Path:
@@ -79,7 +83,7 @@ def test_damaged_stories_entry_is_replaced(stories_entry: Path, tmp_path: Path, 
     DAMAGE[damage](entry)
     assert entry_damage(entry) is not None
     with pytest.warns(RuntimeWarning, match=f"cache entry {entry} is damaged .*: replacing it"):
-        out = materialize(resolve_model("stories260k"), cache)
+        out = converted_hf_dir(resolve_model("stories260k"), cache)
     assert out == entry and entry_damage(entry) is None
     assert sorted(p.name for p in cache.iterdir()) == [entry.name]  # nothing left aside
     assert (entry / "model.safetensors").read_bytes() == (stories_entry / "model.safetensors").read_bytes()
@@ -91,7 +95,7 @@ def test_sound_entry_is_read_without_rebuilding(stories_entry: Path, tmp_path: P
     before = (cache / stories_entry.name / "model.safetensors").stat().st_mtime_ns
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert materialize(resolve_model("stories260k"), cache) == cache / stories_entry.name
+        assert converted_hf_dir(resolve_model("stories260k"), cache) == cache / stories_entry.name
     assert (cache / stories_entry.name / "model.safetensors").stat().st_mtime_ns == before
 
 
@@ -180,18 +184,18 @@ def test_unusable_cache_converts_into_a_temporary_directory(tmp_path: Path, monk
                                                            kind: str) -> None:
     monkeypatch.setenv("VERISPEC_CACHE", _unusable(kind, tmp_path))
     with pytest.warns(RuntimeWarning, match="cannot write the model cache .*: .* not kept") as record:
-        out = materialize(resolve_model("stories260k"))
+        out = converted_hf_dir(resolve_model("stories260k"))
     assert len(record) == 1 and "\n" not in str(record[0].message)
     assert entry_damage(out) is not None  # no manifest: a directory of this process, not an entry
     tokenizer = hf_dir_tokenizer(out)
     assert tokenizer.decode(tokenizer.encode("Once upon", add_special_tokens=False)) == "Once upon"
     with pytest.warns(RuntimeWarning, match="cannot write the model cache"):
-        assert materialize(resolve_model("stories260k")) == out  # built once per process
+        assert converted_hf_dir(resolve_model("stories260k")) == out  # built once per process
 
 
 def test_nul_byte_in_cache_path_degrades(tmp_path: Path) -> None:
     with pytest.warns(RuntimeWarning, match="NUL byte"):
-        out = materialize(resolve_model("stories260k"), Path(str(tmp_path) + "\0x"))
+        out = converted_hf_dir(resolve_model("stories260k"), Path(str(tmp_path) + "\0x"))
     assert (out / "model.safetensors").is_file()
     write_tiny_gguf(tmp_path / "tiny.gguf", "qwen2")
     with pytest.warns(RuntimeWarning, match="cannot cache the tokenizer"):
@@ -202,7 +206,7 @@ def test_nul_byte_in_cache_path_degrades(tmp_path: Path) -> None:
 def test_empty_cache_variable_means_the_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VERISPEC_CACHE", "")
     monkeypatch.setenv("HOME", str(tmp_path))
-    out = materialize(resolve_model("stories260k"))
+    out = converted_hf_dir(resolve_model("stories260k"))
     assert out.parent == tmp_path / ".cache" / "verispec" and entry_damage(out) is None
 
 

@@ -19,15 +19,12 @@ from typer.testing import CliRunner
 
 from verispec.models.base import ModelError
 from verispec.models.catalog import CATALOG, PackageParts
-from verispec.models.gguf_file import gguf_tokenizer, read_gguf
-from verispec.models.loading import (
-    Part,
-    assemble_file,
-    is_verified,
-    open_gguf,
-    prune_stale_entries,
-    resolve_model,
-)
+from verispec.models.gguf_file import read_gguf
+from verispec.models.gguf_tokenizer import gguf_tokenizer
+from verispec.models.converted import prune_stale_entries
+from verispec.models.gguf_config import open_gguf
+from verispec.models.package_parts import assemble_file, is_verified, Part
+from verispec.models.resolve import resolve_model
 
 QWEN = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
 
@@ -171,10 +168,10 @@ def test_tiny_qwen2_gguf_converts_for_transformers(tmp_path: Path, monkeypatch: 
     """``--backend hf`` still gets a transformers directory (bias, no Q/K permutation for qwen2)."""
     from transformers import AutoModelForCausalLM
 
-    from verispec.models.loading import materialize
+    from verispec.models.converted import converted_hf_dir
 
     reference = write_tiny_gguf(tmp_path / "tiny.gguf", "qwen2")
-    hf_dir = materialize(resolve_model(str(tmp_path / "tiny.gguf")), tmp_path / "cache")
+    hf_dir = converted_hf_dir(resolve_model(str(tmp_path / "tiny.gguf")), tmp_path / "cache")
     ours = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     ids = torch.tensor([[5, 77, 3, 200, 9, 1, 12]])
     with torch.no_grad():
@@ -239,9 +236,9 @@ def test_unsupported_tensor_type_one_line(tmp_path: Path) -> None:
     from gguf import GGMLQuantizationType
 
     from verispec.api import load_model
-    from verispec.models import cpu
+    from verispec.models import cpu_abi
 
-    if not cpu.available():
+    if not cpu_abi.available():
         pytest.skip("the compiled runtime is not built")
     write_tiny_gguf(tmp_path / "iq.gguf", "llama", hidden=256, ffn=256, heads=2, kv_heads=1,
                     raw_types={"blk.0.ffn_down.weight": GGMLQuantizationType.IQ2_XS})
@@ -287,7 +284,8 @@ def test_malformed_gguf_metadata_is_one_line(tmp_path):
     import struct
 
     from verispec.models.base import ModelError
-    from verispec.models.gguf_file import gguf_hf_config, read_gguf
+    from verispec.models.gguf_config import gguf_hf_config
+    from verispec.models.gguf_file import read_gguf
 
     with pytest.raises(ModelError, match="lacks metadata 'llama.embedding_length'"):
         gguf_hf_config(read_gguf(_gguf_with(tmp_path, "nokeys.gguf", [])))

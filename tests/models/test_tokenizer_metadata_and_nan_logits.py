@@ -27,8 +27,9 @@ from verispec.drafters.base import NoDrafter
 from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.engine.engine import Engine
 from verispec.models.base import BackendCaps, ModelError, ModelOutput, NonFiniteLogits
-from verispec.models.gguf_file import gguf_tokenizer, read_gguf
-from verispec.models.loading import open_gguf
+from verispec.models.gguf_file import read_gguf
+from verispec.models.gguf_tokenizer import gguf_tokenizer
+from verispec.models.gguf_config import open_gguf
 from verispec.sampling import check_logits
 from verispec.tree import DraftTree
 from verispec.types import SamplingParams

@@ -16,12 +16,13 @@ from tiny_models import (ancestor_mask, assert_chain_bitwise, assert_same_bits, 
 from verispec.drafters.suffix_tree import SuffixDecodingDrafter
 from verispec.engine import Engine
 from verispec.engine.prefix_cache import PrefixCache
-from verispec.models import cpu
+from verispec.models import cpu_abi
+from verispec.models import cpu_weights
 from verispec.models.cpu import CpuLlama
 from verispec.models.formats import WeightFormat
 from verispec.types import SamplingParams
 
-if not cpu.available():
+if not cpu_abi.available():
     pytest.skip("the compiled runtime verispec._vscpu is not built", allow_module_level=True)
 ISAS = available_isas()  # scalar (the reference) first
 SMOL_VOCAB = 49152
@@ -30,12 +31,13 @@ SMOL_VOCAB = 49152
 @pytest.fixture(scope="module")
 def smollm():
     """(hf dir, get(isa, threads) -> CpuLlama on the GGUF's own blocks); the GGUF is read once."""
-    from verispec.models.loading import materialize, resolve_model
+    from verispec.models.converted import converted_hf_dir
+    from verispec.models.resolve import resolve_model
 
     src = resolve_model("smollm2-135m-instruct")
-    hf_dir = materialize(src)
+    hf_dir = converted_hf_dir(src)
     cfg = json.loads((hf_dir / "config.json").read_text())
-    weights = cpu.gguf_weights(src.path, cfg)
+    weights = cpu_weights.gguf_weights(src.gguf, cfg)
     models = {}
 
     def get(isa: str | None = None, threads: int = 2) -> CpuLlama:
@@ -44,7 +46,7 @@ def smollm():
                                                          threads=threads)
         return models[isa, threads]
 
-    assert WeightFormat.Q4_1 in cpu.layer_formats(weights)
+    assert WeightFormat.Q4_1 in cpu_weights.layer_formats(weights)
     return hf_dir, src, get
 
 

@@ -12,14 +12,13 @@ import pytest
 import torch
 
 from verispec.models.catalog import CATALOG, DEFAULT_MODEL
-from verispec.models.gguf_file import gguf_hf_config, read_gguf
-from verispec.models.loading import (
-    is_verified,
-    load_gguf_tokenizer,
-    materialize,
-    open_gguf,
-    resolve_model,
-)
+from verispec.models.gguf_config import gguf_hf_config
+from verispec.models.gguf_file import read_gguf
+from verispec.models.converted import converted_hf_dir
+from verispec.models.gguf_config import open_gguf
+from verispec.models.gguf_tokenizer import load_gguf_tokenizer
+from verispec.models.package_parts import is_verified
+from verispec.models.resolve import resolve_model
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "qwen_tokenizer_golden.json"
 QWEN = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
@@ -118,7 +117,7 @@ def test_smollm2_gguf_matches_transformers_gguf_loader(tmp_path: Path) -> None:
 
     source = resolve_model(DEFAULT_MODEL)
     assert (source.kind, source.chat) == ("gguf", True)
-    hf_dir = materialize(source, tmp_path)
+    hf_dir = converted_hf_dir(source, tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert im_end in json.loads((hf_dir / "generation_config.json").read_text())["eos_token_id"]

@@ -54,7 +54,7 @@ def smollm_native():
 
 
 def test_native_fallback_is_int4_and_exact(smollm_native):
-    assert (smollm_native.backend_kind, smollm_native.quant) == ("native", "int4")
+    assert (smollm_native.backend_kind, smollm_native.pytorch_format) == ("native", "int4")
     assert smollm_native.backend.invariance.on
     assert smollm_native.backend.exactness.bit_exact, smollm_native.backend.exactness.reason
 

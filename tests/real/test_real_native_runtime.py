@@ -22,9 +22,10 @@ from verispec.models.native import NativeLlama, linear
 
 @pytest.fixture(scope="module")
 def smollm_dir():
-    from verispec.models.loading import materialize, resolve_model
+    from verispec.models.converted import converted_hf_dir
+    from verispec.models.resolve import resolve_model
 
-    return materialize(resolve_model("smollm2-135m-instruct"))
+    return converted_hf_dir(resolve_model("smollm2-135m-instruct"))
 
 
 REAL_PATHS = [(torch.bfloat16, "none"), (torch.float32, "none"), (torch.float32, "int8"), (torch.float32, "int4")]

@@ -15,7 +15,12 @@ from transformers import AutoModelForCausalLM
 from helpers import run, same_first_tokens_law
 from verispec.api import load_draft_model, load_model
 from verispec.drafters.base import NoDrafter
-from verispec.models.draft_checkpoint import draft_vocab, is_draft_weights, materialize, materialized_dir
+from verispec.models.draft_checkpoint import (
+    complete_checkpoint_dir,
+    draft_vocab,
+    is_draft_weights,
+    write_complete_checkpoint,
+)
 from verispec.registry import make_drafter
 from verispec.train import features
 from verispec.train.draft import DraftTrainOptions, draft_hidden, train_draft
@@ -57,7 +62,7 @@ def test_resume_matches_uninterrupted(stories_native, stories_features, trained,
 
 def test_materialized_checkpoint_loads_in_transformers(stories_native, stories_features, trained, tmp_path):
     model, _, _, weights = trained
-    out = materialize(weights, stories_native.hf_dir, materialized_dir(weights, stories_native.hf_dir, tmp_path))
+    out = write_complete_checkpoint(weights, stories_native.hf_dir, complete_checkpoint_dir(weights, stories_native.hf_dir, tmp_path))
     hf = AutoModelForCausalLM.from_pretrained(str(out)).eval()
     assert hf.config.num_hidden_layers == 2
     x = features.load([stories_features]).tokens[0]
@@ -69,12 +74,12 @@ def test_materialized_checkpoint_loads_in_transformers(stories_native, stories_f
         expect = draft_hidden(ref, x) @ ref.model.embed_tokens.weight.T
         got = hf(input_ids=x[None]).logits[0]
     torch.testing.assert_close(got, expect, rtol=1e-4, atol=1e-4)
-    assert materialize(weights, stories_native.hf_dir, out) == out  # idempotent
+    assert write_complete_checkpoint(weights, stories_native.hf_dir, out) == out  # idempotent
 
 
 def test_transformers_assisted_generation_with_the_draft(stories_native, trained, tmp_path):
     _, _, _, weights = trained
-    out = materialize(weights, stories_native.hf_dir, materialized_dir(weights, stories_native.hf_dir, tmp_path))
+    out = write_complete_checkpoint(weights, stories_native.hf_dir, complete_checkpoint_dir(weights, stories_native.hf_dir, tmp_path))
     target = AutoModelForCausalLM.from_pretrained(str(stories_native.hf_dir)).eval()
     assistant = AutoModelForCausalLM.from_pretrained(str(out)).eval()
     ids = torch.tensor([[1, 403, 261, 153]])
@@ -88,7 +93,7 @@ def test_reduced_head_logits_are_the_full_heads_rows(stories_native, trained, tm
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
     _, _, _, weights = trained
     reduced = load_draft_model(stories_native, str(weights))
-    full_dir = materialized_dir(weights, stories_native.hf_dir, tmp_path)
+    full_dir = complete_checkpoint_dir(weights, stories_native.hf_dir, tmp_path)
     full = load_model(str(full_dir)).backend
     vocab = draft_vocab(weights)
     ids, pos = torch.tensor([[1, 403, 261]]), torch.arange(3)[None]

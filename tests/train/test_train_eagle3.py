@@ -212,10 +212,11 @@ def test_backends_return_asked_layers_without_changing_logits(tiny_dirs, backend
     final norm reads); logits and final hidden states bit-identical to a forward that
     asks for none. transformers returns its last layer after the final norm: refused."""
     from verispec.models import cpu
+    from verispec.models import cpu_abi
     from verispec.models.hf import HFCausalLM
     from verispec.models.native import NativeLlama
 
-    if backend == "cpu" and not cpu.available():
+    if backend == "cpu" and not cpu_abi.available():
         pytest.skip("compiled runtime not built")
     path, hf = tiny_dirs["llama"]
     model = {"cpu": cpu.CpuLlama.from_hf_dir, "native": NativeLlama.from_hf_dir,

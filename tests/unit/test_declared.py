@@ -20,7 +20,7 @@ from verispec.bench.peers import HFGenerateRunner, LlamaCppRunner
 from verispec.bench.runners import EngineRunner, Runner
 from verispec.drafters.base import LAST_HIDDEN, NO_FEATURES, DeclaresFeatures, Drafter, Features, features_of
 from verispec.drafters.eagle_runner import CompiledHeadRunner, TorchHeadRunner
-from verispec.models import cpu
+from verispec.models import cpu_abi
 from verispec.models.base import NOT_CLAIMED, BackendCaps, CausalLM
 from verispec.models.cpu import CpuLlama
 from verispec.models.formats import WeightFormat
@@ -69,7 +69,7 @@ def _backends() -> dict[str, CausalLM]:
     out = {"hf": HFCausalLM(model, "tiny"),
            "native": NativeLlama.from_state_dict(cfg, dict(state), NativeOptions(dtype=torch.float32,
                                                                                 batch_invariant=False))}
-    if cpu.available():
+    if cpu_abi.available():
         out["cpu"] = CpuLlama.from_state_dict(cfg, dict(state), 64, quant="q8_0")
     return out
 
@@ -92,7 +92,7 @@ def test_every_backend_declares_what_is_read_of_it():
     assert (backends["hf"].description, backends["native"].description) == ("hf", "native")
     assert backends["hf"].isa == backends["native"].isa == ""  # torch's kernels
     if "cpu" in backends:
-        assert backends["cpu"].isa == cpu.isa_name() and backends["cpu"].threads == torch.get_num_threads()
+        assert backends["cpu"].isa == cpu_abi.isa_name() and backends["cpu"].threads == torch.get_num_threads()
 
 
 def test_a_probe_for_a_declared_name_is_found():

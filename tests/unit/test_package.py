@@ -48,7 +48,7 @@ def test_shipped_data_is_used_not_a_checkout(tmp_path, monkeypatch):
     """stories260k and the Spec-Bench questions come from the package, whatever the cwd holds."""
     import verispec
     from verispec.bench.datasets import load_spec_bench
-    from verispec.models.loading import resolve_model
+    from verispec.models.resolve import resolve_model
 
     (tmp_path / "shared" / "models" / "stories260K").mkdir(parents=True)  # a decoy beside the cwd
     monkeypatch.chdir(tmp_path)
@@ -75,14 +75,14 @@ def test_info_reports_the_build():
     from typer.testing import CliRunner
 
     from verispec.cli import app
-    from verispec.models import cpu
+    from verispec.models import cpu_abi
 
     r = CliRunner().invoke(app, ["info", "--json"])
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     rt = report["compiled_runtime"]
     assert report["version"] == metadata.version("verispec") and report["threads"] >= 1
-    assert rt["built"] == cpu.available() and report["model_cache"]["path"]
+    assert rt["built"] == cpu_abi.available() and report["model_cache"]["path"]
     if rt["built"]:
         assert rt["isa"] in rt["isas_available"] and "scalar" in rt["isas_available"]
     r = CliRunner().invoke(app, ["info"])
@@ -110,11 +110,11 @@ def test_missing_compiled_runtime_is_one_line_with_slowdown_and_fix():
     """Said once, on one stderr line naming the cost and the fix; the command line's
     warnings show no source line either."""
     code = ("import sys, warnings\n"
-            "from verispec.models import cpu\n"
+            "from verispec.models import cpu_abi\n"
             "def missing():\n"
             "    raise OSError('the compiled runtime verispec._vscpu was not built')\n"
-            "cpu._load_library = missing\n"
-            "assert not cpu.available() and not cpu.available()\n"
+            "cpu_abi._load_library = missing\n"
+            "assert not cpu_abi.available() and not cpu_abi.available()\n"
             "from verispec.cli import one_line_warning\n"
             "warnings.formatwarning = one_line_warning\n"
             "warnings.warn('dequantizing', RuntimeWarning)\n")

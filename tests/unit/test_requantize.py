@@ -1,4 +1,4 @@
-"""A draft re-encoded at load (models.cpu.requantize, csrc/formats/q4.cpp quantize_row_q4_0):
+"""A draft re-encoded at load (models.cpu_weights.requantize, csrc/formats/q4.cpp quantize_row_q4_0):
 the C++ Q4_0 encoder writes ggml's bytes (gguf.quants, the reference rule), every wider
 format is dequantized and re-encoded exactly so, narrower ones are kept, and a scale below
 fp16's normal range is written as zero (the repack's range check holds)."""
@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from tiny_models import runtime_dequant
 
-from verispec.models import cpu
-from verispec.models.cpu import FORMATS, RawMatrix, requantize
+from verispec.models import cpu_abi
+from verispec.models.cpu_abi import FORMATS
+from verispec.models.cpu_weights import RawMatrix, requantize
 from verispec.models.ggml_quants import quantize
 
-if not cpu.available():
+if not cpu_abi.available():
     pytest.fail("the compiled runtime is not built", pytrace=False)
 
 

@@ -60,7 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.llama import apply_rope, rms_norm, rope_inv_freq
-from ..models.loading import load_target_embedding  # noqa: F401 - re-exported (tests, scripts)
+from ..models.hf_dir import load_target_embedding  # noqa: F401 - re-exported (tests, scripts)
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
 from .base import LAST_HIDDEN, DeclaresFeatures, DraftContext, Features, Observation, RequestTable

@@ -148,7 +148,8 @@ class CompiledHeadRunner:
 
     def __init__(self, head: EagleHead, embed: torch.Tensor, max_length: int,
                  quant: WeightFormat | str = WeightFormat.Q8_0, threads: int | None = None, max_draft: int = 128):
-        from ..models.cpu import CpuLlama, quantize_matrix
+        from ..models.cpu import CpuLlama
+        from ..models.cpu_weights import quantize_matrix
 
         cfg = head.cfg
         quant = WeightFormat.parse(quant, HEAD_QUANTS, "compiled EAGLE head quant")

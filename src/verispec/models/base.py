@@ -27,6 +27,12 @@ class ModelError(ValueError):
     """A model could not be found or loaded; the message names what was expected."""
 
 
+def one_line(err: BaseException) -> str:
+    """First line of an exception's text, for ModelError messages that stay one line."""
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
 class NonFiniteLogits(ModelError):
     """A model computed NaN or +inf logits, or a row of logits with no finite value, where a
     token is chosen: its weights or metadata are corrupt (a Q4_K block with NaN scales, a NaN

@@ -1,7 +1,7 @@
 """Named models that ``verispec`` knows how to find without a path.
 
 Pure data: each entry says *where* the checkpoint lives; ``models/loading.py`` turns an
-entry into a :class:`~verispec.models.loading.ModelSource` (locating files, checking they
+entry into a :class:`~verispec.models.resolve.ModelSource` (locating files, checking they
 exist). Nothing here touches the file system or imports a model package.
 """
 

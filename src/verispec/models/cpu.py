@@ -18,273 +18,43 @@ depend on the other tokens of the forward, their layout, the thread count, or th
 
 ISA: chosen at run time (``VERISPEC_ISA`` = auto, avx512, avx2 or scalar forces one).
 Threads: a persistent pool, ``torch.get_num_threads()`` at load unless ``threads`` is given.
+
+This module is the model (``CpuLlama``) and its K/V cache pool; the C interface is ``cpu_abi.py``,
+the preparation of weights (quantizing, a GGUF's blocks read in place) ``cpu_weights.py``.
 """
 
 from __future__ import annotations
 
 import ctypes
-import enum
-import importlib.util
 import json
-import logging
-import os
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
-from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
-from verispec.models.formats import WeightFormat
-from verispec.models.llama import SUPPORTED_MODEL_TYPES, LlamaArgs, read_safetensors, rope_tables, take
 from verispec.memory import check_fits
+from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
+from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
+from verispec.models.cpu_abi import ERR_LEN, FORMATS, Batch, Config, Slot, i32, library, loaded, ptr, want_isa
+from verispec.models.cpu_weights import (
+    QUANTS,
+    Linear,
+    RawMatrix,
+    check_head_rows,
+    gguf_weights,
+    layer_formats,
+    state_dict_weights,
+)
+from verispec.models.formats import WeightFormat
+from verispec.models.gguf_file import read_gguf
+from verispec.models.llama import SUPPORTED_MODEL_TYPES, LlamaArgs, read_safetensors, rope_tables
+
 
 SLOT_TILE = 64  # K cache slots per transposed tile (csrc/vs.h: KV_TILE)
+
+
 GROW_FROM = 4 * SLOT_TILE  # slots a growing cache pool starts with
-PANEL_ROWS = 16  # rows per weight panel (csrc/vs.h: PANEL)
-ABI_VERSION = 2  # csrc/vs.h: ABI_VERSION
-_ERR = 512
-
-
-class Slot(enum.IntEnum):
-    """Tensor slots of the runtime (csrc/vs.h: enum Slot)."""
-
-    ATTN_NORM = 0
-    FFN_NORM = 1
-    WQKV = 2
-    WO = 3
-    W13 = 4
-    W2 = 5
-    NORM = 6
-    EMBED = 7
-    HEAD = 8
-    IN_PROJ = 9
-    IN_NORM = 10
-
-
-# ----------------------------------------------------------------------------- the library
-
-
-class _Config(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int32) for n in ("vocab", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn",
-                                              "max_pos")] + [("eps", ctypes.c_float), ("kv16", ctypes.c_int32),
-                                                                 ("embed_rows", ctypes.c_int32)]
-
-
-_P = ctypes.POINTER
-
-
-class _Batch(ctypes.Structure):
-    _fields_ = [("T", ctypes.c_int32), ("ids", _P(ctypes.c_int32)), ("pos", _P(ctypes.c_int32)),
-                ("seq", _P(ctypes.c_int32)), ("slot", _P(ctypes.c_int32)), ("vis_off", _P(ctypes.c_int32)),
-                ("vis", _P(ctypes.c_int32)), ("n_seqs", ctypes.c_int32), ("seq_row", _P(ctypes.c_int32)),
-                ("seq_cached", _P(ctypes.c_int32)), ("kcache", ctypes.c_void_p), ("vcache", ctypes.c_void_p),
-                ("cache_rows", ctypes.c_int32), ("cache_slots", ctypes.c_int32), ("n_logits", ctypes.c_int32),
-                ("logit_tokens", _P(ctypes.c_int32)), ("logits", _P(ctypes.c_float)), ("hidden", _P(ctypes.c_float)),
-                ("n_layer_out", ctypes.c_int32), ("layer_ids", _P(ctypes.c_int32)), ("layer_out", _P(ctypes.c_float)),
-                ("feat", _P(ctypes.c_float))]
-
-
-_LIB: ctypes.CDLL | None = None
-_LIB_ERROR: str | None = None
-
-
-def _load_library() -> ctypes.CDLL:
-    spec = importlib.util.find_spec("verispec._vscpu")
-    if spec is None or not spec.origin:
-        raise OSError("the compiled runtime verispec._vscpu was not built (pip install needs gcc/g++ for it)")
-    lib = ctypes.CDLL(spec.origin)
-    c_err = (ctypes.c_char_p, ctypes.c_int)
-    lib.vs_isa_name.restype = ctypes.c_char_p
-    lib.vs_isa_name.argtypes = (ctypes.c_char_p, *c_err)
-    lib.vs_model_new.restype = ctypes.c_void_p
-    lib.vs_model_new.argtypes = (_P(_Config), _P(ctypes.c_float), _P(ctypes.c_float), ctypes.c_char_p, ctypes.c_int, *c_err)
-    lib.vs_model_free.argtypes = (ctypes.c_void_p,)
-    lib.vs_model_isa.restype = ctypes.c_char_p
-    lib.vs_model_isa.argtypes = (ctypes.c_void_p,)
-    lib.vs_model_threads.argtypes = (ctypes.c_void_p,)
-    lib.vs_model_set_threads.argtypes = (ctypes.c_void_p, ctypes.c_int)
-    lib.vs_model_set.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-                                 ctypes.c_int, _P(ctypes.c_float), *c_err)
-    lib.vs_model_finish.argtypes = (ctypes.c_void_p, *c_err)
-    lib.vs_model_set_embed_ref.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                           *c_err)
-    lib.vs_model_weight_bytes.restype = ctypes.c_size_t
-    lib.vs_model_weight_bytes.argtypes = (ctypes.c_void_p,)
-    lib.vs_forward.argtypes = (ctypes.c_void_p, _P(_Batch), *c_err)
-    lib.vs_cache_move.argtypes = (_P(_Config), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                  ctypes.c_int, _P(ctypes.c_int32), ctypes.c_int, ctypes.c_int)
-    lib.vs_requantize_q4_0.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                       ctypes.c_int, *c_err)
-    _check_abi(lib, spec.origin)
-    return lib
-
-
-def _check_abi(lib: ctypes.CDLL, origin: str) -> None:
-    """A stale or mismatched build fails loudly: version, struct sizes, slots and formats."""
-    try:
-        lib.vs_abi_sizeof.restype = ctypes.c_size_t
-        lib.vs_abi_sizeof.argtypes = (ctypes.c_int,)
-        lib.vs_formats.argtypes = (ctypes.c_char_p, ctypes.c_int)
-        got = (lib.vs_abi_version(), lib.vs_abi_sizeof(0), lib.vs_abi_sizeof(1), lib.vs_abi_slots())
-    except AttributeError:
-        got = None
-    want = (ABI_VERSION, ctypes.sizeof(_Config), ctypes.sizeof(_Batch), len(Slot))
-    if got != want:
-        raise OSError(f"the compiled runtime {origin} does not match this verispec (ABI {got}, expected {want}): "
-                      "rebuild it with `pip install -e .`")
-    buf = ctypes.create_string_buffer(4096)
-    lib.vs_formats(buf, len(buf))
-    FORMATS.clear()
-    for item in buf.value.decode().split(","):  # the C table's border: ggml type ids -> WeightFormat
-        name, gtype, block, nbytes = item.split(":")
-        fmt = WeightFormat.from_ggml_type(int(gtype))
-        if fmt is None or fmt != name:
-            raise OSError(f"the compiled runtime {origin} has format {name} (ggml type {gtype}), which this verispec "
-                          "does not name: rebuild it with `pip install -e .`")
-        FORMATS[fmt] = RuntimeFormat(fmt, int(block), int(nbytes))
-
-
-@dataclass(frozen=True)
-class RuntimeFormat:
-    """A weight format the runtime computes with (csrc/formats/table.cpp) and its block size."""
-
-    fmt: WeightFormat
-    block: int  # weights per block
-    block_bytes: int
-
-    @property
-    def ggml_type(self) -> int:
-        return self.fmt.ggml_type
-
-    def row_bytes(self, cols: int) -> int:
-        return cols // self.block * self.block_bytes
-
-
-FORMATS: dict[WeightFormat, RuntimeFormat] = {}  # filled from the library at load
-
-
-def library() -> ctypes.CDLL:
-    """The compiled runtime, or OSError saying why it is unavailable."""
-    global _LIB, _LIB_ERROR
-    if _LIB is None and _LIB_ERROR is None:
-        try:
-            _LIB = _load_library()
-        except OSError as err:
-            _LIB_ERROR = str(err)
-    if _LIB is None:
-        raise OSError(_LIB_ERROR)
-    return _LIB
-
-
-# what a missing runtime costs and how to get it back: said once per process (`verispec info` says it too)
-MISSING_FIX = ("running the PyTorch runtime instead, 30-100x slower on CPU. Fix: install gcc and g++ "
-               "(e.g. `apt install g++`), then `pip install --force-reinstall --no-deps verispec` "
-               "(in a checkout: `pip install -e .`)")
-
-
-def available() -> bool:
-    """Is the compiled runtime built? If not, say so once: one line on stderr (a log record
-    of the ``verispec`` logger) with the slowdown and the fix."""
-    try:
-        library()
-        return True
-    except OSError as err:
-        if not getattr(available, "_warned", False):
-            available._warned = True
-            logging.getLogger("verispec").warning("verispec: %s; %s", err, MISSING_FIX)
-        return False
-
-
-def isa_name(want: str | None = None) -> str:
-    """The ISA the runtime would use: ``want`` or ``$VERISPEC_ISA`` or auto (widest supported)."""
-    err = ctypes.create_string_buffer(_ERR)
-    name = library().vs_isa_name(_want_isa(want), err, _ERR)
-    if name is None:
-        raise ValueError(err.value.decode())
-    return name.decode()
-
-
-def _want_isa(want: str | None) -> bytes:
-    return (want or os.environ.get("VERISPEC_ISA") or "auto").encode()
-
-
-def _ptr(t: torch.Tensor | np.ndarray, ctype=ctypes.c_int32):
-    addr = t.data_ptr() if isinstance(t, torch.Tensor) else t.ctypes.data
-    return ctypes.cast(addr, _P(ctype))
-
-
-def _i32(values) -> np.ndarray:
-    return np.ascontiguousarray(values, dtype=np.int32)
-
-
-# ----------------------------------------------------------------------------- weights
-
-
-@dataclass(frozen=True)
-class RawMatrix:
-    """A row-major weight matrix in a source format: fp32 values or GGUF blocks (uint8 [rows, bytes])."""
-
-    fmt: WeightFormat  # one of the runtime's FORMATS: f32, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k
-    data: np.ndarray
-    rows: int
-    cols: int
-    # called once the runtime has repacked the data (a memory-mapped file's pages are dropped)
-    release: Callable[[], None] | None = field(default=None, compare=False, repr=False)
-
-    def __post_init__(self):
-        object.__setattr__(self, "fmt", WeightFormat(self.fmt))  # a name ("q4_0") is its format
-
-
-# A layer's weights: one matrix, or row blocks stacked in order (fused QKV, gate/up), each in
-# its own format (a Q4_K_M file mixes Q4_K and Q6_K inside one fused QKV).
-Linear = RawMatrix | list[RawMatrix]
-
-
-def _f32(t: torch.Tensor) -> RawMatrix:
-    t = t.float().contiguous()
-    return RawMatrix(WeightFormat.F32, t.numpy(), t.shape[0], t.shape[1])
-
-
-W = WeightFormat
-QUANTS = (W.F32, W.Q8_0, W.Q4_1, W.Q4_0, W.Q5_0, W.Q4_K, W.Q5_K, W.Q6_K)  # formats quantize_matrix writes
-REQUANTS = (W.Q4_0,)  # formats requantize writes
-del W
-
-
-def quantize_matrix(w: torch.Tensor, fmt: WeightFormat | str) -> RawMatrix:
-    """fp32 [rows, cols] -> GGUF blocks of ``fmt`` (one of QUANTS; K formats need cols % 256 == 0)."""
-    from verispec.models.ggml_quants import quantize
-
-    fmt = WeightFormat.parse(fmt, QUANTS)
-    if fmt == WeightFormat.F32:
-        return _f32(w)
-    return RawMatrix(fmt, quantize(w.float().numpy(), fmt), w.shape[0], w.shape[1])
-
-
-def requantize(m: RawMatrix, fmt: WeightFormat | str = WeightFormat.Q4_0) -> RawMatrix:
-    """``m`` re-encoded as ``fmt`` (Q4_0, ggml's rule) where that streams fewer bytes: a draft
-    model chosen for speed, not fidelity; the target checks every drafted token, so output
-    is unchanged. Matrices already at most as wide (Q4_0, Q4_K) come back as they are; the
-    source pages are released once read."""
-    fmt = WeightFormat.parse(fmt, REQUANTS, "requantization")
-    lib, want = library(), FORMATS[fmt]
-    if m.cols % want.block or FORMATS[m.fmt].row_bytes(m.cols) <= want.row_bytes(m.cols):
-        return m
-    out = np.empty((m.rows, want.row_bytes(m.cols)), dtype=np.uint8)
-    src = np.ascontiguousarray(m.data)
-    err = ctypes.create_string_buffer(_ERR)
-    if lib.vs_requantize_q4_0(FORMATS[m.fmt].ggml_type, src.ctypes.data, m.rows, m.cols, out.ctypes.data,
-                              max(1, torch.get_num_threads()), err, _ERR):
-        raise ModelError(f"requantizing a {m.fmt} matrix to {fmt}: {err.value.decode()}")
-    if m.release is not None:
-        m.release()
-    return RawMatrix(fmt, out, m.rows, m.cols)
-
-
-# ----------------------------------------------------------------------------- cache
 
 
 class CpuCachePool(CachePool):
@@ -320,9 +90,9 @@ class CpuCachePool(CachePool):
         self.k, self.v, self.slots = k, v, new
 
     def _move_slots(self, row: int, src: list[int], dst_start: int) -> None:
-        idx = _i32(src)
+        idx = i32(src)
         library().vs_cache_move(ctypes.byref(self.owner._cfg), self.k.data_ptr(), self.v.data_ptr(),
-                                self.rows, self.slots, row, _ptr(idx), len(src), dst_start)
+                                self.rows, self.slots, row, ptr(idx), len(src), dst_start)
 
     # prefix-cache copies go through numpy views: torch copies would wake torch's OpenMP
     # threads, which then spin on the cores the runtime's own threads need (see forward_batch)
@@ -361,9 +131,6 @@ class CpuCache(PooledCache):
 
 
 CpuCachePool.cache_class = CpuCache
-
-
-# ----------------------------------------------------------------------------- model
 
 
 def _check_rope_fits(args: LlamaArgs, positions: int) -> None:
@@ -407,15 +174,15 @@ class CpuLlama(PooledLM):
         embed_parts = [] if embed is None else embed if isinstance(embed, list) else [embed]
         # resident bytes of the input embedding (by reference: only the looked-up rows' pages)
         self._embed_bytes = 0 if self._embed_ref is not None else sum(int(np.asarray(p.data).nbytes) for p in embed_parts)
-        self._cfg = _Config(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim,
+        self._cfg = Config(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim,
                             args.intermediate_size, info.max_length, args.norm_eps, int(self.kv_dtype == torch.float16),
                             args.vocab_size if embed is None else sum(p.rows for p in embed_parts))
         _check_rope_fits(args, info.max_length)
         cos, sin = (t.contiguous() for t in rope_tables(args, info.max_length, torch.device("cpu")))
-        err = ctypes.create_string_buffer(_ERR)
+        err = ctypes.create_string_buffer(ERR_LEN)
         threads = threads or torch.get_num_threads()
-        handle = lib.vs_model_new(ctypes.byref(self._cfg), _ptr(cos, ctypes.c_float), _ptr(sin, ctypes.c_float),
-                                  _want_isa(isa), threads, err, _ERR)
+        handle = lib.vs_model_new(ctypes.byref(self._cfg), ptr(cos, ctypes.c_float), ptr(sin, ctypes.c_float),
+                                  want_isa(isa), threads, err, ERR_LEN)
         if not handle:
             raise ModelError(f"compiled runtime: {err.value.decode()}")
         self._h = ctypes.c_void_p(handle)
@@ -435,17 +202,17 @@ class CpuLlama(PooledLM):
         if weights.get("embed") is not None:
             self._set(-1, Slot.EMBED, weights["embed"])
         if self._embed_ref is not None:
-            ref, err = self._embed_ref, ctypes.create_string_buffer(_ERR)
+            ref, err = self._embed_ref, ctypes.create_string_buffer(ERR_LEN)
             if library().vs_model_set_embed_ref(self._h, FORMATS[ref.fmt].ggml_type, ref.data.ctypes.data, ref.rows,
-                                                ref.cols, err, _ERR):
+                                                ref.cols, err, ERR_LEN):
                 raise ModelError(f"compiled runtime, embedding: {err.value.decode()}")
         self._set(-1, Slot.HEAD, weights["head"])
         if weights.get("in_proj") is not None:  # feature input (EAGLE heads): forward_slots(feats=...)
             self._set(-1, Slot.IN_PROJ, weights["in_proj"], weights.get("in_proj_bias"))
         if weights.get("in_norm") is not None:
             self._set(-1, Slot.IN_NORM, weights["in_norm"])
-        err = ctypes.create_string_buffer(_ERR)
-        if library().vs_model_finish(self._h, err, _ERR):
+        err = ctypes.create_string_buffer(ERR_LEN)
+        if library().vs_model_finish(self._h, err, ERR_LEN):
             raise ModelError(f"compiled runtime: {err.value.decode()}")
 
     def _set(self, layer: int, slot: Slot, w: Linear | torch.Tensor, bias: torch.Tensor | None = None) -> None:
@@ -465,9 +232,9 @@ class CpuLlama(PooledLM):
                 raise ModelError(f"compiled runtime, layer {layer} tensor {slot.name.lower()}: {data.nbytes} bytes for "
                                  f"[{part.rows}, {part.cols}] {part.fmt}")
             pb = None if b is None else b[row:row + part.rows].contiguous()
-            err = ctypes.create_string_buffer(_ERR)
+            err = ctypes.create_string_buffer(ERR_LEN)
             rc = library().vs_model_set(self._h, layer, int(slot), fmt.ggml_type, data.ctypes.data, part.rows, part.cols,
-                                        None if pb is None else _ptr(pb, ctypes.c_float), err, _ERR)
+                                        None if pb is None else ptr(pb, ctypes.c_float), err, ERR_LEN)
             if rc:
                 raise ModelError(f"compiled runtime, layer {layer} tensor {slot.name.lower()}: {err.value.decode()}")
             if part.release is not None:
@@ -483,8 +250,9 @@ class CpuLlama(PooledLM):
         """Free the runtime's model exactly once: the handle is cleared before it is freed, so a
         load that failed (freed here at once) is not freed again when the object is collected."""
         h, self._h = getattr(self, "_h", None), None
-        if h is not None and _LIB is not None:
-            _LIB.vs_model_free(h)
+        lib = loaded()
+        if h is not None and lib is not None:
+            lib.vs_model_free(h)
 
     def __del__(self):
         self._free()
@@ -511,7 +279,7 @@ class CpuLlama(PooledLM):
         if gguf is not None:
             if kw.get("head_rows") is not None:
                 raise ValueError("a reduced LM head (head_rows) is built from safetensors weights, not a GGUF file")
-            model = cls.from_weights(cfg, gguf_weights(Path(gguf), cfg), max_length, name=name, **kw)
+            model = cls.from_weights(cfg, gguf_weights(read_gguf(Path(gguf)), cfg), max_length, name=name, **kw)
             model.gguf_path = Path(gguf)
             return model
         return cls.from_state_dict(cfg, read_safetensors(path), max_length, quant=quant, name=name, **kw)
@@ -602,20 +370,20 @@ class CpuLlama(PooledLM):
         logit_tokens = np.cumsum(n_real) - 1 if last_logits_only else np.arange(total)
         logits = torch.empty(len(logit_tokens), self.args.vocab_size)
         hidden = torch.empty(total, self.args.dim) if want_hidden else None
-        layer_ids = _i32(check_hidden_layers(hidden_layers, self.args.n_layers))
+        layer_ids = i32(check_hidden_layers(hidden_layers, self.args.n_layers))
         layers = torch.empty(total, len(layer_ids) * self.args.dim) if len(layer_ids) else None
         pool = caches[0].pool
-        keep = [_i32(a) for a in (np.concatenate([ids_np[r, :k] for r, k in enumerate(n_real)]),
+        keep = [i32(a) for a in (np.concatenate([ids_np[r, :k] for r, k in enumerate(n_real)]),
                                     np.concatenate([pos_np[r, :k] for r, k in enumerate(n_real)]),
                                     np.concatenate(seq), np.concatenate(slot), vis_off, np.concatenate(vis),
                                     [c.row for c in caches], [c.length for c in caches], logit_tokens)]
-        batch = _Batch(total, *(_ptr(t) for t in keep[:6]), len(caches), _ptr(keep[6]), _ptr(keep[7]),
+        batch = Batch(total, *(ptr(t) for t in keep[:6]), len(caches), ptr(keep[6]), ptr(keep[7]),
                        pool.k.data_ptr(), pool.v.data_ptr(), pool.rows, pool.slots,
-                       len(logit_tokens), _ptr(keep[8]), _ptr(logits, ctypes.c_float),
-                       None if hidden is None else _ptr(hidden, ctypes.c_float), len(layer_ids), _ptr(layer_ids),
-                       None if layers is None else _ptr(layers, ctypes.c_float))
-        err = ctypes.create_string_buffer(_ERR)
-        if library().vs_forward(self._h, ctypes.byref(batch), err, _ERR):
+                       len(logit_tokens), ptr(keep[8]), ptr(logits, ctypes.c_float),
+                       None if hidden is None else ptr(hidden, ctypes.c_float), len(layer_ids), ptr(layer_ids),
+                       None if layers is None else ptr(layers, ctypes.c_float))
+        err = ctypes.create_string_buffer(ERR_LEN)
+        if library().vs_forward(self._h, ctypes.byref(batch), err, ERR_LEN):
             raise ValueError(f"forward: {err.value.decode()}")
         for cache, k in zip(caches, n_real):
             cache._advance(k)
@@ -640,22 +408,22 @@ class CpuLlama(PooledLM):
         t = len(ids)
         pool.reserve(max(cached, int(np.max(slots, initial=-1)) + 1))
         vis_off = np.concatenate([[0], np.cumsum([len(v) for v in visible])])
-        keep = [_i32(a) for a in (ids, positions, np.zeros(t), slots, vis_off, np.concatenate(visible), [row], [cached],
+        keep = [i32(a) for a in (ids, positions, np.zeros(t), slots, vis_off, np.concatenate(visible), [row], [cached],
                                     np.arange(t) if logit_rows is None else logit_rows)]
         logits = torch.empty(len(keep[8]), self.args.vocab_size)
         hidden = torch.empty(t, self.args.dim) if want_hidden else None
-        layer_ids = _i32(check_hidden_layers(hidden_layers, self.args.n_layers))
+        layer_ids = i32(check_hidden_layers(hidden_layers, self.args.n_layers))
         layers = torch.empty(t, len(layer_ids) * self.args.dim) if len(layer_ids) else None
         f = None if feats is None else feats.float().contiguous()
         if f is not None and tuple(f.shape) != (t, self.args.dim):
             raise ValueError(f"feats must be [{t}, {self.args.dim}], got {tuple(f.shape)}")
-        batch = _Batch(t, *(_ptr(a) for a in keep[:6]), 1, _ptr(keep[6]), _ptr(keep[7]), pool.k.data_ptr(),
-                       pool.v.data_ptr(), pool.rows, pool.slots, len(keep[8]), _ptr(keep[8]), _ptr(logits, ctypes.c_float),
-                       None if hidden is None else _ptr(hidden, ctypes.c_float),
-                       len(layer_ids), _ptr(layer_ids), None if layers is None else _ptr(layers, ctypes.c_float),
-                       None if f is None else _ptr(f, ctypes.c_float))
-        err = ctypes.create_string_buffer(_ERR)
-        if library().vs_forward(self._h, ctypes.byref(batch), err, _ERR):
+        batch = Batch(t, *(ptr(a) for a in keep[:6]), 1, ptr(keep[6]), ptr(keep[7]), pool.k.data_ptr(),
+                       pool.v.data_ptr(), pool.rows, pool.slots, len(keep[8]), ptr(keep[8]), ptr(logits, ctypes.c_float),
+                       None if hidden is None else ptr(hidden, ctypes.c_float),
+                       len(layer_ids), ptr(layer_ids), None if layers is None else ptr(layers, ctypes.c_float),
+                       None if f is None else ptr(f, ctypes.c_float))
+        err = ctypes.create_string_buffer(ERR_LEN)
+        if library().vs_forward(self._h, ctypes.byref(batch), err, ERR_LEN):
             raise ValueError(f"forward: {err.value.decode()}")
         return ModelOutput(self._full_vocab(logits), hidden, layers)
 
@@ -686,158 +454,6 @@ class CpuLlama(PooledLM):
         self._check_batch(ids, pos, caches, tree, n_real)
 
 
-# ----------------------------------------------------------------------------- weight sources
-
-
-def check_head_rows(head_rows, vocab_size: int) -> torch.Tensor:
-    """A reduced LM head's token ids: a non-empty 1-D list of distinct ids in [0, vocab_size)."""
-    rows = torch.as_tensor(head_rows, dtype=torch.long)
-    if rows.dim() != 1 or not len(rows) or not 0 <= int(rows.min()) <= int(rows.max()) < vocab_size \
-            or len(rows.unique()) != len(rows):
-        raise ValueError(f"head_rows must be a non-empty 1-D list of distinct token ids in [0, {vocab_size})")
-    return rows
-
-
-def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: WeightFormat,
-                       head_rows: torch.Tensor | None = None) -> dict:
-    """HF-named tensors -> the runtime's fused matrices (QKV, gate/up), quantized to ``quant``;
-    ``head_rows``: the LM head keeps those rows (the input embedding keeps all of them)."""
-    args = LlamaArgs.from_hf_config(cfg)
-    q = lambda w: quantize_matrix(w.float(), quant)  # noqa: E731
-    layers = []
-    for i in range(args.n_layers):
-        p = f"model.layers.{i}."
-        t = lambda n: take(state, p + n)  # noqa: E731
-        layer = {"attn_norm": t("input_layernorm.weight"), "ffn_norm": t("post_attention_layernorm.weight"),
-                 "wqkv": q(torch.cat([t("self_attn.q_proj.weight"), t("self_attn.k_proj.weight"),
-                                      t("self_attn.v_proj.weight")])),
-                 "wo": q(t("self_attn.o_proj.weight")),
-                 "w13": q(torch.cat([t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")])),
-                 "w2": q(t("mlp.down_proj.weight"))}
-        if p + "self_attn.q_proj.bias" in state:
-            layer["wqkv_bias"] = torch.cat([t("self_attn.q_proj.bias"), t("self_attn.k_proj.bias"), t("self_attn.v_proj.bias")])
-        layers.append(layer)
-    embed = take(state, "model.embed_tokens.weight")
-    tied = cfg.get("tie_word_embeddings", "lm_head.weight" not in state)
-    head = embed if tied else take(state, "lm_head.weight")
-    if head_rows is not None:
-        head, tied = head[check_head_rows(head_rows, len(head))], False
-    # a quantized model's head in Q8_0, as llama.cpp does
-    head_fmt = WeightFormat.F32 if quant == WeightFormat.F32 else WeightFormat.Q8_0
-    return {"layers": layers, "norm": take(state, "model.norm.weight"), "head": quantize_matrix(head.float(), head_fmt),
-            "embed": None if tied else quantize_matrix(embed.float(), head_fmt)}
-
-
-_CHUNK_BYTES = 32 << 20  # large tensors are set in row blocks of at most this many source bytes
-
-
-def gguf_weights(path: Path, cfg: dict, head_rows: torch.Tensor | None = None,
-                 requant: WeightFormat | None = None) -> dict:
-    """The weights of a ``llama`` or ``qwen2`` GGUF file as its own blocks (no dequantization,
-    no fp32 copy): every format of ``FORMATS`` (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, F32).
-    Data are views of one read-only memory map; each row block's pages are released once the
-    runtime has repacked it, so loading holds the repacked weights plus one block at a time.
-    Llama Q/K rows go from GGUF's interleaved RoPE pairs to HF's rotate_half order (a row
-    permutation); qwen2 files keep rotate_half order (llama.cpp's NEOX RoPE) and carry Q/K/V biases.
-    ``head_rows``: the LM head keeps only those token ids' rows, in that order (a draft's
-    reduced head, FR-Spec); the input embedding keeps every row. ``requant``: matrices wider
-    than that format are re-encoded to it as they are read (``requantize``: a draft model)."""
-    import mmap
-
-    from verispec.models.gguf_file import read_gguf
-    from verispec.models.loading import rope_interleaved_to_half
-
-    library()  # FORMATS comes from the library
-    args = LlamaArgs.from_hf_config(cfg)
-    info = read_gguf(path)
-    permute = cfg.get("model_type", "llama") != "qwen2"
-    with path.open("rb") as f:
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    page = mmap.PAGESIZE
-
-    def release(start: int, nbytes: int):
-        lo = start // page * page
-        return lambda: buf.madvise(mmap.MADV_DONTNEED, lo, start + nbytes - lo)
-
-    def tensor(name: str):
-        t = info.tensors.get(name)
-        if t is None:
-            raise ModelError(f"{path}: missing tensor {name}")
-        return t
-
-    def matrix(name: str) -> RawMatrix:
-        """The whole tensor as a view of the mapped file, in a format of the runtime."""
-        t = tensor(name)
-        fmt = FORMATS.get(t.format)
-        if fmt is None or len(t.shape) != 2:
-            raise ModelError(f"{path}: tensor {name} is {t.type_name}; the compiled runtime reads "
-                             f"{', '.join(f.label for f in FORMATS)} (try --backend native, which dequantizes)")
-        cols, rows = t.shape
-        data = np.frombuffer(buf, dtype=np.uint8, count=t.nbytes, offset=t.offset).reshape(rows, fmt.row_bytes(cols))
-        return RawMatrix(fmt.fmt, data.view(np.float32) if fmt.fmt == WeightFormat.F32 else data, rows, cols)
-
-    def raw(name: str, heads: int | None = None, rows_wanted: torch.Tensor | None = None) -> Linear:
-        out = raw_source(name, heads, rows_wanted)
-        if requant is None:
-            return out
-        return [requantize(p, requant) for p in out] if isinstance(out, list) else requantize(out, requant)
-
-    def raw_source(name: str, heads: int | None, rows_wanted: torch.Tensor | None) -> Linear:
-        m = matrix(name)
-        if rows_wanted is not None:  # a copy of the chosen rows only
-            return RawMatrix(m.fmt, m.data[rows_wanted.numpy()], len(rows_wanted), m.cols)
-        if heads is not None and permute:
-            return RawMatrix(m.fmt, rope_interleaved_to_half(torch.from_numpy(np.array(m.data)), heads).numpy(),
-                             m.rows, m.cols)
-        rb, offset = m.data.nbytes // m.rows, tensor(name).offset
-        step = max(PANEL_ROWS, _CHUNK_BYTES // rb // PANEL_ROWS * PANEL_ROWS)
-        chunks = [RawMatrix(m.fmt, m.data[r:r + step], min(step, m.rows - r), m.cols,
-                            release(offset + r * rb, min(step, m.rows - r) * rb)) for r in range(0, m.rows, step)]
-        return chunks[0] if len(chunks) == 1 else chunks
-
-    def vec(name: str) -> torch.Tensor:
-        t = tensor(name)
-        if t.format != WeightFormat.F32:
-            raise ModelError(f"{path}: tensor {name} is {t.type_name}: expected F32")
-        return torch.from_numpy(np.frombuffer(buf, dtype=np.float32, count=t.nbytes // 4, offset=t.offset).copy())
-
-    layers = []
-    for i in range(args.n_layers):
-        b = f"blk.{i}."
-        layer = {"attn_norm": vec(b + "attn_norm.weight"), "ffn_norm": vec(b + "ffn_norm.weight"),
-                 "wqkv": parts(raw(b + "attn_q.weight", args.n_heads), raw(b + "attn_k.weight", args.n_kv_heads),
-                               raw(b + "attn_v.weight")),
-                 "wo": raw(b + "attn_output.weight"),
-                 "w13": parts(raw(b + "ffn_gate.weight"), raw(b + "ffn_up.weight")),
-                 "w2": raw(b + "ffn_down.weight")}
-        if b + "attn_q.bias" in info.tensors:
-            bias = [vec(b + f"attn_{x}.bias") for x in "qkv"]
-            if permute:
-                bias[:2] = [rope_interleaved_to_half(v[:, None], h)[:, 0] for v, h in
-                            zip(bias[:2], (args.n_heads, args.n_kv_heads))]
-            layer["wqkv_bias"] = torch.cat(bias)
-        layers.append(layer)
-    tied = "output.weight" not in info.tensors
-    if head_rows is not None:
-        head_rows = check_head_rows(head_rows, tensor("token_embd.weight" if tied else "output.weight").shape[1])
-    head = raw("token_embd.weight" if tied else "output.weight", rows_wanted=head_rows)
-    weights = {"layers": layers, "norm": vec("output_norm.weight"), "head": head, "embed": None}
-    if not tied or head_rows is not None:  # the input embedding stays in the mapped file: one row per token
-        weights["embed_ref"] = matrix("token_embd.weight")
-    return weights
-
-
-def parts(*linears: Linear) -> list[RawMatrix]:
-    """The matrices of linears, row blocks flattened."""
-    return [p for w in linears for p in (w if isinstance(w, list) else [w])]
-
-
-def layer_formats(weights: dict) -> tuple[WeightFormat, ...]:
-    """The distinct formats of the layers' matrices (QKV, output, gate/up, down), sorted."""
-    return tuple(sorted({m.fmt for layer in weights["layers"]
-                         for m in parts(layer["wqkv"], layer["wo"], layer["w13"], layer["w2"])}))
-
-
 # what ``supports`` asks of a shape (csrc/c_api.cpp: vs_model_new), in words
 SHAPES = "hidden size, FFN size and heads x head size multiples of 32, at most 64 query heads per K/V head"
 
@@ -850,6 +466,7 @@ def supports(cfg: dict) -> bool:
         return False
     return (cfg.get("model_type") in SUPPORTED_MODEL_TYPES and a.dim % 32 == 0 and a.intermediate_size % 32 == 0
             and (a.n_heads * a.head_dim) % 32 == 0 and a.n_heads % a.n_kv_heads == 0 and a.group <= 64)
+
 
 
 CpuLlama.pool_class = CpuCachePool

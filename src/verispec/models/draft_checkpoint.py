@@ -5,7 +5,7 @@ embedding / LM head, so shipping the 28 M-parameter embedding again would only d
 download. The weights directory holds ``model.safetensors`` (decoder layers, final norm and
 ``draft_vocab``, the reduced vocabulary of FR-Spec, Zhao et al. 2025) and ``config.json``
 (the draft's transformers config plus a ``verispec`` section: target, training record).
-``materialize`` adds the target's embedding, tokenizer and generation config and writes a
+``write_complete_checkpoint`` adds the target's embedding, tokenizer and generation config and writes a
 complete transformers checkpoint, which ``AutoModelForCausalLM.from_pretrained`` loads
 (e.g. as transformers' ``assistant_model``) as well as verispec's own backends.
 """
@@ -42,11 +42,11 @@ TARGET_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.j
                 "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
 
 
-def materialize(weights_dir: str | Path, target_dir: str | Path, out_dir: str | Path,
+def write_complete_checkpoint(weights_dir: str | Path, target_dir: str | Path, out_dir: str | Path,
                 embedding: torch.Tensor | None = None, tokenizer=None, eos_token_ids: list[int] | None = None) -> Path:
     """A complete float32 transformers checkpoint in ``out_dir``: the shipped draft weights,
     the target's embedding (tied LM head), tokenizer and generation config. Idempotent
-    (name ``out_dir`` after the content: ``materialized_dir``) and atomic. A target that is
+    (name ``out_dir`` after the content: ``complete_checkpoint_dir``) and atomic. A target that is
     no transformers directory (a GGUF) passes its ``embedding`` [V, H], ``tokenizer`` and
     ``eos_token_ids`` instead of reading them from ``target_dir``."""
     from safetensors import safe_open
@@ -98,8 +98,8 @@ def is_draft_weights(path: str | Path) -> bool:
     return cfg.is_file() and json.loads(cfg.read_text()).get("verispec", {}).get("kind") == "draft"
 
 
-def materialized_dir(weights_dir: str | Path, target_dir: str | Path, cache_dir: str | Path) -> Path:
-    """Where ``materialize`` should write: named after the draft weights' content and the
+def complete_checkpoint_dir(weights_dir: str | Path, target_dir: str | Path, cache_dir: str | Path) -> Path:
+    """Where ``write_complete_checkpoint`` should write: named after the draft weights' content and the
     target checkpoint (its path, size and modification time)."""
     import hashlib
 

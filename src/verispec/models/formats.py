@@ -7,7 +7,7 @@ vocabulary is mapped to it once, at its border:
 * a GGUF's ``general.file_type`` (llama.cpp's ``enum llama_ftype``, a mix such as Q4_K_M
   named by its main format): ``WeightFormat.from_file_type``;
 * the compiled runtime's format table (``csrc/formats/table.cpp``, keyed by ggml type id):
-  ``models.cpu`` passes ``fmt.ggml_type`` and reads its table into ``WeightFormat`` keys;
+  ``models.cpu_abi`` passes ``fmt.ggml_type`` and reads its table into ``WeightFormat`` keys;
 * the gguf package (``GGMLQuantizationType``): ``fmt.gguf_type``;
 * a user's option (``--quant``, ``-o quant=``, ``-o head_quant=``): ``WeightFormat.parse``.
 

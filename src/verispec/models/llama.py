@@ -5,7 +5,9 @@ models/native.py; the compiled one, models/cpu.py; EAGLE heads, drafters/eagle.p
   Qwen2, Mistral, SmolLM), ``SUPPORTED_MODEL_TYPES``;
 * an HF checkpoint's tensors: ``read_safetensors``, ``take``;
 * the row-local math they share: RoPE (rotate-half, HF layout: ``rope_inv_freq``,
-  ``rope_tables``, ``apply_rope``) and ``rms_norm``.
+  ``rope_tables``, ``apply_rope``) and ``rms_norm``;
+* the Q/K row order of checkpoints written for interleaved RoPE (GGUF, llama2.c), turned into
+  HF's: ``rope_interleaved_to_half``.
 """
 
 from __future__ import annotations
@@ -174,4 +176,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = x32.chunk(2, dim=-1)  # [..., D/2] each
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
+
+def rope_interleaved_to_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder Q/K rows per head from interleaved RoPE pairs to HF's ``rotate_half`` layout.
+
+    Within each head, rows ``(x0, y0, x1, y1, ...)`` become ``(x0, x1, ..., y0, y1, ...)``; this
+    is ``permute`` in transformers' ``convert_llama_weights_to_hf.py`` and the inverse of
+    ``LlamaModel.permute`` in llama.cpp's ``convert_hf_to_gguf.py``.
+    Example, one head of dim 4: rows [a0, b0, a1, b1] -> [a0, a1, b0, b1].
+    """
+    out_dim, in_dim = w.shape  # [n_heads * head_dim, in]
+    return w.reshape(n_heads, out_dim // n_heads // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
 

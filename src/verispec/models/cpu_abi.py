@@ -1,0 +1,203 @@
+"""The compiled CPU runtime's C interface (``csrc/c_api.cpp``, ``csrc/vs.h``) as Python sees it:
+loading ``verispec._vscpu`` with ctypes, the structs passed to it (``Config``, ``Batch``), the
+check that the build matches this verispec (ABI version, struct sizes, tensor slots, formats),
+and the runtime's weight-format table (``FORMATS``: block sizes, read from the library).
+
+Nothing here holds a model: ``cpu.py`` (``CpuLlama``) does, through these functions;
+``cpu_weights.py`` prepares the weights it is given.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from verispec.models.formats import WeightFormat
+
+PANEL_ROWS = 16  # rows per weight panel (csrc/vs.h: PANEL)
+ABI_VERSION = 2  # csrc/vs.h: ABI_VERSION
+ERR_LEN = 512  # bytes of the buffer a C call writes its error message into
+
+
+class Slot(enum.IntEnum):
+    """Tensor slots of the runtime (csrc/vs.h: enum Slot)."""
+
+    ATTN_NORM = 0
+    FFN_NORM = 1
+    WQKV = 2
+    WO = 3
+    W13 = 4
+    W2 = 5
+    NORM = 6
+    EMBED = 7
+    HEAD = 8
+    IN_PROJ = 9
+    IN_NORM = 10
+
+
+class Config(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in ("vocab", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn",
+                                              "max_pos")] + [("eps", ctypes.c_float), ("kv16", ctypes.c_int32),
+                                                                 ("embed_rows", ctypes.c_int32)]
+
+
+_P = ctypes.POINTER
+
+
+class Batch(ctypes.Structure):
+    _fields_ = [("T", ctypes.c_int32), ("ids", _P(ctypes.c_int32)), ("pos", _P(ctypes.c_int32)),
+                ("seq", _P(ctypes.c_int32)), ("slot", _P(ctypes.c_int32)), ("vis_off", _P(ctypes.c_int32)),
+                ("vis", _P(ctypes.c_int32)), ("n_seqs", ctypes.c_int32), ("seq_row", _P(ctypes.c_int32)),
+                ("seq_cached", _P(ctypes.c_int32)), ("kcache", ctypes.c_void_p), ("vcache", ctypes.c_void_p),
+                ("cache_rows", ctypes.c_int32), ("cache_slots", ctypes.c_int32), ("n_logits", ctypes.c_int32),
+                ("logit_tokens", _P(ctypes.c_int32)), ("logits", _P(ctypes.c_float)), ("hidden", _P(ctypes.c_float)),
+                ("n_layer_out", ctypes.c_int32), ("layer_ids", _P(ctypes.c_int32)), ("layer_out", _P(ctypes.c_float)),
+                ("feat", _P(ctypes.c_float))]
+
+
+_LIB: ctypes.CDLL | None = None
+
+
+_LIB_ERROR: str | None = None
+
+
+def _load_library() -> ctypes.CDLL:
+    spec = importlib.util.find_spec("verispec._vscpu")
+    if spec is None or not spec.origin:
+        raise OSError("the compiled runtime verispec._vscpu was not built (pip install needs gcc/g++ for it)")
+    lib = ctypes.CDLL(spec.origin)
+    c_err = (ctypes.c_char_p, ctypes.c_int)
+    lib.vs_isa_name.restype = ctypes.c_char_p
+    lib.vs_isa_name.argtypes = (ctypes.c_char_p, *c_err)
+    lib.vs_model_new.restype = ctypes.c_void_p
+    lib.vs_model_new.argtypes = (_P(Config), _P(ctypes.c_float), _P(ctypes.c_float), ctypes.c_char_p, ctypes.c_int, *c_err)
+    lib.vs_model_free.argtypes = (ctypes.c_void_p,)
+    lib.vs_model_isa.restype = ctypes.c_char_p
+    lib.vs_model_isa.argtypes = (ctypes.c_void_p,)
+    lib.vs_model_threads.argtypes = (ctypes.c_void_p,)
+    lib.vs_model_set_threads.argtypes = (ctypes.c_void_p, ctypes.c_int)
+    lib.vs_model_set.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                 ctypes.c_int, _P(ctypes.c_float), *c_err)
+    lib.vs_model_finish.argtypes = (ctypes.c_void_p, *c_err)
+    lib.vs_model_set_embed_ref.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                           *c_err)
+    lib.vs_model_weight_bytes.restype = ctypes.c_size_t
+    lib.vs_model_weight_bytes.argtypes = (ctypes.c_void_p,)
+    lib.vs_forward.argtypes = (ctypes.c_void_p, _P(Batch), *c_err)
+    lib.vs_cache_move.argtypes = (_P(Config), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_int, _P(ctypes.c_int32), ctypes.c_int, ctypes.c_int)
+    lib.vs_requantize_q4_0.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                       ctypes.c_int, *c_err)
+    _check_abi(lib, spec.origin)
+    return lib
+
+
+def _check_abi(lib: ctypes.CDLL, origin: str) -> None:
+    """A stale or mismatched build fails loudly: version, struct sizes, slots and formats."""
+    try:
+        lib.vs_abi_sizeof.restype = ctypes.c_size_t
+        lib.vs_abi_sizeof.argtypes = (ctypes.c_int,)
+        lib.vs_formats.argtypes = (ctypes.c_char_p, ctypes.c_int)
+        got = (lib.vs_abi_version(), lib.vs_abi_sizeof(0), lib.vs_abi_sizeof(1), lib.vs_abi_slots())
+    except AttributeError:
+        got = None
+    want = (ABI_VERSION, ctypes.sizeof(Config), ctypes.sizeof(Batch), len(Slot))
+    if got != want:
+        raise OSError(f"the compiled runtime {origin} does not match this verispec (ABI {got}, expected {want}): "
+                      "rebuild it with `pip install -e .`")
+    buf = ctypes.create_string_buffer(4096)
+    lib.vs_formats(buf, len(buf))
+    FORMATS.clear()
+    for item in buf.value.decode().split(","):  # the C table's border: ggml type ids -> WeightFormat
+        name, gtype, block, nbytes = item.split(":")
+        fmt = WeightFormat.from_ggml_type(int(gtype))
+        if fmt is None or fmt != name:
+            raise OSError(f"the compiled runtime {origin} has format {name} (ggml type {gtype}), which this verispec "
+                          "does not name: rebuild it with `pip install -e .`")
+        FORMATS[fmt] = RuntimeFormat(fmt, int(block), int(nbytes))
+
+
+@dataclass(frozen=True)
+class RuntimeFormat:
+    """A weight format the runtime computes with (csrc/formats/table.cpp) and its block size."""
+
+    fmt: WeightFormat
+    block: int  # weights per block
+    block_bytes: int
+
+    @property
+    def ggml_type(self) -> int:
+        return self.fmt.ggml_type
+
+    def row_bytes(self, cols: int) -> int:
+        return cols // self.block * self.block_bytes
+
+
+FORMATS: dict[WeightFormat, RuntimeFormat] = {}  # filled from the library at load
+
+
+def library() -> ctypes.CDLL:
+    """The compiled runtime, or OSError saying why it is unavailable."""
+    global _LIB, _LIB_ERROR
+    if _LIB is None and _LIB_ERROR is None:
+        try:
+            _LIB = _load_library()
+        except OSError as err:
+            _LIB_ERROR = str(err)
+    if _LIB is None:
+        raise OSError(_LIB_ERROR)
+    return _LIB
+
+
+# what a missing runtime costs and how to get it back: said once per process (`verispec info` says it too)
+MISSING_FIX = ("running the PyTorch runtime instead, 30-100x slower on CPU. Fix: install gcc and g++ "
+               "(e.g. `apt install g++`), then `pip install --force-reinstall --no-deps verispec` "
+               "(in a checkout: `pip install -e .`)")
+
+
+def available() -> bool:
+    """Is the compiled runtime built? If not, say so once: one line on stderr (a log record
+    of the ``verispec`` logger) with the slowdown and the fix."""
+    try:
+        library()
+        return True
+    except OSError as err:
+        if not getattr(available, "_warned", False):
+            available._warned = True
+            logging.getLogger("verispec").warning("verispec: %s; %s", err, MISSING_FIX)
+        return False
+
+
+def isa_name(want: str | None = None) -> str:
+    """The ISA the runtime would use: ``want`` or ``$VERISPEC_ISA`` or auto (widest supported)."""
+    err = ctypes.create_string_buffer(ERR_LEN)
+    name = library().vs_isa_name(want_isa(want), err, ERR_LEN)
+    if name is None:
+        raise ValueError(err.value.decode())
+    return name.decode()
+
+
+def want_isa(want: str | None) -> bytes:
+    return (want or os.environ.get("VERISPEC_ISA") or "auto").encode()
+
+
+def ptr(t: torch.Tensor | np.ndarray, ctype=ctypes.c_int32):
+    addr = t.data_ptr() if isinstance(t, torch.Tensor) else t.ctypes.data
+    return ctypes.cast(addr, _P(ctype))
+
+
+def i32(values) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype=np.int32)
+
+
+def loaded() -> ctypes.CDLL | None:
+    """The library if it is loaded, else None (never built, or already gone at interpreter exit):
+    what freeing a model's handle needs, without loading anything."""
+    return _LIB
