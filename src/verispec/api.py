@@ -19,6 +19,7 @@ from typing import Any, Literal
 from .chat import encode_chat, max_text_chars
 from .detokenize import Detokenizer as _Detokenizer  # server.worker's too
 from .drafters.base import Drafter
+from .drafters.prediction import PredictionDrafter
 from .engine import Engine
 from .engine.prefix_cache import DEFAULT_MAX_MB, PrefixCache
 from .models.load import (DTYPES, LoadedModel, choose_backend, distilled_draft_dir, load_draft_model, load_model,
@@ -56,6 +57,28 @@ def encode_prompt(model: LoadedModel, prompt: Prompt, chat: bool | None = None) 
     return list(ids)
 
 
+def encode_prediction(model: LoadedModel, prediction: str | list[int] | None) -> list[int]:
+    """Token ids of a prediction (Predicted Outputs): text as the model would write it, control-token
+    strings kept literal (it is content); token ids as they are (the engine checks their range and
+    that they fit the context). Text longer than the context could hold is refused before tokenizing."""
+    if prediction is None:
+        return []
+    if not isinstance(prediction, str):
+        return [int(t) for t in prediction]
+    tok, context = model.tokenizer, model.backend.info.max_length
+    if len(prediction) > max_text_chars(tok, context):
+        raise ValueError(f"the prediction has {len(prediction)} characters, more than a context of {context} "
+                         "tokens can hold")
+    return list(tok(prediction, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+
+def record_prediction_usage(drafter: PredictionDrafter, req) -> None:
+    """Put a finished request's prediction usage (if it had a prediction) into its statistics."""
+    usage = drafter.prediction_usage(req.request_id)
+    if usage is not None:
+        req.stats.accepted_prediction_tokens, req.stats.rejected_prediction_tokens = usage
+
+
 @dataclass(frozen=True)
 class Chunk:
     """One streamed increment: new text and token ids; ``finished`` on the last chunk.
@@ -78,14 +101,19 @@ class SpecDecoder:
                  policy: Literal["fixed", "heuristic"] = "fixed", prefix_cache_mb: float = DEFAULT_MAX_MB):
         self.model = model
         self.drafter = make_drafter(drafter, model, drafter_options) if isinstance(drafter, str) else drafter
-        self.engine = Engine(model.backend, self.drafter, num_draft_tokens, policy,
+        # a request's prediction (Predicted Outputs) drafts first; the drafter drafts where it has nothing
+        self._predicting = PredictionDrafter(self.drafter)
+        self.engine = Engine(model.backend, self._predicting, num_draft_tokens, policy,
                              PrefixCache.from_mb(prefix_cache_mb))
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None,
-               chat: bool | None = None) -> Iterator[Chunk]:
-        """Yield text deltas as tokens are committed; the last chunk has ``finished`` set."""
+               chat: bool | None = None, prediction: str | list[int] | None = None) -> Iterator[Chunk]:
+        """Yield text deltas as tokens are committed; the last chunk has ``finished`` set.
+        ``prediction``: text (or token ids) the answer is expected to repeat, e.g. the file an
+        edit applies to (OpenAI's Predicted Outputs): it only drafts, the output is unchanged."""
         params = params or SamplingParams()
-        yield from self._stream(self.engine.add_request(encode_prompt(self.model, prompt, chat), params))
+        ids = encode_prompt(self.model, prompt, chat)
+        yield from self._stream(self.engine.add_request(ids, params, prediction=encode_prediction(self.model, prediction)))
 
     def _stream(self, req) -> Iterator[Chunk]:
         detok = _Detokenizer(self.model.tokenizer, req.params.stop)
@@ -98,6 +126,8 @@ class SpecDecoder:
                     self.engine.finish(req, "stop")
                     req.finished = "stop"
                     req.stats.new_tokens = len(detok.ids)
+                if req.finished:
+                    record_prediction_usage(self._predicting, req)
                 yield Chunk(delta, new_ids, req.finished, req.stats, new_lp[:len(new_ids)] if want_lp else None)
                 if req.finished:
                     return
@@ -107,8 +137,8 @@ class SpecDecoder:
             self.engine.finish(req, req.finished or "stop")
 
     def generate(self, prompt: Prompt, params: SamplingParams | None = None,
-                 chat: bool | None = None) -> GenerationOutput:
-        return self._collect(self.stream(prompt, params, chat), params or SamplingParams())
+                 chat: bool | None = None, prediction: str | list[int] | None = None) -> GenerationOutput:
+        return self._collect(self.stream(prompt, params, chat, prediction), params or SamplingParams())
 
     def generate_n(self, prompt: Prompt, n: int, params: SamplingParams | None = None,
                    chat: bool | None = None) -> list[GenerationOutput]:

@@ -146,6 +146,10 @@ class RequestStats:
     decode_s: float = 0.0
     draft_s: float = 0.0
     drafter_memory_bytes: int = 0
+    # Predicted Outputs (a request with a prediction): prediction tokens the target accepted as
+    # drafts, and the rest of the prediction (OpenAI's accepted_/rejected_prediction_tokens)
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     def record_step(self, depth_drafted: int, num_drafted: int, num_accepted: int) -> None:
         self.steps += 1
@@ -200,7 +204,9 @@ class RequestStats:
             "wall_s": round(self.wall_s, 4),
             "tokens_per_second": round(self.tokens_per_second, 2),
             "drafter_memory_bytes": self.drafter_memory_bytes,
-        }
+        } | ({"accepted_prediction_tokens": self.accepted_prediction_tokens,
+              "rejected_prediction_tokens": self.rejected_prediction_tokens}
+             if self.accepted_prediction_tokens or self.rejected_prediction_tokens else {})
 
 
 @dataclass(frozen=True)

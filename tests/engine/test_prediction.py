@@ -81,7 +81,7 @@ def test_a_right_prediction_is_accepted_and_counted(target, prompt, plain):
         engine.step(req)
     engine.finish(req, req.finished)
     accepted, rejected = drafter.prediction_usage("r")
-    assert accepted == req.stats.accepted and accepted + rejected == len(plain) + 30
+    assert accepted == len(plain) and rejected == 30  # every answer token was in it, drafted or the target's own
     assert drafter.prediction_usage("r") is None  # read once
 
 

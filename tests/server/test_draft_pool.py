@@ -39,7 +39,7 @@ def _complete(state, body: dict) -> httpx.Response:
 def test_the_draft_pool_holds_the_server_context_from_start_up(max_len: int, max_batch: int) -> None:
     state = build_state(ServerConfig(model=MODEL, drafters=("draft",), drafter_options=DRAFT, max_batch=max_batch,
                                      max_model_len=max_len), model=stories_native_model())
-    drafter = state.worker.engine.engines["draft"].drafter
+    drafter = state.worker.engine.engines["draft"].drafter.inner  # inside the Predicted Outputs wrapper
     pool = drafter.pool  # allocated by the start-up, before any request
     assert pool is not None and pool.max_length == max_len and pool.rows == max_batch
     assert pool.nbytes == drafter.context_bytes(max_len, max_batch) == cache_pool_bytes(drafter.model, max_batch, max_len)

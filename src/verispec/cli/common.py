@@ -43,16 +43,16 @@ def parse_options(pairs: list[str]) -> dict[str, str]:
 MAX_PROMPT_BYTES = 16 * 2**20  # read no more: far above any context here (the model's own bound comes later)
 
 
-def read_prompt(prompt: Optional[str], file: Optional[Path]) -> str:
-    """The prompt from --file, stdin or the argument; unreadable, non-UTF-8 or unbounded input
-    (``- < /dev/zero``) fails with one line. At most ``MAX_PROMPT_BYTES`` are read."""
+def read_prompt(prompt: Optional[str], file: Optional[Path], what: str = "prompt") -> str:
+    """The prompt (or ``what``) from --file, stdin or the argument; unreadable, non-UTF-8 or
+    unbounded input (``- < /dev/zero``) fails with one line. At most ``MAX_PROMPT_BYTES`` are read."""
     from ..paths import decode_utf8, is_text, read_text_file
 
     try:
         if file is not None:
             check(not file.is_file() or file.stat().st_size <= MAX_PROMPT_BYTES,
-                  f"prompt file {file} is larger than {MAX_PROMPT_BYTES >> 20} MiB")
-            return read_text_file(file, "prompt file")
+                  f"{what} file {file} is larger than {MAX_PROMPT_BYTES >> 20} MiB")
+            return read_text_file(file, f"{what} file")
         if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
             stdin = getattr(sys.stdin, "buffer", None)
             data = stdin.read(MAX_PROMPT_BYTES + 1) if stdin is not None else sys.stdin.read(MAX_PROMPT_BYTES + 1)

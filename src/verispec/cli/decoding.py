@@ -33,6 +33,9 @@ def stats_table(stats: dict) -> Table:
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="prompt text; '-' or omitted reads stdin"),
     file: Optional[Path] = typer.Option(None, "--file", "-f", help="read the prompt from a file"),
+    prediction: Optional[Path] = typer.Option(None, "--prediction", help="a file the answer is expected to repeat "
+                                              "(e.g. the code an edit applies to; OpenAI's Predicted Outputs): it "
+                                              "drafts, the output is unchanged"),
     model: str = typer.Option("smollm2-135m-instruct", help="catalog name or path (see `verispec models`)"),
     drafter: str = typer.Option("auto", help="auto (default: the best lossless method measured for the model: "
                                 "Qwen2.5-Coder 1.5B: hybrid of suffix and the 0.5B draft; others: suffix), "
@@ -74,6 +77,7 @@ def generate(
     check_text_args(stop, "--stop")
     check_model_arg(model)
     text = read_prompt(prompt, file)
+    predicted = read_prompt(None, prediction, "prediction") if prediction is not None else None
     try:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                                 max_new_tokens=max_new_tokens, seed=seed, stop=tuple(stop))
@@ -85,7 +89,7 @@ def generate(
         dec = SpecDecoder(lm, drafter, parse_options(drafter_option), num_draft_tokens, policy,
                           prefix_cache_mb=prefix_cache_mb)
         chunks = []
-        for chunk in dec.stream(text, params, chat):
+        for chunk in dec.stream(text, params, chat, predicted):
             chunks.append(chunk)
             if stream and not as_json:
                 emit(chunk.delta, end="")

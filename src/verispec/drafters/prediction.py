@@ -16,8 +16,9 @@ caller (the engine refuses one longer than the context).
 
 Usage (``prediction_usage``): OpenAI counts ``accepted_prediction_tokens`` (prediction tokens
 that appeared in the completion) and ``rejected_prediction_tokens`` (those that did not).
-Here the accepted ones are the prediction's drafted tokens the target accepted, each position
-of the prediction counted once; the rejected ones are the rest of the prediction.
+Here the accepted ones are the prediction's drafted tokens the target accepted, and the token
+the target added after them where it continues the prediction, each position counted once;
+the rejected ones are the rest of the prediction.
 
     d = PredictionDrafter(SuffixDrafter())
     engine = Engine(target, d, 16)
@@ -31,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from ..tree import DraftTree
-from .base import DraftContext, Drafter, Features, Observation, RequestTable
+from .base import DeclaresFeatures, DraftContext, Drafter, Features, Observation, RequestTable
 
 MIN_MATCH = 2  # output tokens that must match the prediction before its continuation is drafted
 MAX_MATCH = 64  # a match is not extended further back than this (it only ranks candidates)
@@ -92,7 +93,7 @@ def find_place(prediction: tuple[int, ...], index: dict[tuple[int, ...], list[in
     return best
 
 
-class PredictionDrafter:
+class PredictionDrafter(DeclaresFeatures):
     """Drafts a request's prediction where the output follows it; ``inner`` drafts elsewhere
     (and observes every step, so it stays in step with the request). Declares what ``inner``
     declares (its features, memory, reset) and answers to its name (statistics name the
@@ -128,6 +129,10 @@ class PredictionDrafter:
         place = self._places.find(obs.request_id)
         if place is not None and place.from_prediction:
             on_path = [place.drafted[node] for node in obs.path if node in place.drafted]
+            after = on_path[-1] + 1 if on_path else min(place.drafted.values())
+            # the step's last token (the target's own) may continue the prediction too: it appeared in the answer
+            if after < len(place.prediction) and obs.new_tokens[-1] == place.prediction[after]:
+                on_path.append(after)
             place.accepted.update(on_path)
             if on_path:
                 place.next_pos = on_path[-1] + 1
@@ -158,6 +163,8 @@ class PredictionDrafter:
             # first token may be the one the prefill gave)
             place.guessed_start = True
             pos = 1 if place.prediction[0] == ctx.tokens[-1] else 0
+            if pos:
+                place.accepted.add(0)  # the prefill's token: it appeared in the answer
         draft = [] if pos is None else list(place.prediction[pos:pos + ctx.budget])
         place.from_prediction = bool(draft)
         if not draft:

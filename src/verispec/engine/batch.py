@@ -239,11 +239,13 @@ class BatchEngine:
         return len(self._active)
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                    drafter: str, draft_limit: int | None = None, fork_of: str | None = None) -> Request:
+                    drafter: str, draft_limit: int | None = None, fork_of: str | None = None,
+                    prediction: tuple[int, ...] = ()) -> Request:
         """Validate, take a cache row and prefill (the first token is committed).
         ``draft_limit`` caps this request's drafts (0 = plain decoding). ``fork_of``: a
         running request with the same prompt whose prefill is shared (``Engine.fork``:
-        n > 1 samples); when it is no longer running this request prefills on its own."""
+        n > 1 samples); when it is no longer running this request prefills on its own.
+        ``prediction``: the predicted output's token ids (Predicted Outputs; a fork shares its parent's)."""
         if request_id in self._active:
             raise ValueError(f"request {request_id!r} is already running")
         if drafter not in self.engines:
@@ -260,7 +262,7 @@ class BatchEngine:
             if parent is not None and parent.prompt_ids == list(prompt_ids):
                 req = self.engines[drafter].fork(parent, params, request_id, cache, draft_limit)
             else:
-                req = self.engines[drafter].add_request(prompt_ids, params, request_id, cache, draft_limit)
+                req = self.engines[drafter].add_request(prompt_ids, params, request_id, cache, draft_limit, prediction)
         except BaseException:
             self._free_cache(cache)
             raise

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from ..api import encode_prompt
+from ..api import encode_prediction, encode_prompt
 from ..chat import ChatTooLong, RenderedChat, render_chat, tokenize_chat
 from ..chat_template import TemplateError
 from .generation import FINISH
@@ -65,6 +65,12 @@ class Endpoint(ABC):
     @abstractmethod
     async def prompts(self) -> list[list[int]]:
         """The prompts' token ids (built off the event loop)."""
+
+    async def prediction(self) -> tuple[int, ...]:
+        """The request's prediction (Predicted Outputs) as token ids, () without one (on the tokenizer thread)."""
+        if self.body.prediction is None:
+            return ()
+        return await off_loop(self.state, encode_prediction_text, self.state, self.body.prediction.text())
 
     @abstractmethod
     def max_tokens(self, prompts: list[list[int]]) -> int:
@@ -121,6 +127,21 @@ def encode_completion_prompt(state: ServerState, prompt: str | list[int]) -> lis
         return encode_prompt(state.model, prompt, chat=False)
     except ValueError as e:
         raise ApiError(400, str(e), "prompt") from None
+
+
+def encode_prediction_text(state: ServerState, text: str) -> tuple[int, ...]:
+    """Token ids of a prediction, bounded like a prompt: characters before tokenizing, then tokens."""
+    if len(text) > state.max_prompt_chars:
+        raise ApiError(400, f"the prediction has {len(text)} characters, more than this server's context can hold",
+                       "prediction")
+    try:
+        ids = encode_prediction(state.model, text)
+    except ValueError as e:
+        raise ApiError(400, str(e), "prediction") from None
+    if len(ids) > state.max_len:
+        raise ApiError(400, f"the prediction has {len(ids)} tokens, more than this server's context of "
+                       f"{state.max_len}", "prediction")
+    return tuple(ids)
 
 
 async def off_loop(state: ServerState, fn: Callable[..., Any], *args: Any) -> Any:

@@ -29,7 +29,7 @@ class Generation:
     """The jobs of one HTTP request and the event queue they report to (on the event loop)."""
 
     def __init__(self, state: ServerState, base_id: str, prompts: list[list[int]], params: SamplingParams,
-                 drafter: str, n: int = 1, draft_limit: int | None = None):
+                 drafter: str, n: int = 1, draft_limit: int | None = None, prediction: tuple[int, ...] = ()):
         """``n`` samples per prompt: choice ``i * n + j`` is sample j of prompt i, seeded
         ``sample_seed(seed, j)`` = ``seed + j`` wrapping past 2^63 - 1 to 0 (as vLLM seeds n > 1
         children), sharing prompt i's prefill."""
@@ -44,7 +44,8 @@ class Generation:
             return lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, (index, ev))
 
         self.jobs = [Job(self.ids[k], prompts[k // n], replace(params, seed=sample_seed(params.seed, k % n)), drafter,
-                         sink(k), draft_limit=draft_limit, fork_of=self.ids[k - k % n] if k % n else None)
+                         sink(k), draft_limit=draft_limit, fork_of=self.ids[k - k % n] if k % n else None,
+                         prediction=prediction)
                      for k in range(total)]
 
     def submit(self) -> None:
@@ -69,9 +70,18 @@ class Generation:
         self.open.clear()
 
 
-def usage(prompts: list[list[int]], completion_tokens: int) -> dict[str, int]:
+PREDICTION_USAGE = ("accepted_prediction_tokens", "rejected_prediction_tokens")
+
+
+def usage(prompts: list[list[int]], completion_tokens: int, stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """OpenAI's usage; with a prediction, ``completion_tokens_details`` counts its accepted and
+    rejected tokens (summed over the choices, from their statistics)."""
     p = sum(len(x) for x in prompts)
-    return {"prompt_tokens": p, "completion_tokens": completion_tokens, "total_tokens": p + completion_tokens}
+    out: dict[str, Any] = {"prompt_tokens": p, "completion_tokens": completion_tokens,
+                           "total_tokens": p + completion_tokens}
+    if any(PREDICTION_USAGE[1] in s for s in stats):
+        out["completion_tokens_details"] = {k: sum(s.get(k, 0) for s in stats) for k in PREDICTION_USAGE}
+    return out
 
 
 def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
@@ -160,7 +170,7 @@ async def stream_events(gen: Generation, chunk: Callable[[int, Event], dict | No
                 yield sse(c)
         else:
             if include_usage:
-                yield sse(usage_chunk(usage(gen.prompts, completion_tokens)) | {"verispec": merge_stats(stats)})
+                yield sse(usage_chunk(usage(gen.prompts, completion_tokens, stats)) | {"verispec": merge_stats(stats)})
         yield "data: [DONE]\n\n"
     finally:
         gen.cancel()

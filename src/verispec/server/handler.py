@@ -28,10 +28,11 @@ async def handle_request(endpoint: Endpoint, request: Request) -> dict[str, Any]
     drafter, draft_limit = check_common(state, body)
     endpoint.check_size()
     prompts = await endpoint.prompts()
+    prediction = await endpoint.prediction()
     params = sampling_params(body, endpoint.max_tokens(prompts), state.model.backend.info.vocab_size,
                              endpoint.logprobs)
     gen = Generation(state, f"{endpoint.id_prefix}-{uuid.uuid4().hex}", prompts, params, drafter, endpoint.samples,
-                     draft_limit)
+                     draft_limit, prediction)
     gen.submit()
     head = {"id": gen.base_id, "object": endpoint.object, "created": int(time.time()), "model": state.name}
     if body.stream:
@@ -57,7 +58,7 @@ async def handle_request(endpoint: Endpoint, request: Request) -> dict[str, Any]
             choice |= {"prompt_token_ids": prompts[prompt], "token_ids": out["token_ids"]}
         choices.append(choice)
     tokens = sum(len(out["token_ids"]) for out in outs)  # best_of: every generated token counts
-    return head | {"choices": choices, "usage": usage(prompts, tokens), "verispec": merge_stats(stats)}
+    return head | {"choices": choices, "usage": usage(prompts, tokens, stats), "verispec": merge_stats(stats)}
 
 
 def sse_response(events: AsyncIterator[str]) -> StreamingResponse:

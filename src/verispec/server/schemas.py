@@ -48,6 +48,21 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
+class PredictionPart(BaseModel):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: text the answer is expected to repeat (it only drafts)."""
+
+    type: Literal["content"]
+    content: StrictStr | list[PredictionPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
 class _Sampling(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -76,6 +91,7 @@ class _Sampling(BaseModel):
     speculation: StrictBool = True
     ignore_eos: StrictBool = False
     return_token_ids: StrictBool = False
+    prediction: Prediction | None = None  # OpenAI's Predicted Outputs (chat; completions: an extension)
 
     @model_validator(mode="before")
     @classmethod

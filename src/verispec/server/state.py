@@ -20,6 +20,7 @@ from ..api import LoadedModel, load_model
 from ..chat import max_text_chars, template_of
 from ..chat_template import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, ChatTemplate, RenderBounds, RenderWorker
 from ..drafters.base import Drafter
+from ..drafters.prediction import PredictionDrafter
 from ..engine import Engine
 from ..engine.batch import BatchEngine, SpecSchedule
 from ..engine.prefix_cache import DEFAULT_MAX_MB as DEFAULT_PREFIX_CACHE_MB
@@ -104,7 +105,8 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
                 extra_drafters: dict[str, Drafter] | None = None, replica: str | None = None) -> ServerState:
     """Load the model (unless given) and drafters, build the batch engine and its worker.
     ``extra_drafters`` adds ready-made drafters by name (tests use it); ``replica`` names this
-    engine in every response's ``verispec`` statistics (a Ray Serve replica)."""
+    engine in every response's ``verispec`` statistics (a Ray Serve replica). Every engine's drafter
+    is wrapped in a ``PredictionDrafter``: a request's prediction drafts first (Predicted Outputs)."""
     model = model or load_model(config.model, dtype=config.dtype, backend=config.backend, quant=config.quant)
     target = model.backend
     prefix = PrefixCache.from_mb(config.prefix_cache_mb)  # one for all drafters: they share the target
@@ -114,11 +116,11 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
         opts = dict(config.drafter_options) if i == 0 else {}
         key = aliases.get(name, name)  # auto runs (and is reported) as the method it resolves to
         if key not in engines:
-            engines[key] = Engine(target, make_drafter(name, model, opts, batched=True), config.num_draft_tokens,
-                                  config.policy, prefix)
+            engines[key] = Engine(target, PredictionDrafter(make_drafter(name, model, opts, batched=True)),
+                                  config.num_draft_tokens, config.policy, prefix)
     config = replace(config, drafters=tuple(dict.fromkeys(aliases.get(n, n) for n in config.drafters)))
     for name, drafter in (extra_drafters or {}).items():
-        engines[name] = Engine(target, drafter, config.num_draft_tokens, config.policy, prefix)
+        engines[name] = Engine(target, PredictionDrafter(drafter), config.num_draft_tokens, config.policy, prefix)
     drafters = [e.drafter for e in engines.values()]
     max_len = (fits_context(target, config.max_batch, drafters) if config.max_model_len == 0
                else min(config.max_model_len, target.info.max_length))

@@ -61,6 +61,7 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     draft_limit: int | None = None  # per-request draft budget cap (0 = no speculation)
     fork_of: str | None = None  # a job of the same prompt whose prefill this one may share (n > 1)
+    prediction: tuple[int, ...] = ()  # the predicted output's token ids (Predicted Outputs): drafts only
 
 
 @dataclass
@@ -177,7 +178,7 @@ class EngineWorker:
     def _admit(self, job: Job) -> None:
         try:
             req = self.engine.add_request(job.request_id, job.prompt_ids, job.params, job.drafter,
-                                          draft_limit=job.draft_limit, fork_of=job.fork_of)
+                                          draft_limit=job.draft_limit, fork_of=job.fork_of, prediction=job.prediction)
         except Exception as e:  # noqa: BLE001
             self._done_id(job.request_id)
             self.metrics.request_done("failed")
@@ -222,6 +223,9 @@ class EngineWorker:
              logprobs: list[TokenLogprob] | None = None) -> None:
         self._release(run)
         self._done_id(run.req.request_id)
+        usage = self.engine.engines[run.job.drafter].drafter.prediction_usage(run.req.request_id)
+        if usage is not None:
+            run.req.stats.accepted_prediction_tokens, run.req.stats.rejected_prediction_tokens = usage
         stats = self._stats(run)
         self.metrics.request_stats(run.req.stats, time.perf_counter() - run.job.submitted)
         self.metrics.request_done("cancelled" if reason == "cancelled" else "completed")
