@@ -378,7 +378,8 @@ def tiny_cpu_model(tmp_path_factory):
     LlamaForCausalLM(cfg).save_pretrained(path)
     stories = load_model("stories260k", backend="native")
     backend = cpu.CpuLlama.from_hf_dir(path, max_length=512, threads=2)
-    model = dataclasses.replace(stories, name="tiny-cpu", backend=backend, backend_kind="cpu")
+    model = dataclasses.replace(stories, name="tiny-cpu", backend=backend,
+                                choice=dataclasses.replace(stories.choice, backend="cpu"))
     model.__dict__["hf_dir"] = path  # LoadedModel.hf_dir is a cached property
     return model
 

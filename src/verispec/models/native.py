@@ -8,7 +8,7 @@ Design
   embeddings and Qwen2-style q/k/v biases are supported (the config, RoPE and RMSNorm are
   models/llama.py's, shared with the compiled runtime and EAGLE heads).
 * Static cache: one preallocated tensor pair ``k, v [layers, rows, kv_heads, slots, head_dim]``
-  (a ``NativeCachePool``); a request's ``NativeCache`` is a handle on one row plus an int
+  (a ``NativeCachePool``, models/native_cache.py); a request's ``NativeCache`` is a handle on one row plus an int
   length. ``truncate`` changes the int; ``compact`` index-copies the accepted slots.
   ``forward_batch`` runs several handles of one pool in a single forward (ragged lengths are
   masks), so a batched server needs no other model code.
@@ -86,11 +86,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
 from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
+from verispec.models.cache_pool import PooledLM
 from verispec.models.formats import PYTORCH_FORMATS, WeightFormat
 from verispec.models.invariance import BatchInvariance, RowProbe, invariant_attention, tail_layout
 from verispec.models.llama import LlamaArgs, apply_rope, read_safetensors, rms_norm, rope_tables, take
+from verispec.models.native_cache import NativeCache, NativeCachePool, round_up
 from verispec.models.quant import QuantWeight, quant_linear, quantize_int4, quantize_int8
 
 Weight = torch.Tensor | QuantWeight
@@ -178,51 +179,6 @@ def linear(x: torch.Tensor, w: Weight, b: torch.Tensor | None = None, dense: boo
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Fast path: q [B, Hkv, M, D] (already scaled), k, v [B, Hkv, W, D], mask [B, 1, M, W]."""
     return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=1.0)
-
-
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
-
-
-# ----------------------------------------------------------------------------- cache
-
-
-class NativeCachePool(CachePool):
-    """Preallocated K/V for ``rows`` requests: k, v [layers, rows, kv_heads, capacity, head_dim].
-
-    Invariants: ``capacity >= max_length + slack`` (dummy rows of padded forwards are written
-    past a request's length, never past capacity) and ``capacity % attn_chunk == 0``.
-    """
-
-    def __init__(self, owner: NativeLlama, rows: int, max_length: int):
-        super().__init__(owner, rows, max_length)
-        args, opts = owner.args, owner.options
-        self.capacity = _round_up(max_length + opts.max_rows, opts.attn_chunk)
-        shape = (args.n_layers, rows, args.n_kv_heads, self.capacity, args.head_dim)
-        # zeros, not empty: masked slots are multiplied by an exact 0 and must not be NaN
-        self.k = torch.zeros(shape, dtype=owner.kv_dtype, device=owner.info.device)
-        self.v = torch.zeros(shape, dtype=owner.kv_dtype, device=owner.info.device)
-
-    def _move_slots(self, row: int, src: list[int], dst_start: int) -> None:
-        idx = torch.tensor(src, device=self.k.device)
-        dst = slice(dst_start, dst_start + len(src))
-        for kv in (self.k, self.v):  # [layers, rows, Hkv, slots, D]
-            kv[:, row, :, dst] = kv[:, row].index_select(2, idx)
-
-    def _read_slots(self, row: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> k, v [layers, Hkv, n, D]."""
-        return tuple(kv[:, row, :, start:start + n].clone() for kv in (self.k, self.v))
-
-    def _write_slots(self, row: int, start: int, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
-        for dst, src in zip((self.k, self.v), kv):  # [layers, rows, Hkv, slots, D]
-            dst[:, row, :, start:start + src.shape[2]] = src
-
-
-class NativeCache(PooledCache):
-    """A request's view on one row of a ``NativeCachePool``."""
-
-
-NativeCachePool.cache_class = NativeCache
 
 
 # ----------------------------------------------------------------------------- model
@@ -407,7 +363,7 @@ class NativeLlama(PooledLM):
                       sin=self._sin[pos][:, :, None], dense=n_pad > self.options.max_rows)
         if invariant:
             n_shared = min(starts) // chunk
-            size = _round_up(max(starts) + n_pad, chunk) - n_shared * chunk
+            size = round_up(max(starts) + n_pad, chunk) - n_shared * chunk
             idx, valid = tail_layout(tree, lengths, n_shared * chunk, size)  # [B, Np, T]
             return _Plan(**common, window=n_shared * chunk + size, invariant=True, n_shared=n_shared,
                          tail_idx=idx, tail_valid=valid)
