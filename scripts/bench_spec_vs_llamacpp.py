@@ -12,7 +12,9 @@ Methods (rows):
 * verispec: every ``--method name[:k=v,k=v]`` (a drafter of ``verispec drafters`` with its
   options, ``k=N`` sets that method's draft budget, else ``-k``); default plain (``none``),
   ``draft`` (the target's catalog draft, the 0.5B, with its tuned defaults), ``suffix``,
-  ``prompt-lookup`` and ``hybrid:learned=draft``; ``--method auto`` adds the CLI's default.
+  ``prompt-lookup`` and ``hybrid:learned=draft``; ``--method auto`` adds the CLI's default;
+  the option ``prediction=source`` (e.g. ``--method auto:prediction=source``) sends the
+  rewrite workload's function as the prediction (Predicted Outputs; other workloads have none).
   One process, target loaded once, the prefix cache off (every prompt is prefilled whole).
 * llama.cpp plain and llama.cpp speculative with the same draft GGUF: ``llama-server``
   (built by scripts/build_llamacpp.sh from the llama-cpp-python 0.3.16 sdist), one server per
@@ -109,8 +111,8 @@ def load_avg() -> str:
     return Path("/proc/loadavg").read_text().strip()
 
 
-def code_rewrite_prompts(limit: int | None = None) -> list[tuple[str, str]]:
-    """(name, prompt) pairs of the code-rewrite workload: deterministic stdlib functions (the
+def code_rewrite_prompts(limit: int | None = None) -> list[tuple[str, str, str]]:
+    """(name, prompt, source) of the code-rewrite workload: deterministic stdlib functions (the
     running Python's source) of 10 to 40 lines with a ``return``, in REWRITE_CANDIDATES order."""
     import importlib
 
@@ -126,7 +128,7 @@ def code_rewrite_prompts(limit: int | None = None) -> list[tuple[str, str]]:
             continue
         src = textwrap.dedent(src).rstrip()
         if 10 <= len(src.splitlines()) <= 40 and "return" in src:
-            out.append((cand, REWRITE.format(src=src)))
+            out.append((cand, REWRITE.format(src=src), src))
         if limit is not None and len(out) >= limit:
             break
     return out
@@ -154,6 +156,7 @@ class Item:
     workload: str
     name: str
     turns: tuple[str, ...]
+    prediction: str | None = None  # what a method with prediction=source sends as Predicted Outputs
 
 
 def parse_spec(spec: str, default_k: int) -> tuple[str, dict, int]:
@@ -188,14 +191,17 @@ class VerispecMethod:
 
         name, opts, k = parse_spec(spec, default_k)
         self.label = "verispec " + spec
+        # prediction=source: send the workload's source code as the prediction (Predicted Outputs)
+        self.predicts = opts.pop("prediction", None) == "source"
         self.decoder = SpecDecoder(lm, name, opts, num_draft_tokens=k, prefix_cache_mb=0)
 
-    def generate(self, ids: list[int], n: int, ignore_eos: bool, eos: set[int]) -> Gen:
+    def generate(self, ids: list[int], n: int, ignore_eos: bool, eos: set[int], prediction: list[int] = ()) -> Gen:
         from verispec.types import SamplingParams
 
         engine = self.decoder.engine
         t0 = time.perf_counter()
-        req = engine.add_request(ids, SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=ignore_eos))
+        req = engine.add_request(ids, SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=ignore_eos),
+                                 prediction=prediction if self.predicts else ())
         t1 = time.perf_counter()
         while not req.finished:
             engine.step(req)
@@ -478,7 +484,7 @@ def main() -> None:
     load_start = load_avg()
     print(f"load average at start: {load_start}")
 
-    from verispec.api import encode_prompt, load_model
+    from verispec.api import encode_prediction, encode_prompt, load_model
     from verispec.bench.datasets import load_spec_bench, load_spec_bench_category
     from verispec.models.catalog import CATALOG
     from verispec.models.resolve import resolve_model
@@ -506,7 +512,7 @@ def main() -> None:
         items += [Item("coding", f"coding/{r.question_id}", r.turns)
                   for r in load_spec_bench_category("coding", args.coding_limit)]
     if "rewrite" in workloads:
-        items += [Item("rewrite", name, (p,)) for name, p in code_rewrite_prompts(args.rewrite_limit)]
+        items += [Item("rewrite", name, (p,), src) for name, p, src in code_rewrite_prompts(args.rewrite_limit)]
     n_prompts = sum(len(it.turns) for it in items)
     print(f"{len(items)} conversations, {n_prompts} prompts: "
           + ", ".join(f"{w} {sum(len(i.turns) for i in items if i.workload == w)}" for w in workloads))
@@ -568,8 +574,12 @@ def main() -> None:
                 shift = done % len(labels)
                 order = labels[shift:] + labels[:shift]
                 gens = {}
+                predicted = encode_prediction(lm, item.prediction) if item.prediction else []
                 for lab in order:
-                    gens[lab] = runners[lab].generate(ids, args.max_new_tokens, args.ignore_eos, eos)
+                    r = runners[lab]
+                    gens[lab] = (r.generate(ids, args.max_new_tokens, args.ignore_eos, eos, predicted)
+                                 if isinstance(r, VerispecMethod) else r.generate(ids, args.max_new_tokens,
+                                                                                 args.ignore_eos, eos))
                 done += 1
                 ref = gens[plain_label].tokens
                 line = []
