@@ -127,9 +127,11 @@ def test_sampling_law_with_a_prediction(target, prompt, plain):
 
 
 @pytest.mark.parametrize("prediction,tokens,hint,want", [
-    ((5, 6, 7, 8, 5, 6, 9), [1, 5, 6], 3, 6),  # nearest after the place
-    ((5, 6, 7, 8, 5, 6, 9), [1, 5, 6], 0, 2),
-    ((4, 5, 6, 7, 8, 5, 6, 9), [4, 5, 6], 8, 3),  # out of step: the longer match wins over the nearer
+    ((3, 4, 5, 6, 7, 8, 3, 4, 5, 6, 9), [3, 4, 5, 6], 5, 10),  # nearest after the place
+    ((3, 4, 5, 6, 7, 8, 3, 4, 5, 6, 9), [3, 4, 5, 6], 0, 4),
+    ((2, 4, 5, 6, 7, 8, 0, 4, 5, 6, 9, 1), [2, 4, 5, 6], 11, 4),  # out of step: the longer match wins
+    ((5, 6, 7, 8, 5, 6, 9), [1, 5, 6], 3, None),  # away from the place, 2 tokens are not enough
+    ((5, 6, 7, 8, 5, 6, 9), [7, 5, 6], 5, 6),  # at the place (hint + 1: the bonus token), they are
     ((5, 6, 7), [1, 2], 0, None),
     ((5, 6, 7), [6], 0, None),  # shorter than a match
     ((5, 6, 7, 8), [5, 6, 7], 2, 3),  # in step: one past the place (the bonus token)

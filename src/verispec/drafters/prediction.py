@@ -35,6 +35,7 @@ from ..tree import DraftTree
 from .base import DeclaresFeatures, DraftContext, Drafter, Features, Observation, RequestTable
 
 MIN_MATCH = 2  # output tokens that must match the prediction before its continuation is drafted
+RESYNC_MATCH = 4  # ...and, away from the place drafting stands at, this many (2 tokens recur by chance)
 MAX_MATCH = 64  # a match is not extended further back than this (it only ranks candidates)
 MAX_CANDIDATES = 256  # occurrences of the output's last tokens ranked per step (those nearest the place)
 KEPT_USAGE = 4096  # finished requests whose prediction usage is kept until read
@@ -63,8 +64,8 @@ def _index(prediction: tuple[int, ...]) -> dict[tuple[int, ...], list[int]]:
 def find_place(prediction: tuple[int, ...], index: dict[tuple[int, ...], list[int]], tokens: Sequence[int],
                hint: int) -> int | None:
     """The prediction position right after the occurrence of ``tokens``' last tokens that
-    matches longest (at least MIN_MATCH), the occurrence nearest at or after ``hint`` winning
-    ties; None when the output's last MIN_MATCH tokens are nowhere in it. In step (the output
+    matches longest (at least MIN_MATCH at ``hint``, RESYNC_MATCH elsewhere), the occurrence
+    nearest at or after ``hint`` winning ties; None when there is none. In step (the output
     ends where the prediction does at ``hint`` or one past it: the bonus token) costs O(1);
     otherwise at most ``MAX_CANDIDATES`` occurrences around ``hint`` are ranked.
 
@@ -88,7 +89,7 @@ def find_place(prediction: tuple[int, ...], index: dict[tuple[int, ...], list[in
         while n < MAX_MATCH and after - n > 0 and n < len(tokens) and prediction[after - n - 1] == tokens[-n - 1]:
             n += 1
         key = (n, after >= hint, -abs(after - hint))
-        if best_key is None or key > best_key:
+        if n >= RESYNC_MATCH and (best_key is None or key > best_key):
             best, best_key = after, key
     return best
 
