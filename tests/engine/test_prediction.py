@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import run, same_first_tokens_law
+from helpers import run, same_first_tokens_law, stories_eagle3
 
 from verispec.drafters.base import DraftContext, NoDrafter
 from verispec.drafters.prediction import PredictionDrafter, find_place
@@ -91,6 +91,14 @@ def test_an_edit_is_followed_after_the_divergence(target, prompt, plain):
     deleted = plain[:15] + plain[25:]
     out, stats = generate(target, PredictionDrafter(NoDrafter()), prompt, deleted)
     assert out == plain and stats.accepted >= len(plain) - 20
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_a_feature_reading_inner_drafter_stays_exact(stories_native, target, prompt, plain, mode):
+    """EAGLE-3 (reads the target's layers) wrapped: it observes steps the prediction drafted."""
+    for prediction in (plain[:20] + plain[30:], plain[::-1]):
+        drafter = PredictionDrafter(stories_eagle3(stories_native, mode=mode))
+        assert generate(target, drafter, prompt, prediction)[0] == plain
 
 
 def test_without_a_prediction_the_inner_drafter_runs_unchanged(target, prompt, plain):

@@ -103,7 +103,6 @@ class PredictionDrafter(DeclaresFeatures):
     def __init__(self, inner: Drafter):
         self.inner = inner
         self.name = inner.name
-        self.features: Features = inner.features
         self._places: RequestTable[_Place] = RequestTable()
         # finished requests' (accepted, prediction tokens), oldest first, until read (bounded)
         self._usage: OrderedDict[str, tuple[int, int]] = OrderedDict()
@@ -137,6 +136,7 @@ class PredictionDrafter(DeclaresFeatures):
             place.accepted.update(on_path)
             if on_path:
                 place.next_pos = on_path[-1] + 1
+            place.from_prediction = False  # observed: a step without a proposal (budget 0) counts nothing
         self.inner.observe(obs)
 
     # ---- proposing -------------------------------------------------------------------
@@ -174,6 +174,10 @@ class PredictionDrafter(DeclaresFeatures):
         return DraftTree.chain(ctx.tokens[-1], draft)
 
     # ---- what the wrapped drafter declares -------------------------------------------
+    @property
+    def features(self) -> Features:  # type: ignore[override]
+        return self.inner.features
+
     def memory_bytes(self) -> int:
         return self.inner.memory_bytes()
 
