@@ -103,6 +103,7 @@ class PredictionDrafter(DeclaresFeatures):
     def __init__(self, inner: Drafter):
         self.inner = inner
         self.name = inner.name
+        self.features: Features = inner.features  # drafters declare theirs at construction
         self._places: RequestTable[_Place] = RequestTable()
         # finished requests' (accepted, prediction tokens), oldest first, until read (bounded)
         self._usage: OrderedDict[str, tuple[int, int]] = OrderedDict()
@@ -174,10 +175,6 @@ class PredictionDrafter(DeclaresFeatures):
         return DraftTree.chain(ctx.tokens[-1], draft)
 
     # ---- what the wrapped drafter declares -------------------------------------------
-    @property
-    def features(self) -> Features:  # type: ignore[override]
-        return self.inner.features
-
     def memory_bytes(self) -> int:
         return self.inner.memory_bytes()
 
