@@ -90,3 +90,34 @@ def test_what_fits_counts_the_draft_caches(monkeypatch, max_batch: int) -> None:
     monkeypatch.setattr(verispec.memory, "available_bytes", lambda: int(per_token * 12_000 / 0.6))
     alone, with_draft = fits_context(target, max_batch), fits_context(target, max_batch, [drafter])
     assert 11_900 <= alone <= 12_000 and abs(with_draft - alone // 2) <= 64
+
+
+@pytest.mark.parametrize("context", [4096, 32768])
+def test_without_a_server_the_draft_pool_grows_as_used(tmp_path, monkeypatch, context: int) -> None:
+    """``verispec generate`` / SpecDecoder (no reserve): a draft on the compiled runtime gets a pool
+    that grows with the request, not one reserved at the draft's whole context (16 rows of
+    32,768 tokens for Qwen2.5's 0.5B); its drafts are the same."""
+    from gguf_fixtures import tiny_qwen2, write_gguf
+
+    from verispec.api import load_model
+    from verispec.drafters.draft_model import DraftModelDrafter
+    from verispec.engine import Engine
+    from verispec.types import SamplingParams
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, *tiny_qwen2(context=context))
+    model = load_model(str(path), backend="cpu")
+    params = SamplingParams(temperature=0.0, max_new_tokens=40, ignore_eos=True)
+    outs = []
+    for reserve in (False, True):
+        drafter = DraftModelDrafter(model.backend)
+        if reserve:
+            drafter.reserve(context, 2)
+        engine = Engine(model.backend, drafter, 4)
+        req = engine.add_request([1, 40, 41, 42, 40, 41], params)
+        while not req.finished:
+            engine.step(req)
+        outs.append((req.generated, req.stats.accepted))
+        assert drafter.pool.slots == (context if reserve else 256)
+    assert outs[0] == outs[1]

@@ -115,6 +115,9 @@ class DraftModelDrafter(DeclaresFeatures):
         self._pool_rows = pool_rows
         self._pool = None  # created by reserve, else by the first request
         self.max_length = model.info.max_length  # each cache's context: the draft's own, or a server's (reserve)
+        # without a server's reserve, caches get no length: a backend that can grows them as used (the compiled
+        # runtime), instead of reserving the draft's whole context (32,768 tokens x 16 rows for Qwen2.5's 0.5B)
+        self._cache_length: int | None = None
 
     def cost_signature(self) -> str:
         return repr((self.model.info, self.model.description))
@@ -124,11 +127,11 @@ class DraftModelDrafter(DeclaresFeatures):
         target's prefill (as llama.cpp's speculative decoding and vLLM do), not in the first
         proposal's step."""
         if self._batched and self._pool is None:
-            self._pool = self.model.new_cache_pool(self._pool_rows, self.max_length)
+            self._pool = self.model.new_cache_pool(self._pool_rows, self._cache_length)
         if self._pool is not None and self._pool.in_use < self._pool.rows:
             state = _DraftState(cache=self._pool.acquire(), shared=True)
         else:
-            state = _DraftState(cache=self.model.new_cache(self.max_length))
+            state = _DraftState(cache=self.model.new_cache(self._cache_length))
         self._states.add(request_id, state)
         if len(prompt_ids) > 1:  # the last prompt token is fed with the first proposal (its logits are wanted then)
             self._feed([state], [list(prompt_ids[:-1])])
@@ -158,7 +161,7 @@ class DraftModelDrafter(DeclaresFeatures):
         server counts it at start-up (``context_bytes``) instead of meeting it on a request."""
         if self._states.values():
             raise ValueError("reserve: requests are drafting")
-        self.max_length = min(max_length, self.model.info.max_length)
+        self.max_length = self._cache_length = min(max_length, self.model.info.max_length)
         self._pool_rows = min(self._pool_rows, rows)
         self._pool = self.model.new_cache_pool(self._pool_rows, self.max_length) if self._batched else None
 
