@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models.base import NonFiniteLogits
-from ..sampling import NON_FINITE
+from ..sampling import check_logits
 from ..tree import DraftTree
 from .acceptance import Acceptance
 
@@ -26,7 +25,7 @@ def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
     node, path = 0, []
     while True:
         if not finite[node]:
-            raise NonFiniteLogits(NON_FINITE)
+            check_logits(logits[node])  # raises NonFiniteLogits: the row names no token
         want = argmax[node]
         child = next((c for c in tree.children[node] if tree.tokens[c] == want), None)
         if child is None:
