@@ -72,13 +72,6 @@ def encode_prediction(model: LoadedModel, prediction: str | list[int] | None) ->
     return list(tok(prediction, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
 
-def record_prediction_usage(drafter: PredictionDrafter, req) -> None:
-    """Put a finished request's prediction usage (if it had a prediction) into its statistics."""
-    usage = drafter.prediction_usage(req.request_id)
-    if usage is not None:
-        req.stats.accepted_prediction_tokens, req.stats.rejected_prediction_tokens = usage
-
-
 @dataclass(frozen=True)
 class Chunk:
     """One streamed increment: new text and token ids; ``finished`` on the last chunk.
@@ -127,7 +120,7 @@ class SpecDecoder:
                     req.finished = "stop"
                     req.stats.new_tokens = len(detok.ids)
                 if req.finished:
-                    record_prediction_usage(self._predicting, req)
+                    self._predicting.record_usage(req.request_id, req.stats)
                 yield Chunk(delta, new_ids, req.finished, req.stats, new_lp[:len(new_ids)] if want_lp else None)
                 if req.finished:
                     return

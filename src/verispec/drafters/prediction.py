@@ -32,6 +32,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from ..tree import DraftTree
+from ..types import RequestStats
 from .base import DeclaresFeatures, DraftContext, Drafter, Features, Observation, RequestTable
 
 MIN_MATCH = 2  # output tokens that must match the prediction before its continuation is drafted
@@ -125,6 +126,12 @@ class PredictionDrafter(DeclaresFeatures):
         (OpenAI's ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``); read once."""
         usage = self._usage.pop(request_id, None)
         return None if usage is None else (usage[0], usage[1] - usage[0])
+
+    def record_usage(self, request_id: str, stats: RequestStats) -> None:
+        """Put a finished request's prediction usage (if it had a prediction) into its statistics."""
+        usage = self.prediction_usage(request_id)
+        if usage is not None:
+            stats.accepted_prediction_tokens, stats.rejected_prediction_tokens = usage
 
     def observe(self, obs: Observation) -> None:
         place = self._places.find(obs.request_id)

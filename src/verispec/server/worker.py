@@ -223,9 +223,7 @@ class EngineWorker:
              logprobs: list[TokenLogprob] | None = None) -> None:
         self._release(run)
         self._done_id(run.req.request_id)
-        usage = self.engine.engines[run.job.drafter].drafter.prediction_usage(run.req.request_id)
-        if usage is not None:
-            run.req.stats.accepted_prediction_tokens, run.req.stats.rejected_prediction_tokens = usage
+        self.engine.engines[run.job.drafter].drafter.record_usage(run.req.request_id, run.req.stats)
         stats = self._stats(run)
         self.metrics.request_stats(run.req.stats, time.perf_counter() - run.job.submitted)
         self.metrics.request_done("cancelled" if reason == "cancelled" else "completed")
