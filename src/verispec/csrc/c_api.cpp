@@ -16,9 +16,7 @@
 using vs::Model;
 using vs::set_err;
 
-// Why a batch cannot run on this model ("" if it can): every index the forward follows is in
-// range, and each token sees itself last and only new slots after its cached ones.
-static std::string check_batch(const Model& m, const vs::Batch& b) {
+std::string vs::check_batch(const Model& m, const vs::Batch& b) {
   const vs::Config& c = m.cfg;
   char buf[256];
   auto fail = [&](const char* fmt, ...) {
@@ -272,7 +270,9 @@ int vs_requantize_q4_0(int src_type, const void* data, int rows, int cols, void*
 int vs_abi_version() { return vs::ABI_VERSION; }
 
 // sizeof of the shared structs: 0 Config, 1 Batch
-size_t vs_abi_sizeof(int which) { return which == 0 ? sizeof(vs::Config) : which == 1 ? sizeof(vs::Batch) : 0; }
+size_t vs_abi_sizeof(int which) {
+  return which == 0 ? sizeof(vs::Config) : which == 1 ? sizeof(vs::Batch) : which == 2 ? sizeof(vs::DraftChain) : 0;
+}
 
 int vs_abi_slots() { return vs::N_SLOTS; }
 

@@ -36,7 +36,7 @@ import torch
 from verispec.memory import check_fits
 from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
 from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
-from verispec.models.cpu_abi import ERR_LEN, FORMATS, Batch, Config, Slot, i32, library, loaded, ptr, want_isa
+from verispec.models.cpu_abi import ERR_LEN, FORMATS, Batch, Config, DraftChain, Slot, i32, library, loaded, ptr, want_isa
 from verispec.models.cpu_weights import (
     QUANTS,
     Linear,
@@ -152,6 +152,8 @@ class CpuLlama(PooledLM):
     prefix_reuse_exact = True
     # the engine runs a step's torch glue on one thread: the runtime's own pool does the work
     host_torch_threads = 1
+    # a draft model's greedy chain runs in one call (draft_chain)
+    chain_drafting = True
 
     def __init__(self, args: LlamaArgs, weights: dict, info: ModelInfo, isa: str | None = None,
                  threads: int | None = None, kv_dtype: torch.dtype | None = None,
@@ -163,6 +165,7 @@ class CpuLlama(PooledLM):
         # a reduced LM head (a draft's, FR-Spec): the token id of each head row; logits of
         # other tokens are -inf. The runtime computes args.vocab_size = len(head_rows) rows.
         self.head_rows = head_rows
+        self._head_ids = None if head_rows is None else i32(head_rows)  # as draft_chain passes them
         self.gguf_path: Path | None = None
         # a quantized model keeps fp16 K/V (half the attention traffic, as llama.cpp does); fp32 stays fp32
         self.kv_dtype = kv_dtype or (torch.float32 if self.formats == (WeightFormat.F32,) else torch.float16)
@@ -426,6 +429,40 @@ class CpuLlama(PooledLM):
         if library().vs_forward(self._h, ctypes.byref(batch), err, ERR_LEN):
             raise ValueError(f"forward: {err.value.decode()}")
         return ModelOutput(self._full_vocab(logits), hidden, layers)
+
+    def draft_chain(self, cache: CpuCache, feed: list[int], budget: int, min_confidence: float = 0.0,
+                    cost: tuple[float, list[float]] | None = None) -> tuple[list[int], int]:
+        """A greedy draft chain in one call (csrc/draft_chain.cpp): append ``feed`` (the tokens
+        the cache lacks, the chain's root last) to ``cache``, then draft the argmax token and
+        feed it back while the stop rule of ``DraftModelDrafter`` keeps going: at most
+        ``budget`` tokens, none below ``min_confidence`` (0: off), and with ``cost`` = (one
+        draft forward, [t(0) .. t(budget + 1)]) in target steps, only tokens that raise the
+        expected tokens per unit time. Returns the chain and how many tokens were appended to
+        the cache (the feed and the drafts fed back: the last draft is not)."""
+        if not isinstance(cache, CpuCache) or cache.pool.owner is not self:
+            raise ValueError("draft_chain: the cache must be a CpuCache of a pool created by this model")
+        if not feed or budget < 0:
+            raise ValueError(f"draft_chain: needs tokens to feed (the chain's root at least) and budget >= 0, "
+                             f"got {len(feed)} and {budget}")
+        if cost is not None and len(cost[1]) < budget + 2:
+            raise ValueError(f"draft_chain: the cost rule needs t(0) .. t({budget + 1}), got {len(cost[1])} values")
+        if cache.length + len(feed) + budget > cache.max_length:
+            raise ValueError(f"draft_chain: cache overflow: {cache.length} cached + {len(feed)} fed + {budget} "
+                             f"drafted > max_length {cache.max_length}")
+        pool = cache.pool
+        pool.reserve(cache.length + len(feed) + budget)
+        ids = i32(feed)
+        verify = np.ascontiguousarray(cost[1] if cost else [0.0], dtype=np.float64)
+        drafts = np.zeros(max(budget, 1), dtype=np.int32)
+        chain = DraftChain(len(ids), ptr(ids), cache.row, cache.length, pool.k.data_ptr(), pool.v.data_ptr(), pool.rows,
+                           pool.slots, budget, min_confidence, int(cost is not None), cost[0] if cost else 0.0,
+                           ptr(verify, ctypes.c_double), None if self._head_ids is None else ptr(self._head_ids), ptr(drafts),
+                           0, 0)
+        err = ctypes.create_string_buffer(ERR_LEN)
+        if library().vs_draft_chain(self._h, ctypes.byref(chain), err, ERR_LEN):
+            raise ValueError(err.value.decode())
+        cache._advance(chain.n_fed)
+        return drafts[:chain.n_drafts].tolist(), chain.n_fed
 
     def _full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """[T, head rows] -> [T, V]: a reduced head's logits scattered, -inf elsewhere."""
