@@ -1,8 +1,8 @@
 """The draft's cost c, alone and inside the real loop (issue 33): c alone is one draft forward
 of one token over one target decode step (best of --reps); in the loop it is the time the
 engine spends in the drafter's ``propose`` per draft forward it pays for, while greedy
-generation runs on real prompts, for the Python loop (a forward per draft token through
-ctypes, torch softmax/argmax between them) and for the compiled runtime's one-call chain
+generation runs on real prompts, for the Python loop (``one_call=False``: a forward per draft
+token through ctypes, torch softmax/argmax between them) and for the compiled runtime's one-call chain
 (``CpuLlama.draft_chain``), interleaved prompt by prompt. Every output is checked equal to
 plain decoding. Prints a table; asserts nothing.
 
@@ -13,7 +13,6 @@ plain decoding. Prints a table; asserts nothing.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -42,22 +41,11 @@ def forward_ms(model, context: int = 256, reps: int = 15) -> float:
     return best * 1e3
 
 
-class PythonLoop:
-    """The draft model declaring no one-call chains: DraftModelDrafter runs its Python loop."""
-
-    def __init__(self, model):
-        self.model = model
-        self.caps = dataclasses.replace(model.caps, chain_drafting=False)
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-
 class Timed(DraftModelDrafter):
     """A draft drafter that adds up the time of its proposals and the draft forwards they pay."""
 
-    def __init__(self, model, **kw):
-        super().__init__(model, **kw)
+    def __init__(self, model, one_call: bool):
+        super().__init__(model, one_call=one_call)
         self.seconds, self.forwards = 0.0, 0
 
     def propose(self, ctx):
@@ -85,8 +73,7 @@ def main() -> None:
     qs = [json.loads(line)["question"] for line in gsm.read_text().splitlines()[-args.limit:]] if gsm.exists() else []
     prompts = [encode_prompt(target, p) for p in CODE[:args.limit] + qs]
     plain = SpecDecoder(target, "none")
-    configs = {"python loop": PythonLoop(draft), "one call": draft}
-    drafters = {name: Timed(m) for name, m in configs.items()}
+    drafters = {"python loop": Timed(draft, one_call=False), "one call": Timed(draft, one_call=True)}
     decoders = {name: SpecDecoder(target, d, num_draft_tokens=args.k) for name, d in drafters.items()}
     params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
     mismatches = 0
