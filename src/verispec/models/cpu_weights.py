@@ -31,7 +31,7 @@ from verispec.models.llama import LlamaArgs, rope_interleaved_to_half, take
 class RawMatrix:
     """A row-major weight matrix in a source format: fp32 values or GGUF blocks (uint8 [rows, bytes])."""
 
-    fmt: WeightFormat  # one of the runtime's FORMATS: f32, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k
+    fmt: WeightFormat  # one of the runtime's FORMATS (csrc/formats/table.cpp): f32, f16, q4_0, q4_k, iq4_xs, ...
     data: np.ndarray
     rows: int
     cols: int
@@ -133,7 +133,8 @@ _CHUNK_BYTES = 32 << 20  # large tensors are set in row blocks of at most this m
 def gguf_weights(info: GGUFInfo, cfg: dict, head_rows: torch.Tensor | None = None,
                  requant: WeightFormat | None = None) -> dict:
     """The weights of a ``llama`` or ``qwen2`` GGUF file as its own blocks (no dequantization,
-    no fp32 copy): every format of ``FORMATS`` (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, F32).
+    no fp32 copy): every format of ``FORMATS`` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K,
+    IQ4_NL, IQ4_XS).
     Data are views of one read-only memory map; each row block's pages are released once the
     runtime has repacked it, so loading holds the repacked weights plus one block at a time.
     Llama Q/K rows go from GGUF's interleaved RoPE pairs to HF's rotate_half order (a row
