@@ -8,8 +8,14 @@
 // the integer parts exact (|isum| <= 2 * 15 * 16 * 3 * 127, |msum| <= 2 * 15 * 16 * 127):
 //   isum = sc[a] * sum_lo(q * x) + sc[b] * sum_hi(q * x);   msum = m[a] * sum_lo(x) + m[b] * sum_hi(x)
 //   acc = fmaf(d * dx, isum, acc);   acc = fmaf(-(dmin * dx), msum, acc)
+// quantize_row_q2_k writes source Q2_K blocks from fp32 (a draft requantized at load,
+// models/cpu_weights.py requantize), by a min/max rule without ggml's error search
+// (make_qkx2_quants): each sub-block's min m = -min(x, 0) and step s = (max(x) + m) / 3,
+// d = max(s) / 15, dmin = max(m) / 15, sc = round(s / d), mc = round(m / dmin) in 0..15,
+// q = round((x + dmin * mc) / (d * sc)) in 0..3.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -22,6 +28,42 @@ using namespace layout;
 constexpr int SCM_AT = 2 * HALF16_BYTES, SUB_AT = SCM_AT + 16 * PANEL;  // 64, 320
 constexpr size_t PB = SUB_AT + 8 * N2_BYTES;                             // 1344
 constexpr size_t SRC = 84;
+
+}  // namespace q2_k
+
+void quantize_row_q2_k(const float* x, int cols, uint8_t* out) {
+  for (int sb = 0; sb < cols / QK_K; sb++) {
+    const float* xb = x + (size_t)sb * QK_K;
+    uint8_t* o = out + (size_t)sb * q2_k::SRC;
+    std::memset(o, 0, q2_k::SRC);
+    float step[16], mins[16], smax = 0.0f, mmax = 0.0f;
+    for (int j = 0; j < 16; j++) {
+      float lo = 0.0f, hi = xb[16 * j];
+      for (int i = 0; i < 16; i++) lo = std::min(lo, xb[16 * j + i]), hi = std::max(hi, xb[16 * j + i]);
+      mins[j] = -lo;
+      step[j] = (hi - lo) / 3.0f;
+      smax = std::max(smax, step[j]);
+      mmax = std::max(mmax, mins[j]);
+    }
+    const uint16_t dh = float_to_half(smax / 15.0f), mh = float_to_half(mmax / 15.0f);
+    std::memcpy(o + 80, &dh, 2);
+    std::memcpy(o + 82, &mh, 2);
+    const float d = half_to_float(dh), dmin = half_to_float(mh);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f, imin = dmin != 0.0f ? 1.0f / dmin : 0.0f;
+    for (int j = 0; j < 16; j++) {
+      const int sc = std::clamp((int)std::nearbyint(step[j] * id), 0, 15);
+      const int mc = std::clamp((int)std::nearbyint(mins[j] * imin), 0, 15);
+      o[j] = (uint8_t)(sc | mc << 4);
+      const float dl = d * (float)sc, ml = dmin * (float)mc, il = dl != 0.0f ? 1.0f / dl : 0.0f;
+      for (int i = 0; i < 16; i++) {
+        const int k = 16 * j + i, q = std::clamp((int)std::nearbyint((xb[k] + ml) * il), 0, 3);
+        o[16 + 32 * (k / 128) + k % 32] |= (uint8_t)(q << (2 * ((k % 128) / 32)));
+      }
+    }
+  }
+}
+
+namespace q2_k {
 
 static void repack_row(const uint8_t* src, int cols, uint8_t* panel, int r) {
   for (int sb = 0; sb < cols / QK_K; sb++) {

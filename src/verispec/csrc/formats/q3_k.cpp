@@ -11,8 +11,14 @@
 // the integer part exact (|isum| <= 2 * 32 * 16 * (7 + 4) * 127 < 2^24):
 //   isum = sc[a] * (sum_lo(q * x) - 4 * sum_lo(x)) + sc[b] * (sum_hi(q * x) - 4 * sum_hi(x))
 //   acc = fmaf(d * dx, isum, acc)
+// quantize_row_q3_k writes source Q3_K blocks from fp32 (a draft requantized at load,
+// models/cpu_weights.py requantize), by ggml's first-pass rule without its error search
+// (make_q3_quants / make_qx_quants with rmse off): each sub-block's step s = max / -4 (max:
+// its value of largest magnitude, which lands on code -4), d = smax / -32 over the 16 steps,
+// sc = round(s / d) in -32..31, q = round(x / (d * sc)) in -4..3.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -28,6 +34,42 @@ constexpr size_t PB = SUB_AT + 8 * SUB;                           // 1824
 constexpr size_t SRC = 110;
 
 static inline const uint8_t* sub(const uint8_t* sb, int j) { return sb + SUB_AT + j * SUB; }
+
+// the value of largest magnitude of x[0..n) (the first on ties), 0 for none
+static inline float signed_max(const float* x, int n) {
+  float amax = 0.0f, max = 0.0f;
+  for (int i = 0; i < n; i++)
+    if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), max = x[i];
+  return max;
+}
+
+}  // namespace q3_k
+
+void quantize_row_q3_k(const float* x, int cols, uint8_t* out) {
+  for (int sb = 0; sb < cols / QK_K; sb++) {
+    const float* xb = x + (size_t)sb * QK_K;
+    uint8_t* o = out + (size_t)sb * q3_k::SRC;
+    std::memset(o, 0, q3_k::SRC);
+    float step[16];
+    for (int j = 0; j < 16; j++) step[j] = q3_k::signed_max(xb + 16 * j, 16) / -4.0f;
+    const uint16_t dh = float_to_half(q3_k::signed_max(step, 16) / -32.0f);
+    std::memcpy(o + 108, &dh, 2);
+    const float d = half_to_float(dh), id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 16; j++) {
+      const int sc = std::clamp((int)std::nearbyint(step[j] * id), -32, 31), code = sc + 32;
+      o[96 + j % 8] |= (uint8_t)((code & 15) << (4 * (j / 8)));
+      o[104 + j % 4] |= (uint8_t)((code >> 4) << (2 * (j / 4)));
+      const float dl = d * (float)sc, il = dl != 0.0f ? 1.0f / dl : 0.0f;
+      for (int i = 0; i < 16; i++) {
+        const int k = 16 * j + i, l = k % 32, q = std::clamp((int)std::nearbyint(xb[k] * il), -4, 3) + 4;
+        o[32 + 32 * (k / 128) + l] |= (uint8_t)((q & 3) << (2 * ((k % 128) / 32)));
+        o[l] |= (uint8_t)((q >> 2) << (k / 32));
+      }
+    }
+  }
+}
+
+namespace q3_k {
 
 static void repack_row(const uint8_t* src, int cols, uint8_t* panel, int r) {
   for (int sb = 0; sb < cols / QK_K; sb++) {
