@@ -253,3 +253,18 @@ def greedy(backend, ids: list[int], n: int) -> list[int]:
         out.append(int(logits.argmax()))
         logits = backend.forward(torch.tensor([[out[-1]]]), torch.tensor([[len(ids) + i]]), cache).logits[0, -1]
     return out
+
+
+def test_file_types_and_type_ids_name_the_added_formats():
+    """A GGUF's general.file_type (llama_ftype) names its main format; the PyTorch runtime runs
+    low-bit files as int4, 16-bit float files unquantized."""
+    from verispec.models.formats import WeightFormat
+
+    ftypes = {gguf.LlamaFileType.MOSTLY_Q2_K: "q2_k", gguf.LlamaFileType.MOSTLY_Q3_K_M: "q3_k",
+              gguf.LlamaFileType.MOSTLY_Q3_K_L: "q3_k", gguf.LlamaFileType.MOSTLY_IQ4_NL: "iq4_nl",
+              gguf.LlamaFileType.MOSTLY_IQ4_XS: "iq4_xs", gguf.LlamaFileType.MOSTLY_F16: "f16",
+              gguf.LlamaFileType.MOSTLY_BF16: "bf16", gguf.LlamaFileType.MOSTLY_Q5_1: "q5_1"}
+    for ftype, fmt in ftypes.items():
+        assert WeightFormat.from_file_type(int(ftype)) == fmt
+        assert WeightFormat.from_ggml_type(int(qtype(fmt))) == fmt and WeightFormat(fmt).gguf_type == qtype(fmt)
+        assert WeightFormat(fmt).pytorch == ("none" if fmt in ("f16", "bf16") else "int4" if fmt != "q5_1" else "int8")
