@@ -7,8 +7,8 @@
 // Panel block (16 rows): IQ4_NL per 32 columns, 288 B: HALF16 d | N4 (the indices);
 //   IQ4_XS per 256 columns, 2208 B: HALF16 d | i8 sc[8][16] | 8 x N4.
 // Dot with int8 activations, the table values looked up in registers (a byte shuffle):
-//   isum = sum(KVALUES[q] * x)   (|isum| <= 32 * 127 * 127; IQ4_XS: sc * isum < 2^24, exact)
-//   IQ4_NL: acc = fmaf(d * dx, isum, acc);   IQ4_XS: acc = fmaf(d * dx, sc * isum, acc)
+//   isum = sum(KVALUES[q] * x)   (|isum| <= 32 * 127 * 127 < 2^24, exact)
+//   acc = fmaf((d * sc) * dx, isum, acc)   (IQ4_NL: sc = 1; d * sc is exact in fp32)
 #include <immintrin.h>
 
 #include <cmath>
@@ -81,7 +81,8 @@ struct Ref {
       const int8_t* xq = act_q(a, t, b);
       int32_t isum = 0;
       for (int k = 0; k < QK; k++) isum += KVALUES[n4_get(L::n4(blk, b % PER), r, k)] * xq[k];
-      acc = fmaf(get_half(blk, r) * a.d[(size_t)t * a.nb + b], (float)(scale<XS>(blk, b % PER, r) * isum), acc);
+      const float dsc = get_half(blk, r) * (float)scale<XS>(blk, b % PER, r);
+      acc = fmaf(dsc * a.d[(size_t)t * a.nb + b], (float)isum, acc);
     }
     return acc;
   }
@@ -102,13 +103,13 @@ struct K {
       const uint8_t* n4 = L::n4(blk, b % PER);
       prefetch(n4 + 2048, 1);
       const __m256 d = half8(blk + 16 * h);
+      const __m256 dsc = XS ? _mm256_mul_ps(d, _mm256_cvtepi32_ps(i8x8_epi32(blk + L::SC_AT + (b % PER) * PANEL + 8 * h))) : d;
       __m256i wa[8], ws[8];  // |w| and w (signed table values), for vpmaddubsw(|w|, sign(x, w))
       n4_unpack(n4, h, ws);
       for (int g = 0; g < 8; g++) {
         ws[g] = _mm256_shuffle_epi8(table, ws[g]);
         wa[g] = _mm256_abs_epi8(ws[g]);
       }
-      const __m256i sc = XS ? i8x8_epi32(blk + L::SC_AT + (b % PER) * PANEL + 8 * h) : _mm256_setzero_si256();
       #pragma GCC unroll 8
       for (int t = 0; t < TT; t++) {
         const size_t row = (size_t)(t0 + t);
@@ -118,9 +119,8 @@ struct K {
           const __m256i p = _mm256_maddubs_epi16(wa[g], _mm256_sign_epi8(bcast4(xq + 4 * g), ws[g]));
           isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
         }
-        if (XS) isum = _mm256_mullo_epi32(sc, isum);
         const __m256 dx = _mm256_set1_ps(a.d[row * a.nb + b]);
-        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc[t]);
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dsc, dx), _mm256_cvtepi32_ps(isum), acc[t]);
       }
     }
   }
@@ -145,17 +145,16 @@ struct K {
       const uint8_t* n4 = L::n4(blk, b % PER);
       prefetch(n4 + 2048, 4);
       const __m512 d = half16(blk);
+      const __m512 dsc = XS ? _mm512_mul_ps(d, _mm512_cvtepi32_ps(i8x16_epi32(blk + L::SC_AT + (b % PER) * PANEL))) : d;
       __m512i w[8];
       n4_unpack(n4, w);
       for (int g = 0; g < 8; g++) w[g] = _mm512_shuffle_epi8(table, w[g]);
-      const __m512i sc = XS ? i8x16_epi32(blk + L::SC_AT + (b % PER) * PANEL) : _mm512_setzero_si512();
       #pragma GCC unroll 8
       for (int t = 0; t < TT; t++) {
         const size_t row = (size_t)(t0 + t);
-        __m512i isum = _mm512_sub_epi32(dot_n4(w, act_q(a, (int)row, b)), _mm512_set1_epi32(128 * a.qsum[row * a.nb + b]));
-        if (XS) isum = _mm512_mullo_epi32(sc, isum);
+        const __m512i isum = _mm512_sub_epi32(dot_n4(w, act_q(a, (int)row, b)), _mm512_set1_epi32(128 * a.qsum[row * a.nb + b]));
         const __m512 dx = _mm512_set1_ps(a.d[row * a.nb + b]);
-        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum), acc[t]);
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dsc, dx), _mm512_cvtepi32_ps(isum), acc[t]);
       }
     }
   }
