@@ -236,12 +236,19 @@ size_t vs_model_weight_bytes(void* mp) {
   return total;
 }
 
-// Rows of a source matrix re-encoded as Q4_0 blocks (dst: rows x cols / 32 x 18 bytes): a
-// draft model streams fewer bytes per token; the target checks every drafted token, so
-// output is unchanged (models/cpu.py requantize). Rows are split over `threads` threads.
-int vs_requantize_q4_0(int src_type, const void* data, int rows, int cols, void* dst, int threads, char* err, int n) {
+// Rows of a source matrix re-encoded as Q4_0, Q3_K or Q2_K blocks (dst_type; dst: rows x the
+// rows' bytes in that format): a draft model streams fewer bytes per token; the target checks
+// every drafted token, so output is unchanged (models/cpu_weights.py requantize). Rows are
+// split over `threads` threads.
+int vs_requantize(int dst_type, int src_type, const void* data, int rows, int cols, void* dst, int threads, char* err,
+                  int n) {
   const vs::Format* f = vs::format_by_type(src_type);
-  if (!f || rows < 1 || cols % vs::QK || cols % f->block_cols || threads < 1) {
+  const vs::Format* to = vs::format_by_type(dst_type);
+  void (*quantize_row)(const float*, int, uint8_t*) = dst_type == 2 ? vs::quantize_row_q4_0
+                                                      : dst_type == 11 ? vs::quantize_row_q3_k
+                                                      : dst_type == 10 ? vs::quantize_row_q2_k : nullptr;
+  if (!f || !to || !quantize_row || rows < 1 || cols % vs::QK || cols % f->block_cols || cols % to->block_cols ||
+      threads < 1) {
     set_err(err, n, "unsupported format or shape");
     return -1;
   }
@@ -249,12 +256,12 @@ int vs_requantize_q4_0(int src_type, const void* data, int rows, int cols, void*
     auto pool = vs::ThreadPool::shared(threads);
     vs::Matrix m;
     vs::repack(m, f, (const uint8_t*)data, rows, cols, pool.get());
-    const size_t rb = (size_t)(cols / vs::QK) * 18;
+    const size_t rb = (size_t)(cols / to->block_cols) * to->src_block_bytes;
     pool->parallel_for(m.panels, [&](int p0, int p1) {
       std::vector<float> row(cols);
       for (int r = p0 * vs::PANEL; r < std::min(rows, p1 * vs::PANEL); r++) {
         f->dequant_row(m.data + (size_t)(r / vs::PANEL) * m.panel_bytes, cols, r % vs::PANEL, row.data());
-        vs::quantize_row_q4_0(row.data(), cols, (uint8_t*)dst + (size_t)r * rb);
+        quantize_row(row.data(), cols, (uint8_t*)dst + (size_t)r * rb);
       }
     }, 4);
     std::free(m.data);

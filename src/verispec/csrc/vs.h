@@ -77,6 +77,8 @@ struct Format {
 
 const Format* format_by_type(int ggml_type);  // null if unsupported
 void quantize_row_q4_0(const float* x, int cols, uint8_t* out);  // fp32 -> source Q4_0 blocks (formats/q4.cpp)
+void quantize_row_q3_k(const float* x, int cols, uint8_t* out);  // fp32 -> source Q3_K blocks (formats/q3_k.cpp)
+void quantize_row_q2_k(const float* x, int cols, uint8_t* out);  // fp32 -> source Q2_K blocks (formats/q2_k.cpp)
 extern const Format* const FORMATS[];
 extern const int N_FORMATS;
 

@@ -105,8 +105,8 @@ def _load_library() -> ctypes.CDLL:
     lib.vs_draft_chain.argtypes = (ctypes.c_void_p, _P(DraftChain), *c_err)
     lib.vs_cache_move.argtypes = (_P(Config), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                   ctypes.c_int, _P(ctypes.c_int32), ctypes.c_int, ctypes.c_int)
-    lib.vs_requantize_q4_0.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                       ctypes.c_int, *c_err)
+    lib.vs_requantize.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_void_p, ctypes.c_int, *c_err)
     _check_abi(lib, spec.origin)
     return lib
 

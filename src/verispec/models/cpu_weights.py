@@ -6,7 +6,7 @@ fp32 values or GGUF blocks) that ``CpuLlama`` hands to the runtime, which repack
   (``quantize_matrix``, ``models/ggml_quants.py``);
 * a GGUF's own blocks, read in place from a memory map with no fp32 copy: ``gguf_weights``
   (tensor names from ``gguf_config.LAYER_TENSORS``);
-* a draft's wider blocks re-encoded to Q4_0 as they are read: ``requantize``.
+* a draft's wider blocks re-encoded to Q4_0 (or Q3_K / Q2_K) as they are read: ``requantize``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from verispec.models.llama import LlamaArgs, rope_interleaved_to_half, take
 class RawMatrix:
     """A row-major weight matrix in a source format: fp32 values or GGUF blocks (uint8 [rows, bytes])."""
 
-    fmt: WeightFormat  # one of the runtime's FORMATS: f32, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k
+    fmt: WeightFormat  # one of the runtime's FORMATS (csrc/formats/table.cpp): f32, f16, q4_0, q4_k, iq4_xs, ...
     data: np.ndarray
     rows: int
     cols: int
@@ -54,7 +54,7 @@ def _f32(t: torch.Tensor) -> RawMatrix:
 
 W = WeightFormat
 QUANTS = (W.F32, W.Q8_0, W.Q4_1, W.Q4_0, W.Q5_0, W.Q4_K, W.Q5_K, W.Q6_K)  # formats quantize_matrix writes
-REQUANTS = (W.Q4_0,)  # formats requantize writes
+REQUANTS = (W.Q4_0, W.Q3_K, W.Q2_K)  # formats requantize writes
 del W
 
 
@@ -69,23 +69,27 @@ def quantize_matrix(w: torch.Tensor, fmt: WeightFormat | str) -> RawMatrix:
 
 
 def requantize(m: RawMatrix, fmt: WeightFormat | str = WeightFormat.Q4_0) -> RawMatrix:
-    """``m`` re-encoded as ``fmt`` (Q4_0, ggml's rule) where that streams fewer bytes: a draft
-    model chosen for speed, not fidelity; the target checks every drafted token, so output
-    is unchanged. Matrices already at most as wide (Q4_0, Q4_K) come back as they are; the
-    source pages are released once read."""
+    """``m`` re-encoded as ``fmt`` (one of REQUANTS: Q4_0 by ggml's rule, Q3_K / Q2_K by a
+    first-pass rule, csrc/formats) where that streams fewer bytes: a draft model chosen for
+    speed, not fidelity; the target checks every drafted token, so output is unchanged. A
+    K format needs rows of 256-multiples: narrower rows (the Qwen2.5 0.5B's 896) take Q4_0
+    instead. Matrices already at most as wide come back as they are; the source pages are
+    released once read."""
     fmt = WeightFormat.parse(fmt, REQUANTS, "requantization")
     lib, want = library(), FORMATS[fmt]
+    if m.cols % want.block:
+        want = FORMATS[WeightFormat.Q4_0]
     if m.cols % want.block or FORMATS[m.fmt].row_bytes(m.cols) <= want.row_bytes(m.cols):
         return m
     out = np.empty((m.rows, want.row_bytes(m.cols)), dtype=np.uint8)
     src = np.ascontiguousarray(m.data)
     err = ctypes.create_string_buffer(ERR_LEN)
-    if lib.vs_requantize_q4_0(FORMATS[m.fmt].ggml_type, src.ctypes.data, m.rows, m.cols, out.ctypes.data,
-                              max(1, torch.get_num_threads()), err, ERR_LEN):
-        raise ModelError(f"requantizing a {m.fmt} matrix to {fmt}: {err.value.decode()}")
+    if lib.vs_requantize(want.ggml_type, FORMATS[m.fmt].ggml_type, src.ctypes.data, m.rows, m.cols, out.ctypes.data,
+                         max(1, torch.get_num_threads()), err, ERR_LEN):
+        raise ModelError(f"requantizing a {m.fmt} matrix to {want.fmt}: {err.value.decode()}")
     if m.release is not None:
         m.release()
-    return RawMatrix(fmt, out, m.rows, m.cols)
+    return RawMatrix(want.fmt, out, m.rows, m.cols)
 
 
 def check_head_rows(head_rows, vocab_size: int) -> torch.Tensor:
@@ -133,7 +137,8 @@ _CHUNK_BYTES = 32 << 20  # large tensors are set in row blocks of at most this m
 def gguf_weights(info: GGUFInfo, cfg: dict, head_rows: torch.Tensor | None = None,
                  requant: WeightFormat | None = None) -> dict:
     """The weights of a ``llama`` or ``qwen2`` GGUF file as its own blocks (no dequantization,
-    no fp32 copy): every format of ``FORMATS`` (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, F32).
+    no fp32 copy): every format of ``FORMATS`` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K,
+    IQ4_NL, IQ4_XS).
     Data are views of one read-only memory map; each row block's pages are released once the
     runtime has repacked it, so loading holds the repacked weights plus one block at a time.
     Llama Q/K rows go from GGUF's interleaved RoPE pairs to HF's rotate_half order (a row

@@ -51,6 +51,17 @@ static inline void h2_add(const uint8_t* h2, int h, __m256i* w) {
     o[3] = _mm256_or_si256(o[3], _mm256_and_si256(_mm256_srli_epi16(x, 2), b45));
   }
 }
+// N2 block, half h -> w[g] = columns 4g..4g+3 (u8 0..3)
+static inline void n2_unpack(const uint8_t* n2, int h, __m256i* w) {
+  const __m256i m2 = _mm256_set1_epi8(0x03);
+  for (int c = 0; c < 2; c++) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i*)(n2 + 64 * c + 32 * h));
+    w[c] = _mm256_and_si256(raw, m2);
+    w[c + 2] = _mm256_and_si256(_mm256_srli_epi16(raw, 2), m2);
+    w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m2);
+    w[c + 6] = _mm256_and_si256(_mm256_srli_epi16(raw, 6), m2);
+  }
+}
 
 // sum over groups [G0, G0 + N) of w[g] (u8) x activations 4g..4g+3 (s8), int32 per lane;
 // PER16 groups' pair sums are added in int16 before widening (the caller's overflow bound).
