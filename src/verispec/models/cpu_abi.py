@@ -22,7 +22,7 @@ import torch
 from verispec.models.formats import WeightFormat
 
 PANEL_ROWS = 16  # rows per weight panel (csrc/vs.h: PANEL)
-ABI_VERSION = 2  # csrc/vs.h: ABI_VERSION
+ABI_VERSION = 3  # csrc/vs.h: ABI_VERSION
 ERR_LEN = 512  # bytes of the buffer a C call writes its error message into
 
 
