@@ -17,6 +17,7 @@
 //                   c unpacks to four registers, group g = c + 2s holding columns 4g..4g+3.
 #pragma once
 #include <cstring>
+#include <type_traits>
 
 #include "../vs.h"
 
