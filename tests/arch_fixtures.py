@@ -78,12 +78,19 @@ def _mistral(vocab: int) -> torch.nn.Module:
     return MistralForCausalLM(MistralConfig(**_common(vocab, sliding_window=8)))
 
 
+def _phi3(vocab: int) -> torch.nn.Module:
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    return Phi3ForCausalLM(Phi3Config(**_common(vocab)))
+
+
 CASES = {
     "qwen3": Case("qwen3", _qwen3),
     "llama3-rope": Case("llama", _llama3, interleaved=True, rope_freqs=True),
     "gemma3": Case("gemma3", _gemma3, norm_shift=1.0, names={"post_attention_layernorm": "post_attention_norm"},
                    window=8, softcap=3.0),
     "mistral": Case("llama", _mistral, interleaved=True, window=8),
+    "phi3": Case("phi3", _phi3),
 }
 
 

@@ -68,6 +68,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("gemma3", "gemma3_text", "Gemma3ForCausalLM", rope="neox", qk_norm=True, post_norms=True, activation="gelu_tanh",
                  embed_scale=True, swa_pattern=6, local_rope_base=10000.0, default_rope_base=1e6,
                  keys=SLIDING | LINEAR_ROPE | {"final_logit_softcapping"}),
+    Architecture("phi3", "phi3", "Phi3ForCausalLM", rope="neox", fused_qkv=True, fused_gate_up=True,
+                 keys=SLIDING | {"rope.scaling.original_context_length"}),
 )}  # fmt: skip
 ARCHITECTURE_NAMES = tuple(ARCHITECTURES)
 
