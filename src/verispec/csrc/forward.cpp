@@ -189,7 +189,8 @@ void forward(Model& m, const Batch& bt) {
     for_each_token(pool, T, [&](int t) {
       float* q = &qkv[(size_t)t * qkv_w];
       if (!L.q_norm.empty())
-        for (int h = 0; h < H + KVH; h++) k->rms_norm(q + h * D, (h < H ? L.q_norm : L.k_norm).data(), D, c.eps, q + h * D);
+        for (int h = 0; h < H + KVH; h++)  // q heads, then k heads; in place (row-local)
+          k->rms_norm(q + h * D, (h < H ? L.q_norm : L.k_norm).data(), D, c.eps, q + h * D);
       const float* cs = &m.rope_cos[table + (size_t)bt.pos[t] * half];
       const float* sn = &m.rope_sin[table + (size_t)bt.pos[t] * half];
       for (int h = 0; h < H + KVH; h++) rope(q + h * D, cs, sn, half);  // q heads, then k heads

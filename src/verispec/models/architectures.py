@@ -65,13 +65,13 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("llama", "llama", "LlamaForCausalLM", rope="interleaved", rope_freqs=True, keys=SLIDING | LINEAR_ROPE),
     Architecture("qwen2", "qwen2", "Qwen2ForCausalLM", rope="neox", qkv_bias=True, default_rope_base=1e6),
     Architecture("qwen3", "qwen3", "Qwen3ForCausalLM", rope="neox", qk_norm=True, default_rope_base=1e6),
-    Architecture("gemma3", "gemma3_text", "Gemma3ForCausalLM", rope="neox", qk_norm=True, post_norms=True, activation="gelu_tanh",
-                 embed_scale=True, swa_pattern=6, local_rope_base=10000.0, default_rope_base=1e6,
-                 keys=SLIDING | LINEAR_ROPE | {"final_logit_softcapping"}),
+    Architecture("gemma3", "gemma3_text", "Gemma3ForCausalLM", rope="neox", qk_norm=True, post_norms=True,
+                 activation="gelu_tanh", embed_scale=True, swa_pattern=6, local_rope_base=10000.0,
+                 default_rope_base=1e6, keys=SLIDING | LINEAR_ROPE | {"final_logit_softcapping"}),
+    # original_context_length only matters with LongRoPE's rope_factors_long/short tensors, which are refused
     Architecture("phi3", "phi3", "Phi3ForCausalLM", rope="neox", fused_qkv=True, fused_gate_up=True,
                  keys=SLIDING | {"rope.scaling.original_context_length"}),
 )}  # fmt: skip
-ARCHITECTURE_NAMES = tuple(ARCHITECTURES)
 
 
 def by_model_type(model_type: str | None) -> Architecture | None:

@@ -12,12 +12,12 @@ compiled runtime's ``cpu_weights.gguf_weights``, the dequantizing ``gguf_tensors
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from verispec.models.architectures import (
-    ARCHITECTURE_NAMES,
     COMMON_KEYS,
     Architecture,
     architecture,
@@ -28,7 +28,6 @@ from verispec.models.architectures import (
 from verispec.models.base import ModelError
 from verispec.models.gguf_file import GGUFInfo, read_gguf, token_texts, with_arrays
 
-SUPPORTED_ARCHITECTURES = ARCHITECTURE_NAMES
 TOKENIZER_ARRAYS = frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"})
 
 
@@ -149,10 +148,12 @@ def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
     return cfg
 
 
-def _variant_config(info: GGUFInfo, decl: Architecture, cfg: dict, size, positive) -> dict:
+def _variant_config(info: GGUFInfo, decl: Architecture, cfg: dict, size: Callable[..., int],
+                    positive: Callable[[str], float]) -> dict:
     """The config fields of what ``decl`` declares beyond a plain Llama, read from the file
     (transformers' names where it has one): sliding window and its layers, RoPE scaling and the
-    sliding layers' base, the attention scale, logit softcapping, Llama-3 RoPE frequency factors."""
+    sliding layers' base, the attention scale, logit softcapping, Llama-3 RoPE frequency factors.
+    ``size`` and ``positive`` read and check one ``<arch>.*`` value (``gguf_hf_config``'s)."""
     out: dict = {}
     key = lambda name: f"{decl.name}.{name}"  # noqa: E731
     window = size("attention.sliding_window", 0, least=0) if key("attention.sliding_window") in info.meta else 0
