@@ -3,8 +3,9 @@ tensors a decoder needs at the shapes that config implies, and the tokenizer's s
 
 ``open_gguf`` is every check a load makes before reading a weight, on the ``GGUFInfo`` of the one
 header parse (``gguf_file.py``); a file that disagrees with itself is one ModelError naming the key
-or tensor. ``LAYER_TENSORS`` spells llama.cpp's tensor names once, for every reader of them (the
-compiled runtime's ``cpu_weights.gguf_weights``, the dequantizing ``gguf_tensors``).
+or tensor. What each architecture reads (keys, tensors, their shapes) is its declaration in
+``architectures.py``: a key or tensor it does not declare is refused here, naming it.
+``LAYER_TENSORS`` maps llama / qwen2 tensor names to HF's (the dequantizing ``gguf_tensors``).
 
     info, cfg = open_gguf(source.gguf)      # {"model_type": "qwen2", "hidden_size": 1536, ...}
 """
@@ -48,8 +49,8 @@ def check_architecture(info: GGUFInfo) -> str:
     known = COMMON_KEYS | arch.keys
     for key in info.meta:
         if key.startswith(arch.name + ".") and key[len(arch.name) + 1:] not in known:
-            raise ModelError(f"{info.path} has metadata {key!r}, which verispec does not implement for "
-                             f"{arch.name}: expected only {', '.join(sorted(known))}")
+            raise ModelError(f"{info.path} has metadata {key!r}, which verispec does not implement for {arch.name} "
+                             "(models/architectures.py lists what each architecture reads)")
     return arch.name
 
 

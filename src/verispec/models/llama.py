@@ -121,7 +121,7 @@ def _variant_fields(cfg: dict) -> dict:
         return {}
     layers = cfg["num_hidden_layers"]
     window = cfg.get("sliding_window") or 0
-    types = cfg.get("layer_types") or []
+    types = (cfg.get("layer_types") or [])[:layers]  # a config cut to its first layers keeps theirs
     if window and len(types) != layers:
         raise ModelError(f"config: layer_types must list {layers} layers, got {len(types)}")
     scalar = cfg.get("query_pre_attn_scalar")
