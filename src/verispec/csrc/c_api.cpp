@@ -78,12 +78,16 @@ void* vs_model_new(const vs::Config* cfg, const float* rope_cos, const float* ro
                       "heads (at most " + std::to_string(vs::MAX_GROUP) + " per kv head)");
       return nullptr;
     }
+    if (cfg->n_rope < 1 || cfg->n_rope > 2 || cfg->act < 0 || cfg->act > 1) {
+      set_err(err, n, "unsupported config: 1 or 2 RoPE tables, activation 0 (SiLU) or 1 (GELU)");
+      return nullptr;
+    }
     auto* m = new Model();
     m->cfg = *cfg;
     if (m->cfg.embed_rows <= 0) m->cfg.embed_rows = cfg->vocab;  // 0: a model embedding its own vocabulary
     m->k = k;
     m->layers.resize(cfg->n_layers);
-    const size_t table = (size_t)cfg->max_pos * (cfg->head_dim / 2);
+    const size_t table = (size_t)cfg->n_rope * cfg->max_pos * (cfg->head_dim / 2);
     m->rope_cos.assign(rope_cos, rope_cos + table);
     m->rope_sin.assign(rope_sin, rope_sin + table);
     m->pool = vs::ThreadPool::shared(threads);
@@ -189,6 +193,34 @@ int vs_model_set_embed_ref(void* mp, int ggml_type, const void* data, int rows, 
   m->embed.ref_row_bytes = (size_t)(cols / f->block_cols) * f->src_block_bytes;
   m->embed.rows = rows;
   m->embed.cols = cols;
+  return 0;
+}
+
+// What a layer computes beyond a Llama layer (models/architectures.py): its sliding window
+// (keys at most, 0: all), its RoPE table (< n_rope), and optional fp32 norms (null: none):
+// q_norm, k_norm [head_dim] over each q / k head before RoPE, post_attn, post_ffn [dim] over
+// the attention / MLP output before its residual add.
+int vs_model_set_layer(void* mp, int layer, int window, int rope, const float* q_norm, const float* k_norm,
+                       const float* post_attn, const float* post_ffn, char* err, int n) {
+  auto* m = (Model*)mp;
+  const vs::Config& c = m->cfg;
+  if (layer < 0 || layer >= c.n_layers || window < 0 || rope < 0 || rope >= c.n_rope || (!q_norm != !k_norm) ||
+      (!post_attn != !post_ffn)) {
+    set_err(err, n, "bad layer settings: layer, window >= 0, RoPE table < n_rope, Q and K norms together, post-norms "
+                    "together");
+    return -1;
+  }
+  vs::Layer& L = m->layers[layer];
+  L.window = window;
+  L.rope = rope;
+  auto set = [](std::vector<float>& dst, const float* src, int len) {
+    if (src) dst.assign(src, src + len);
+    else dst.clear();
+  };
+  set(L.q_norm, q_norm, c.head_dim);
+  set(L.k_norm, k_norm, c.head_dim);
+  set(L.post_attn_norm, post_attn, c.dim);
+  set(L.post_ffn_norm, post_ffn, c.dim);
   return 0;
 }
 

@@ -64,10 +64,21 @@ struct Config {  // mirrors the Python ctypes struct (models/cpu.py): its fields
   float eps;           // RMSNorm epsilon
   int32_t kv16;        // the KV cache holds fp16 values (else fp32)
   int32_t embed_rows;  // rows of the input embedding (token ids < this); a tied model has vocab
+  // Architectures beyond a plain Llama (models/architectures.py); a Llama gives 0, 1, 1, 0, 0.
+  int32_t act;          // the MLP's gate activation: 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU)
+  int32_t n_rope;       // RoPE tables: 1, or 2 when sliding layers have their own base (Layer::rope)
+  float embed_scale;    // input embeddings times this (gemma: sqrt(dim)); 1 or 0: as they are
+  float attn_scale;     // attention scores times this; 0: 1 / sqrt(head_dim)
+  float logit_softcap;  // logits -> cap * tanh(logits / cap); 0: none
 };
 
 struct Layer {
   std::vector<float> attn_norm, ffn_norm;  // [dim] RMSNorm weights before attention / before the MLP
+  // optional (empty: none; vs_model_set_layer): RMSNorm of each q and k head before RoPE [D];
+  // of the attention and MLP outputs before their residual adds [dim]
+  std::vector<float> q_norm, k_norm, post_attn_norm, post_ffn_norm;
+  int window = 0;  // keys a token attends to at most, itself included (sliding window); 0: all
+  int rope = 0;    // its RoPE table, < Config::n_rope
   Linear wqkv;  // [(H + 2 KVH) * D, dim]: rows of the q heads, then the k heads, then the v heads
   Linear wo;    // [dim, H * D]
   Linear w13;   // [2 ffn, dim]: gate (W1) rows, then up (W3) rows
@@ -78,7 +89,7 @@ struct Model {
   Config cfg{};
   std::vector<Layer> layers;           // [n_layers]
   std::vector<float> norm;             // [dim] final RMSNorm weights
-  std::vector<float> rope_cos, rope_sin;  // [max_pos, D / 2] RoPE tables (rotate_half convention)
+  std::vector<float> rope_cos, rope_sin;  // [n_rope, max_pos, D / 2] RoPE tables (rotate_half convention)
   Linear embed;                        // [embed_rows, dim] input embedding; empty when tied to the head
   Linear head;                         // [vocab, dim] LM head
   // Feature input (EAGLE heads): x = in_proj @ [in_norm(feat) ; embed(id)], used when a

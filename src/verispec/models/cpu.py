@@ -177,11 +177,15 @@ class CpuLlama(PooledLM):
         embed_parts = [] if embed is None else embed if isinstance(embed, list) else [embed]
         # resident bytes of the input embedding (by reference: only the looked-up rows' pages)
         self._embed_bytes = 0 if self._embed_ref is not None else sum(int(np.asarray(p.data).nbytes) for p in embed_parts)
+        n_rope = 2 if args.local_rope_theta is not None else 1
         self._cfg = Config(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim,
                             args.intermediate_size, info.max_length, args.norm_eps, int(self.kv_dtype == torch.float16),
-                            args.vocab_size if embed is None else sum(p.rows for p in embed_parts))
-        _check_rope_fits(args, info.max_length)
-        cos, sin = (t.contiguous() for t in rope_tables(args, info.max_length, torch.device("cpu")))
+                            args.vocab_size if embed is None else sum(p.rows for p in embed_parts),
+                            int(args.activation == "gelu_tanh"), n_rope, args.embed_scale, args.attn_scale or 0.0,
+                            args.logit_softcap)
+        _check_rope_fits(args, n_rope * info.max_length)
+        tables = [rope_tables(args, info.max_length, torch.device("cpu"), local=i == 1) for i in range(n_rope)]
+        cos, sin = (torch.cat([t[j] for t in tables]).contiguous() for j in (0, 1))  # [n_rope * max_pos, D / 2]
         err = ctypes.create_string_buffer(ERR_LEN)
         threads = threads or torch.get_num_threads()
         handle = lib.vs_model_new(ctypes.byref(self._cfg), ptr(cos, ctypes.c_float), ptr(sin, ctypes.c_float),
@@ -201,6 +205,7 @@ class CpuLlama(PooledLM):
             self._set(i, Slot.FFN_NORM, layer["ffn_norm"])
             for slot, name in ((Slot.WQKV, "wqkv"), (Slot.WO, "wo"), (Slot.W13, "w13"), (Slot.W2, "w2")):
                 self._set(i, slot, layer[name], layer.get(name + "_bias"))
+            self._set_layer(i, layer)
         self._set(-1, Slot.NORM, weights["norm"])
         if weights.get("embed") is not None:
             self._set(-1, Slot.EMBED, weights["embed"])
@@ -217,6 +222,18 @@ class CpuLlama(PooledLM):
         err = ctypes.create_string_buffer(ERR_LEN)
         if library().vs_model_finish(self._h, err, ERR_LEN):
             raise ModelError(f"compiled runtime: {err.value.decode()}")
+
+    def _set_layer(self, i: int, layer: dict) -> None:
+        """Layer ``i``'s window, RoPE table and optional norms (Q/K norms, post-norms: ``LlamaArgs``)."""
+        a = self.args
+        if not (a.layer_windows or a.qk_norm or a.post_norms):
+            return  # a Llama layer: the runtime's defaults
+        norms = [layer.get(n) for n in ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")]
+        keep = [None if v is None else v.float().contiguous() for v in norms]
+        err = ctypes.create_string_buffer(ERR_LEN)
+        if library().vs_model_set_layer(self._h, i, a.layer_windows[i] if a.layer_windows else 0, a.layer_rope(i),
+                                        *(None if v is None else ptr(v, ctypes.c_float) for v in keep), err, ERR_LEN):
+            raise ModelError(f"compiled runtime, layer {i}: {err.value.decode()}")
 
     def _set(self, layer: int, slot: Slot, w: Linear | torch.Tensor, bias: torch.Tensor | None = None) -> None:
         """One tensor; a list of row blocks is set part by part (the bias split by their rows)."""
@@ -496,12 +513,13 @@ SHAPES = "hidden size, FFN size and heads x head size multiples of 32, at most 6
 
 
 def supports(cfg: dict) -> bool:
-    """Can the compiled runtime run this HF config? (Llama family, ``SHAPES``.)"""
+    """Can the compiled runtime run this HF config? (Llama family, or a GGUF of a declared architecture; ``SHAPES``.)"""
     try:
         a = LlamaArgs.from_hf_config(cfg)
     except (ModelError, KeyError, ValueError):
         return False
-    return (cfg.get("model_type") in SUPPORTED_MODEL_TYPES and a.dim % 32 == 0 and a.intermediate_size % 32 == 0
+    family = cfg.get("model_type") in SUPPORTED_MODEL_TYPES or cfg.get("gguf_architecture") is not None
+    return (family and a.dim % 32 == 0 and a.intermediate_size % 32 == 0
             and (a.n_heads * a.head_dim) % 32 == 0 and a.n_heads % a.n_kv_heads == 0 and a.group <= 64)
 
 

@@ -22,7 +22,7 @@ import torch
 from verispec.models.formats import WeightFormat
 
 PANEL_ROWS = 16  # rows per weight panel (csrc/vs.h: PANEL)
-ABI_VERSION = 3  # csrc/vs.h: ABI_VERSION
+ABI_VERSION = 4  # csrc/vs.h: ABI_VERSION
 ERR_LEN = 512  # bytes of the buffer a C call writes its error message into
 
 
@@ -45,7 +45,10 @@ class Slot(enum.IntEnum):
 class Config(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int32) for n in ("vocab", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn",
                                               "max_pos")] + [("eps", ctypes.c_float), ("kv16", ctypes.c_int32),
-                                                                 ("embed_rows", ctypes.c_int32)]
+                                                                 ("embed_rows", ctypes.c_int32)] + [
+        # beyond a plain Llama (csrc/model.h: Config)
+        ("act", ctypes.c_int32), ("n_rope", ctypes.c_int32), ("embed_scale", ctypes.c_float),
+        ("attn_scale", ctypes.c_float), ("logit_softcap", ctypes.c_float)]
 
 
 _P = ctypes.POINTER
@@ -97,6 +100,8 @@ def _load_library() -> ctypes.CDLL:
     lib.vs_model_set.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                  ctypes.c_int, _P(ctypes.c_float), *c_err)
     lib.vs_model_finish.argtypes = (ctypes.c_void_p, *c_err)
+    lib.vs_model_set_layer.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                       *(_P(ctypes.c_float),) * 4, *c_err)
     lib.vs_model_set_embed_ref.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                            *c_err)
     lib.vs_model_weight_bytes.restype = ctypes.c_size_t

@@ -5,7 +5,7 @@ fp32 values or GGUF blocks) that ``CpuLlama`` hands to the runtime, which repack
 * an HF checkpoint's tensors, fused (QKV, gate/up) and quantized at load: ``state_dict_weights``
   (``quantize_matrix``, ``models/ggml_quants.py``);
 * a GGUF's own blocks, read in place from a memory map with no fp32 copy: ``gguf_weights``
-  (tensor names from ``gguf_config.LAYER_TENSORS``);
+  (tensor names and layouts from the architecture's declaration, ``architectures.py``);
 * a draft's wider blocks re-encoded to Q4_0 (or Q3_K / Q2_K) as they are read: ``requantize``.
 """
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from verispec.models.architectures import ARCHITECTURES, Architecture
 from verispec.models.base import ModelError
 from verispec.models.cpu_abi import ERR_LEN, FORMATS, PANEL_ROWS, library
 from verispec.models.formats import WeightFormat
@@ -106,6 +107,9 @@ def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: WeightF
     """HF-named tensors -> the runtime's fused matrices (QKV, gate/up), quantized to ``quant``;
     ``head_rows``: the LM head keeps those rows (the input embedding keeps all of them)."""
     args = LlamaArgs.from_hf_config(cfg)
+    if args.beyond_llama:
+        raise ModelError(f"{cfg.get('gguf_architecture')} weights are read from the GGUF's own blocks, not "
+                         f"re-quantized (it has {', '.join(args.beyond_llama)}): drop --quant")
     q = lambda w: quantize_matrix(w.float(), quant)  # noqa: E731
     layers = []
     for i in range(args.n_layers):
@@ -136,20 +140,22 @@ _CHUNK_BYTES = 32 << 20  # large tensors are set in row blocks of at most this m
 
 def gguf_weights(info: GGUFInfo, cfg: dict, head_rows: torch.Tensor | None = None,
                  requant: WeightFormat | None = None) -> dict:
-    """The weights of a ``llama`` or ``qwen2`` GGUF file as its own blocks (no dequantization,
-    no fp32 copy): every format of ``FORMATS`` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K,
-    IQ4_NL, IQ4_XS).
+    """The weights of a GGUF file of a declared architecture (``architectures.ARCHITECTURES``) as
+    its own blocks (no dequantization, no fp32 copy): every format of ``FORMATS`` (F32, F16, BF16,
+    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS).
     Data are views of one read-only memory map; each row block's pages are released once the
     runtime has repacked it, so loading holds the repacked weights plus one block at a time.
-    Llama Q/K rows go from GGUF's interleaved RoPE pairs to HF's rotate_half order (a row
-    permutation); qwen2 files keep rotate_half order (llama.cpp's NEOX RoPE) and carry Q/K/V biases.
+    Q/K rows of an architecture with interleaved RoPE (llama) go from GGUF's interleaved pairs to
+    HF's rotate_half order (a row permutation); the others keep rotate_half order (llama.cpp's
+    NEOX RoPE). A fused QKV or gate/up (phi3) is one matrix already in the runtime's row order.
     ``head_rows``: the LM head keeps only those token ids' rows, in that order (a draft's
     reduced head, FR-Spec); the input embedding keeps every row. ``requant``: matrices wider
     than that format are re-encoded to it as they are read (``requantize``: a draft model)."""
     library()  # FORMATS comes from the library
     args = LlamaArgs.from_hf_config(cfg)
-    read = _MappedGGUF(info, requant, permute=cfg.get("model_type", "llama") != "qwen2")
-    layers = [_layer(read, i, args) for i in range(args.n_layers)]
+    arch = ARCHITECTURES[cfg.get("gguf_architecture", "llama")]
+    read = _MappedGGUF(info, requant, permute=arch.rope == "interleaved")
+    layers = [_layer(read, i, args, arch) for i in range(args.n_layers)]
     tied = "output.weight" not in info.tensors
     head_name = "token_embd.weight" if tied else "output.weight"
     if head_rows is not None:
@@ -161,17 +167,24 @@ def gguf_weights(info: GGUFInfo, cfg: dict, head_rows: torch.Tensor | None = Non
     return weights
 
 
-def _layer(read: _MappedGGUF, i: int, args: LlamaArgs) -> dict:
-    """Decoder layer ``i``: its norms, fused QKV (and Qwen2's Q/K/V biases), output, gate/up and down."""
+def _layer(read: _MappedGGUF, i: int, args: LlamaArgs, arch: Architecture) -> dict:
+    """Decoder layer ``i`` as ``arch`` declares it: its norms, fused QKV (and Qwen2's Q/K/V biases),
+    output, gate/up and down; Q/K norms and post-norms where it has them."""
     def name(tensor: str, kind: str = "weight") -> str:
         return layer_tensor(i, tensor, kind)
 
-    layer = {"attn_norm": read.vector(name("attn_norm")), "ffn_norm": read.vector(name("ffn_norm")),
-             "wqkv": parts(read.linear(name("attn_q"), heads=args.n_heads),
-                           read.linear(name("attn_k"), heads=args.n_kv_heads), read.linear(name("attn_v"))),
-             "wo": read.linear(name("attn_output")),
-             "w13": parts(read.linear(name("ffn_gate")), read.linear(name("ffn_up"))),
-             "w2": read.linear(name("ffn_down"))}
+    qkv = (read.linear(name("attn_qkv")) if arch.fused_qkv else
+           parts(read.linear(name("attn_q"), heads=args.n_heads), read.linear(name("attn_k"), heads=args.n_kv_heads),
+                 read.linear(name("attn_v"))))
+    gate_up = read.linear(name("ffn_up")) if arch.fused_gate_up else parts(read.linear(name("ffn_gate")),
+                                                                            read.linear(name("ffn_up")))
+    layer = {"attn_norm": read.vector(name("attn_norm")), "ffn_norm": read.vector(name("ffn_norm")), "wqkv": qkv,
+             "wo": read.linear(name("attn_output")), "w13": gate_up, "w2": read.linear(name("ffn_down"))}
+    if arch.qk_norm:
+        layer |= {"q_norm": read.vector(name("attn_q_norm")), "k_norm": read.vector(name("attn_k_norm"))}
+    if arch.post_norms:
+        layer |= {"post_attn_norm": read.vector(name("post_attention_norm")),
+                  "post_ffn_norm": read.vector(name("post_ffw_norm"))}
     if name("attn_q", "bias") in read.info.tensors:
         layer["wqkv_bias"] = torch.cat([read.vector(name("attn_q", "bias"), heads=args.n_heads),
                                         read.vector(name("attn_k", "bias"), heads=args.n_kv_heads),

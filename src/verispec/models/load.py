@@ -252,8 +252,10 @@ def _gguf_backend(source: ModelSource, info: GGUFInfo, cfg: dict, name: str, dty
         state = gguf_state_dict(info, cfg)
         return CpuLlama.from_state_dict(cfg, state, context, quant=choice.weights, name=name, head_rows=head_rows)
     if choice.backend == "native":
+        from .llama import LlamaArgs, check_native
         from .native import NativeLlama, NativeOptions
 
+        check_native(LlamaArgs.from_hf_config(cfg), name)  # before any weight is dequantized
         _say_dequantized(source, info, f"the PyTorch runtime runs it as {choice.weights}")
         state = gguf_state_dict(info, cfg)
         return NativeLlama.from_state_dict(cfg, state, NativeOptions(dtype=dtype, quant=choice.weights), device,
