@@ -135,7 +135,6 @@ class CompletionRequest(_Sampling):
             ("echo", self.echo and self.logprobs is not None, "echo with logprobs (prompt logprobs) is not supported"),
             ("best_of", self.best_of is not None and self.best_of < self.n, "best_of must be >= n"),
             ("best_of", self.stream and self.best_of not in (None, self.n), "best_of > n cannot stream"),
-            ("suffix", bool(self.suffix), "suffix is not supported"),
             ("prompt", isinstance(self.prompt, list) and not self.prompt, "the prompt list is empty"),
         ]
         return next(((p, m) for p, bad, m in checks if bad), None)
