@@ -12,7 +12,7 @@ import pytest
 
 from gguf_fixtures import write_tiny_gguf
 from helpers import run, same_first_tokens_law
-from verispec.api import load_model
+from verispec.api import load_draft_model, load_model
 from verispec.drafters.base import NoDrafter
 from verispec.drafters.cross_tokenizer import CrossTokenizerDrafter
 from verispec.registry import make_drafter
@@ -30,7 +30,7 @@ def tiny_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny(tiny_path):
-    return load_model(str(tiny_path))
+    return load_model(str(tiny_path), backend="cpu")  # the compiled runtime: a draft step in microseconds
 
 
 def through_text(draft, target) -> CrossTokenizerDrafter:
@@ -54,10 +54,10 @@ def test_another_vocabulary_is_routed_through_text_and_its_options_refused(stori
         make_drafter("draft", stories_native, {"model": str(tiny_path), "vocab": "64"})
 
 
-@pytest.mark.parametrize("text", TEXTS, ids=["ascii", "unicode"])
-def test_greedy_equals_plain_with_a_draft_that_disagrees(stories_native, tiny, text):
+@pytest.mark.parametrize("text,n", zip(TEXTS, (120, 40)), ids=["ascii-long", "unicode"])
+def test_greedy_equals_plain_with_a_draft_that_disagrees(stories_native, tiny, text, n):
     prompt = stories_native.tokenizer(text)["input_ids"]
-    stats = assert_greedy_equal(stories_native, through_text(tiny, stories_native), prompt, n=160)
+    stats = assert_greedy_equal(stories_native, through_text(tiny, stories_native), prompt, n=n)
     assert stats.accepted < stats.drafted  # a random draft: most of it rejected
 
 
@@ -71,12 +71,14 @@ def test_greedy_equals_plain_on_a_target_emitting_broken_utf8(stories_native, ti
 @pytest.mark.parametrize("text", TEXTS, ids=["ascii", "unicode"])
 def test_the_text_path_with_the_targets_own_model_accepts_nearly_all(stories_native, text):
     prompt = stories_native.tokenizer(text)["input_ids"]
-    stats = assert_greedy_equal(stories_native, through_text(stories_native, stories_native), prompt, n=96)
+    stats = assert_greedy_equal(stories_native, through_text(stories_native, stories_native), prompt, n=48)
     assert stats.accepted >= 0.9 * stats.drafted
 
 
 def test_sampling_keeps_the_targets_law(stories_native):
     """Point-mass drafts (no q): accepted with p(x), else drawn from p without x; exact."""
     prompt = stories_native.tokenizer(TEXTS[0])["input_ids"]
-    drafter = through_text(stories_native, stories_native)
-    assert same_first_tokens_law(stories_native.backend, drafter, prompt, seeds=120) > 1e-3
+    tok = stories_native.tokenizer
+    drafter = CrossTokenizerDrafter(load_draft_model(stories_native, "truncated:2"), tok, tok,
+                                    stories_native.backend.info.bos_token_id)
+    assert same_first_tokens_law(stories_native.backend, drafter, prompt, seeds=100, k=2) > 1e-3
