@@ -68,6 +68,16 @@ def test_greedy_equals_plain_on_a_target_emitting_broken_utf8(stories_native, ti
     assert_greedy_equal(tiny, through_text(stories_native, tiny), prompt, n=40, k=3)
 
 
+def test_a_prompt_longer_than_the_drafts_context_decodes_plainly(stories_native, tiny):
+    """The tiny draft holds 128 tokens, one a byte here: it drafts nothing, and nothing fails."""
+    prompt = stories_native.tokenizer(" ".join(TEXTS * 4))["input_ids"]
+    assert len(tiny.tokenizer(" ".join(TEXTS * 4))["input_ids"]) > 128
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    plain, _ = run(stories_native.backend, NoDrafter(), prompt, params)
+    spec, stats = run(stories_native.backend, through_text(tiny, stories_native), prompt, params)
+    assert spec == plain and stats.drafted == 0
+
+
 @pytest.mark.parametrize("text", TEXTS, ids=["ascii", "unicode"])
 def test_the_text_path_with_the_targets_own_model_accepts_nearly_all(stories_native, text):
     prompt = stories_native.tokenizer(text)["input_ids"]

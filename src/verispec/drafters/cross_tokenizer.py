@@ -95,7 +95,7 @@ class CrossTokenizerDrafter(DeclaresFeatures):
         stream = _Stream(first, list(self._prefix), synced=first, text="", ids=list(self._prefix))
         self._sync(stream, prompt_ids)
         self._streams.add(request_id, stream)
-        self.inner.start(request_id, stream.ids)
+        self.inner.start(request_id, stream.ids[:self.inner.max_length])  # a longer prompt: no drafts (propose)
 
     def finish(self, request_id: str) -> None:
         if self._streams.pop(request_id) is not None:
