@@ -45,7 +45,8 @@ def main() -> None:
     target = load_model(args.target)
     decs = {"plain": SpecDecoder(target, "none")}
     for k in (int(k) for k in args.ks.split(",")):
-        decs[f"{args.draft} k={k}"] = SpecDecoder(target, "draft", {"model": args.draft}, num_draft_tokens=k)
+        decs[f"{args.draft} k={k}"] = SpecDecoder(target, "draft", {"model": args.draft, "max_draft": k},
+                                                    num_draft_tokens=k)
     if args.same:
         decs[f"{args.same} k=4"] = SpecDecoder(target, "draft", {"model": args.same, "stop": "fixed"},
                                                num_draft_tokens=4)

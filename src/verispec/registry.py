@@ -50,7 +50,7 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         if any(value not in ("auto", "full", "file") for value in asked.values()) or stop == "cost":
             raise ValueError(f"{e}: it drafts through text, without vocab=N, quant or stop=cost "
                              "(they need the target's tokenizer)") from None
-        return _cross_tokenizer(target, model, min_conf)
+        return _cross_tokenizer(target, model, min_conf, opts)
     if stop == "auto":  # a separate draft model sizes its drafts by cost; layer-skip and distilled drafts keep k
         stop = "cost" if model not in ("shipped",) and not model.startswith("truncated:") else "fixed"
     cost = None
@@ -66,13 +66,14 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     return DraftModelDrafter(draft, min_confidence=min_conf, cost=cost, pool_rows=pool_rows)
 
 
-def _cross_tokenizer(target: "LoadedModel", model: str, min_conf: float) -> Drafter:
-    from .drafters.cross_tokenizer import CrossTokenizerDrafter
+def _cross_tokenizer(target: "LoadedModel", model: str, min_conf: float, opts: dict[str, Any]) -> Drafter:
+    from .drafters.cross_tokenizer import DEFAULT_MAX_DRAFT, CrossTokenizerDrafter
     from .models.load import load_any_draft
 
+    max_draft = int(opts.pop("max_draft", DEFAULT_MAX_DRAFT))
     draft = load_any_draft(target, model)
     return CrossTokenizerDrafter(draft.backend, draft.tokenizer, target.tokenizer, target.backend.info.bos_token_id,
-                                 min_confidence=min_conf)
+                                 max_draft=max_draft, min_confidence=min_conf)
 
 
 DEFAULT_DRAFT_VOCAB = 32768  # FR-Spec head rows of a catalog draft (plus its control tokens)
@@ -266,7 +267,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
     "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, min_match (suffix drafts only after a match this long), budget=measured|fixed, learned_<option> passed to the learned drafter)"),
-    "draft": (_draft_model, "a small LM: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation) (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence)"),
+    "draft": (_draft_model, "a small LM: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation: max_draft=N target tokens a step, default 3) (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence)"),
 }
 
 

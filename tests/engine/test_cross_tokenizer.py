@@ -48,7 +48,8 @@ def assert_greedy_equal(target, drafter, prompt: list[int], n: int, k: int = 4):
 
 def test_another_vocabulary_is_routed_through_text_and_its_options_refused(stories_native, tiny_path):
     assert stories_native.tokenizer.get_vocab() != load_model(str(tiny_path)).tokenizer.get_vocab()
-    assert isinstance(make_drafter("draft", stories_native, {"model": str(tiny_path)}), CrossTokenizerDrafter)
+    drafter = make_drafter("draft", stories_native, {"model": str(tiny_path), "max_draft": "2"})
+    assert isinstance(drafter, CrossTokenizerDrafter) and drafter.max_draft == 2
     with pytest.raises(ValueError, match="does not share the tokenizer of the target stories260k: it drafts "
                                          "through text, without vocab=N"):
         make_drafter("draft", stories_native, {"model": str(tiny_path), "vocab": "64"})

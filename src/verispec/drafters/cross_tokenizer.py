@@ -41,6 +41,8 @@ RESYNC_WINDOW = 3  # the draft's last tokens re-tokenized with appended text (a 
 RESYNC_TRIES = 8  # further start points tried before re-tokenizing the whole text
 UTF8_HOLD = 4  # at most this many trailing tokens held back for an incomplete UTF-8 character
 GREEDY = SamplingParams(temperature=0.0)
+# target tokens proposed per step at most: SmolLM2-135M for the Qwen2.5-Coder 1.5B paid most at 2-3 (docs/benchmarks.md)
+DEFAULT_MAX_DRAFT = 3
 
 
 def _decode(tokenizer: Any, ids: list[int]) -> str:
@@ -73,14 +75,17 @@ class _Stream:
 
 class CrossTokenizerDrafter(DeclaresFeatures):
     """Chain drafts for a target from ``draft``, a causal LM with its own ``draft_tokenizer``,
-    through text (module docstring); ``target_tokenizer`` is the target's. ``min_confidence``:
-    as ``DraftModelDrafter``'s, on the draft's own tokens."""
+    through text (module docstring); ``target_tokenizer`` is the target's. ``max_draft``: target
+    tokens proposed at most (the engine's budget may be larger); ``min_confidence``: as
+    ``DraftModelDrafter``'s, on the draft's own tokens."""
 
     name: ClassVar[str] = "draft"
 
     def __init__(self, draft: CausalLM, draft_tokenizer: Any, target_tokenizer: Any, target_bos: int | None = None,
-                 min_confidence: float = 0.0):
-        self.model = draft
+                 max_draft: int = DEFAULT_MAX_DRAFT, min_confidence: float = 0.0):
+        if max_draft < 1:
+            raise ValueError("max_draft must be >= 1")
+        self.model, self.max_draft = draft, max_draft
         self.inner = DraftModelDrafter(draft, min_confidence=min_confidence)
         self.draft_tok, self.target_tok, self.target_bos = draft_tokenizer, target_tokenizer, target_bos
         self._prefix = draft_tokenizer.encode("", add_special_tokens=True)
@@ -119,14 +124,15 @@ class CrossTokenizerDrafter(DeclaresFeatures):
         self._sync(stream, ctx.tokens)
         root = ctx.tokens[-1]
         # one draft token more than the budget: the last target token is dropped as possibly partial
-        budget = min(ctx.budget + 1, self.inner.max_length - len(stream.ids))
+        want = min(ctx.budget, self.max_draft)
+        budget = min(want + 1, self.inner.max_length - len(stream.ids))
         if budget < 2 or not stream.ids or stream.synced < len(ctx.tokens):
             return DraftTree.chain(root, [])  # nothing to draft from, a character incomplete, or the draft's context full
         chain = self.inner.propose(DraftContext(ctx.request_id, list(stream.ids), budget, GREEDY, ctx.generator))
         drafted = text_after(self.draft_tok, stream.ids[-DETOKENIZE_WINDOW:], list(chain.tokens[1:]))
         if not drafted:
             return DraftTree.chain(root, [])
-        return DraftTree.chain(root, self._target_tokens(ctx.tokens[stream.first:], drafted)[:ctx.budget])
+        return DraftTree.chain(root, self._target_tokens(ctx.tokens[stream.first:], drafted)[:want])
 
     def _target_tokens(self, committed: list[int], drafted: str) -> list[int]:
         """The target tokens that follow ``committed`` when its text is followed by ``drafted``,
