@@ -113,6 +113,35 @@ struct K {
       }
     }
   }
+  // one token, both halves of each 32-block in one pass over the panel (half<1>'s operations
+  // for each half, in its order)
+  static constexpr bool ONE_PASS = true;
+  static inline void both(const uint8_t* pw, int cols, const QAct& a, int t, __m256* acc) {
+    for (int sb = 0; sb < cols / QK_K; sb++) {
+      const uint8_t* blk = pw + (size_t)sb * PB;
+      for (int j = 0; j < 8; j++) {
+        const int b = sb * 8 + j;
+        const uint8_t* blk32 = sub(blk, j);
+        prefetch(blk32 + 2048, 6);
+        const int8_t* xq = act_q(a, t, b);
+        const int32_t* xs = a.qsum16 + (size_t)t * 2 * a.nb + 2 * b;
+        const __m256i off0 = _mm256_set1_epi32(32 * xs[0]), off1 = _mm256_set1_epi32(32 * xs[1]);
+        const __m256 dx = _mm256_set1_ps(a.d[(size_t)t * a.nb + b]);
+        for (int h = 0; h < 2; h++) {
+          const __m256 d = half8(blk + 16 * h);
+          const __m256i sa = i8x8_epi32(blk + SC_AT + 2 * j * PANEL + 8 * h);
+          const __m256i sb2 = i8x8_epi32(blk + SC_AT + (2 * j + 1) * PANEL + 8 * h);
+          __m256i w[8];
+          n4_unpack(blk32, h, w);
+          h2_add(blk32 + N4_BYTES, h, w);
+          const __m256i lo = dot_groups<0, 4, 2>(w, xq), hi = dot_groups<4, 4, 2>(w, xq);
+          const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(sa, _mm256_sub_epi32(lo, off0)),
+                                                _mm256_mullo_epi32(sb2, _mm256_sub_epi32(hi, off1)));
+          acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc[h]);
+        }
+      }
+    }
+  }
 };
 }  // namespace avx2
 VS_END_TARGET
