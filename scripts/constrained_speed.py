@@ -26,19 +26,19 @@ SCHEMA = {  # the shape of a GitHub issue as its REST API returns it (a subset o
     "type": "object", "additionalProperties": False,
     "required": ["title", "state", "labels", "assignees", "milestone", "body", "comments"],
     "properties": {
-        "title": {"type": "string"}, "state": {"enum": ["open", "closed"]},
+        "title": {"type": "string", "maxLength": 80}, "state": {"enum": ["open", "closed"]},
         "labels": {"type": "array", "items": {"type": "object", "additionalProperties": False,
                                               "required": ["name", "color", "description"],
                                               "properties": {"name": {"type": "string"}, "color": {"type": "string"},
-                                                             "description": {"type": "string"}}}},
+                                                             "description": {"type": "string", "maxLength": 60}}}},
         "assignees": {"type": "array", "items": {"type": "object", "additionalProperties": False,
                                                  "required": ["login", "id", "site_admin"],
                                                  "properties": {"login": {"type": "string"}, "id": {"type": "integer"},
                                                                 "site_admin": {"type": "boolean"}}}},
         "milestone": {"type": "object", "additionalProperties": False, "required": ["title", "number", "state"],
-                      "properties": {"title": {"type": "string"}, "number": {"type": "integer"},
+                      "properties": {"title": {"type": "string", "maxLength": 80}, "number": {"type": "integer"},
                                      "state": {"enum": ["open", "closed"]}}},
-        "body": {"type": "string"}, "comments": {"type": "integer"}}}
+        "body": {"type": "string", "maxLength": 300}, "comments": {"type": "integer"}}}
 PROMPT = ("Write the JSON of a GitHub issue about a crash when parsing empty YAML files in a Python library: "
           "3 labels (bug, parser, good first issue, each with a color and a description), 2 assignees, "
           "milestone v2.1 (number 7, open), a body of two sentences, 4 comments.")
@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--drafters", default="none,prompt-lookup,suffix,auto")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("-n", "--max-new-tokens", type=int, default=256)
+    ap.add_argument("-n", "--max-new-tokens", type=int, default=384)
     args = ap.parse_args()
     set_threads(args.threads)
     model = load_model(args.model)
@@ -92,7 +92,8 @@ def main() -> None:
         out = req.generated
         if plain_ids is None:
             plain_ids, plain_s = out, seconds
-            json.loads(model.tokenizer.decode(out))  # valid JSON (the schema was enforced token by token)
+            if req.finished == "eos":  # complete: valid JSON (the schema was enforced token by token)
+                json.loads(model.tokenizer.decode(out))
         steps = max(req.stats.target_forwards - 1, 1)
         mask = sum(t.seconds for t in timers)
         print(f"{name:15} {len(out):7} {req.stats.target_forwards:9} {seconds:8.2f} {len(out) / seconds:6.1f}"

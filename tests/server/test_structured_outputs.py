@@ -142,3 +142,9 @@ def test_bad_tool_requests_are_400(client):
     with pytest.raises(openai.BadRequestError, match="strin"):
         ask(client, tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}],
             tool_choice="required")
+
+
+def test_every_sample_follows_the_format(client):
+    r = ask(client, response_format={"type": "choice", "choice": ["red", "green", "blue"]}, n=3, temperature=1.0,
+            seed=5)
+    assert len(r.choices) == 3 and all(c.message.content in ("red", "green", "blue") for c in r.choices)

@@ -24,7 +24,10 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree
-from .matcher import Matcher, unpack_bitmask
+from .matcher import Matcher, has_bit, unpack_bitmask
+
+
+_MINUS_INF = torch.tensor(float("-inf"))
 
 
 def _walk(tree: DraftTree, matcher: Matcher) -> tuple[torch.Tensor, list[bool]]:
@@ -35,14 +38,13 @@ def _walk(tree: DraftTree, matcher: Matcher) -> tuple[torch.Tensor, list[bool]]:
     reachable = [False] * tree.size
     reachable[0] = True
     stack: list[tuple[int, bool]] = [(0, False)]  # (node, leaving): leaving rolls its token back
-    allowed_rows: dict[int, torch.Tensor] = {}
     while stack:
         node, leaving = stack.pop()
         if leaving:
             matcher.rollback(1)
             continue
         if node:
-            if not bool(allowed_rows[tree.parents[node]][tree.tokens[node]]):
+            if not has_bit(bits[tree.parents[node]], tree.tokens[node]):
                 bits[node] = -1
                 continue
             if not matcher.advance([tree.tokens[node]]):
@@ -50,8 +52,6 @@ def _walk(tree: DraftTree, matcher: Matcher) -> tuple[torch.Tensor, list[bool]]:
             reachable[node] = True
             stack.append((node, True))
         matcher.fill_bitmask(bits[node])
-        if tree.children[node]:
-            allowed_rows[node] = unpack_bitmask(bits[node:node + 1], matcher.vocab_size)[0]
         for child in reversed(tree.children[node]):
             stack.append((child, False))
     return bits, reachable
@@ -65,7 +65,7 @@ def node_masks(tree: DraftTree, matcher: Matcher) -> torch.Tensor:
 def mask_logits(logits: torch.Tensor, tree: DraftTree, matcher: Matcher) -> torch.Tensor:
     """[N, V] logits with every token the grammar forbids at a node set to -inf (a new tensor)."""
     allowed = node_masks(tree, matcher).to(logits.device)
-    return logits.float().masked_fill(~allowed, float("-inf"))
+    return torch.where(allowed, logits.float(), _MINUS_INF.to(logits.device))
 
 
 def prune(tree: DraftTree, matcher: Matcher) -> DraftTree:
