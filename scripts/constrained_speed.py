@@ -8,13 +8,19 @@ per step against the step's time.
         [--drafters none,prompt-lookup,suffix,auto] [--threads 2] [-n 256]
 
 ``none`` with speculation on drafts only the tokens the grammar forces (jump-forward).
+``--llama-server PATH`` adds llama.cpp's server on the same GGUF, threads and prompt tokens with
+the same schema (``json_schema``: llama.cpp turns it into a GBNF grammar), greedy; its decode
+rate is the server's own ``timings.predicted_per_second``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import socket
+import subprocess
 import time
+import urllib.request
 
 from verispec.api import SpecDecoder, encode_prompt, load_model
 from verispec.constraints import constraint_for, speculation
@@ -60,12 +66,42 @@ class Timed:
             self.calls += 1
 
 
+def llama_server_rate(binary: str, gguf: str, threads: int, prompt: list[int],
+                      max_new_tokens: int) -> tuple[float, int, str]:
+    """(decode tokens/s, tokens, text) of llama.cpp's server constrained by ``SCHEMA``, greedy."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    proc = subprocess.Popen([binary, "-m", gguf, "-t", str(threads), "-c", "4096", "--port", str(port), "--no-webui",
+                             "--log-disable"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if json.load(urllib.request.urlopen(f"{url}/health", timeout=1)).get("status") == "ok":
+                    break
+            except OSError:
+                time.sleep(0.5)
+        body = {"prompt": prompt, "n_predict": max_new_tokens, "temperature": 0, "json_schema": SCHEMA,
+                "cache_prompt": False}
+        post = urllib.request.Request(f"{url}/completion", json.dumps(body).encode(),
+                                      {"content-type": "application/json"})
+        json.load(urllib.request.urlopen(post, timeout=600))  # warm-up
+        out = json.load(urllib.request.urlopen(post, timeout=600))
+        return out["timings"]["predicted_per_second"], out["timings"]["predicted_n"], out["content"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--drafters", default="none,prompt-lookup,suffix,auto")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-n", "--max-new-tokens", type=int, default=384)
+    ap.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary (optional)")
     args = ap.parse_args()
     set_threads(args.threads)
     model = load_model(args.model)
@@ -99,6 +135,12 @@ def main() -> None:
         print(f"{name:15} {len(out):7} {req.stats.target_forwards:9} {seconds:8.2f} {len(out) / seconds:6.1f}"
               f" {plain_s / seconds:8.2f}x  {str(out == plain_ids):5} {mask / steps * 1e3:13.2f}"
               f" {seconds / steps * 1e3:8.1f} {mask / seconds:10.2%}")
+    if args.llama_server:
+        rate, n, text = llama_server_rate(args.llama_server, str(model.source.path), args.threads, ids,
+                                          args.max_new_tokens)
+        print(f"llama.cpp server, same schema as a grammar: {n} tokens, {rate:.1f} tok/s decode; "
+              f"constrained plain here {len(plain_ids) / plain_s:.1f} tok/s; same text: "
+              f"{text == model.tokenizer.decode(plain_ids)}")
     print(model.tokenizer.decode(plain_ids))
 
 

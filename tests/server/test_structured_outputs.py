@@ -20,7 +20,8 @@ TOOL_TEMPLATE = ("{% if tools %}tools: {{ tools | tojson }}\n{% endif %}{% for m
                  "{% endfor %}\n{% endfor %}assistant:")
 MESSAGES = [{"role": "user", "content": "Once upon a time"}]
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
-          "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+          "properties": {"name": {"type": "string", "maxLength": 16},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
            "parameters": {"type": "object", "required": ["city"], "additionalProperties": False,
                           "properties": {"city": {"type": "string", "maxLength": 10}}}}}

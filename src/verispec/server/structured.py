@@ -52,7 +52,7 @@ def response_format_request(response_format: dict[str, Any] | None) -> Constrain
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
-            raise ApiError(400, "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}",
+            raise ApiError(400, 'response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}',
                            "response_format")
         return ConstraintRequest("json_schema", spec["schema"], spec.get("strict") is True, "response_format")
     if kind in ("regex", "grammar", "choice"):
@@ -113,9 +113,9 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
             continue
         if not (isinstance(call, dict) and isinstance(call.get("name"), str) and "arguments" in call):
             continue
-        args = call["arguments"]
+        args = call["arguments"] if isinstance(call["arguments"], str) else json.dumps(call["arguments"])
         calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": call["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
+                      "function": {"name": call["name"], "arguments": args}})
         kept.append(text[pos:m.start()])
         pos = m.end()
     kept.append(text[pos:])
