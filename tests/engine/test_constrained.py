@@ -163,3 +163,12 @@ def test_a_constraint_for_another_vocabulary_is_refused(stories, toy_target):
     with pytest.raises(ValueError, match="vocabulary"):
         Engine(toy_target, NoDrafter()).add_request([1, 2], SamplingParams(constraint=constraint_for(
             stories, "json_object", None)))
+
+
+def test_a_grammar_spelling_an_added_token_commits_only_what_it_accepts(stories):
+    """The text of an added token (``<s>``) in a regex: the mask never offers a token the grammar
+    would then refuse; generation ends cleanly whatever the engine makes of it."""
+    c = constraint_for(stories, "regex", "<s>[a-z]{2}")
+    out, req = generate(stories, make_drafter("prompt-lookup", stories, {}), prompt_of(stories, "Once"),
+                        SamplingParams(max_new_tokens=10, constraint=c))
+    assert req.finished in ("eos", "length") and not req.grammar.failed

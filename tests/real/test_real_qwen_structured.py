@@ -70,7 +70,7 @@ def test_parse_and_a_tool_call_round_trip_through_the_openai_client(qwen):
         assert isinstance(r.choices[0].message.parsed, Function)
         for stream in (False, True):
             first = client.chat.completions.create(model=TARGET, messages=ASK, tools=[WEATHER], temperature=0,
-                                                   max_tokens=60, stream=stream)
+                                                   tool_choice="required", max_tokens=60, stream=stream)
             if stream:
                 calls = [c for chunk in first if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
             else:

@@ -58,6 +58,9 @@ class GrammarVocabulary:
             raise GrammarError("constrained decoding needs a model with an end-of-sequence token")
         self.vocab_size, self.eos_ids = vocab_size, tuple(eos_ids)
         self.ll = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(eos_ids))
+        # added tokens (<tool_call>, <|im_start|>, ...): llguidance consumes them only where a grammar
+        # names them (``<[id]>``), though its mask may allow one where a grammar spells its text
+        self.added_ids = tuple(sorted(t for t in tokenizer.added_tokens_decoder if t < vocab_size and t not in eos_ids))
 
     @classmethod
     def of(cls, tokenizer: Any, vocab_size: int, eos_ids: tuple[int, ...]) -> GrammarVocabulary:
@@ -73,9 +76,9 @@ class Matcher:
     """One request's grammar state over the tokens committed (and, while a draft tree is
     walked, drafted) so far."""
 
-    def __init__(self, ll_matcher: Any, vocab_size: int):
-        self._m, self.vocab_size = ll_matcher, vocab_size
-        self._words = (vocab_size + 31) // 32
+    def __init__(self, ll_matcher: Any, vocab: GrammarVocabulary):
+        self._m, self.vocab, self.vocab_size = ll_matcher, vocab, vocab.vocab_size
+        self._words = (vocab.vocab_size + 31) // 32
 
     @classmethod
     def compile(cls, grammar: str, vocab: GrammarVocabulary) -> Matcher:
@@ -92,11 +95,11 @@ class Matcher:
         m = llguidance.LLMatcher(vocab.ll, grammar, log_level=0, limits=limits)
         if m.is_error():
             raise GrammarError(_one_line(m.get_error()))
-        return cls(m, vocab.vocab_size)
+        return cls(m, vocab)
 
     def fork(self) -> Matcher:
         """An independent copy in the same state (a request's own state from a compiled template)."""
-        return Matcher(self._m.deep_copy(), self.vocab_size)
+        return Matcher(self._m.deep_copy(), self.vocab)
 
     def advance(self, tokens: list[int]) -> bool:
         """Consume ``tokens``; False (and the matcher in its error state) if the grammar forbids one."""
@@ -125,8 +128,19 @@ class Matcher:
 
     def fill_bitmask(self, out: torch.Tensor) -> None:
         """Write the allowed next tokens into ``out``, a contiguous int32 [ceil(V / 32)] CPU row
-        (bit j of word w: token 32 w + j)."""
+        (bit j of word w: token 32 w + j). An added token the mask allows but the grammar would
+        not consume (llguidance 1.9: a grammar spelling ``<tool_call>`` as text, where the token
+        exists, allows the token and then refuses it) is cleared, so the mask holds exactly what
+        ``advance`` takes; a state left with nothing allows EOS (the request ends there)."""
         self._m.unsafe_compute_mask_ptr(out.data_ptr(), out.numel() * 4)
+        cleared = False
+        for t in self.vocab.added_ids:
+            if has_bit(out, t) and not self._m.validate_tokens([t]):
+                _set_bit(out, t, False)
+                cleared = True
+        if cleared and not bool(out.any()):
+            for t in self.vocab.eos_ids:
+                _set_bit(out, t, True)
 
     def new_bitmask(self, rows: int) -> torch.Tensor:
         return torch.zeros(rows, self._words, dtype=torch.int32)
@@ -148,6 +162,12 @@ def unpack_bitmask(bits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[N, W] int32 bitmask -> [N, vocab_size] bool."""
     as_bytes = bits.contiguous().view(torch.uint8).reshape(-1).long()  # [N * 4 W]
     return _BYTE_BITS.index_select(0, as_bytes).reshape(bits.shape[0], -1)[:, :vocab_size]
+
+
+def _set_bit(row: torch.Tensor, token: int, on: bool) -> None:
+    word = int(row[token >> 5]) & 0xFFFFFFFF
+    word = word | (1 << (token & 31)) if on else word & ~(1 << (token & 31))
+    row[token >> 5] = word - (1 << 32) if word >= 1 << 31 else word  # back to a signed int32
 
 
 def has_bit(row: torch.Tensor, token: int) -> bool:

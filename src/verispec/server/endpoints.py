@@ -270,7 +270,9 @@ class Chat(Endpoint):
     def constraint_request(self) -> ConstraintRequest | None:
         """A required or named tool call constrains the answer to calls; else ``response_format``."""
         tools = forced_tools(self.body)
-        return tool_call_request(tools, self.body.parallel_tool_calls) if tools else super().constraint_request()
+        if tools:
+            return tool_call_request(tools, self.body.parallel_tool_calls, self.tokenizer)
+        return super().constraint_request()
 
     def stream_choice(self, index: int, ev: Event) -> dict[str, Any] | None:
         if self.body.uses_tools:  # the text is held until the answer ends, then sent as content and calls

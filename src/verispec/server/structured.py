@@ -78,17 +78,28 @@ def forced_tools(body: ChatCompletionRequest) -> list[Tool] | None:
     return named
 
 
-def tool_call_request(tools: list[Tool], parallel: bool) -> ConstraintRequest:
+def tool_call_request(tools: list[Tool], parallel: bool, tokenizer: Any = None) -> ConstraintRequest:
     """A constraint for answers made of tool calls in the Qwen2.5 / Hermes syntax: the call's
-    JSON is ``{"name": <one of tools>, "arguments": <that function's parameters>}``."""
+    JSON is ``{"name": <one of tools>, "arguments": <that function's parameters>}``. Where the
+    tokenizer has ``<tool_call>`` as one token (Qwen2.5), the grammar names that token."""
     options = {"x-guidance": JSON_OPTIONS}
     alternatives = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                      "properties": {"name": {"const": t.function.name},
                                     "arguments": t.function.parameters or {"type": "object"}}} for t in tools]
     schema = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
-    call = 'call: "<tool_call>\\n" %json ' + json.dumps(schema | options) + ' "\\n</tool_call>"'
+    call = (f'call: {_tag(tokenizer, "<tool_call>")} "\\n" %json {json.dumps(schema | options)} "\\n" '
+            f'{_tag(tokenizer, "</tool_call>")}')
     start = 'start: call ("\\n" call)*' if parallel else "start: call"
     return ConstraintRequest("grammar", f"{start}\n{call}\n", True, "tools")
+
+
+def _tag(tokenizer: Any, text: str) -> str:
+    """``text`` in llguidance's Lark: the token naming it (``<[id]>``) when it is one added token, else a string."""
+    if tokenizer is not None:
+        token = tokenizer.added_tokens_encoder.get(text)
+        if token is not None:
+            return f"<[{token}]>"
+    return json.dumps(text)
 
 
 def compile_request(state: ServerState, req: ConstraintRequest) -> Constraint:
