@@ -172,3 +172,20 @@ def test_a_grammar_spelling_an_added_token_commits_only_what_it_accepts(stories)
     out, req = generate(stories, make_drafter("prompt-lookup", stories, {}), prompt_of(stories, "Once"),
                         SamplingParams(max_new_tokens=10, constraint=c))
     assert req.finished in ("eos", "length") and not req.grammar.failed
+
+
+def test_a_draft_past_the_grammars_end(stories):
+    """EOS drafted where the grammar is complete ends the path (llguidance would refuse to consume
+    it); nodes past it are never reachable, and the request's state is untouched."""
+    c = constraint_for(stories, "choice", ["yes"])
+    m, ids = c.matcher(), []
+    while not m.stopped:
+        ids.append(int(m.allowed().nonzero()[0]))
+        m.advance(ids[-1:])
+    m = c.matcher()
+    eos = stories.backend.info.eos_token_ids[0]
+    tree = DraftTree.chain(5, [*ids, eos, 7])
+    masks = node_masks(tree, m)
+    assert masks[len(ids) + 1].nonzero().flatten().tolist() == [eos] and bool(masks[-1].all())
+    assert prune(tree, m).tokens == (5, *ids, eos)
+    assert m.allowed().equal(c.matcher().allowed())

@@ -70,7 +70,8 @@ def test_parse_and_a_tool_call_round_trip_through_the_openai_client(qwen):
         assert isinstance(r.choices[0].message.parsed, Function)
         for stream in (False, True):
             first = client.chat.completions.create(model=TARGET, messages=ASK, tools=[WEATHER], temperature=0,
-                                                   tool_choice="required", max_tokens=60, stream=stream)
+                                                   tool_choice="required", parallel_tool_calls=False, max_tokens=60,
+                                                   stream=stream)
             if stream:
                 calls = [c for chunk in first if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
             else:
@@ -84,6 +85,6 @@ def test_parse_and_a_tool_call_round_trip_through_the_openai_client(qwen):
                                                                       "arguments": calls[0].function.arguments}}]},
                 {"role": "tool", "tool_call_id": calls[0].id, "content": "sunny, 21 degrees Celsius"}]
             final = client.chat.completions.create(model=TARGET, messages=history, tools=[WEATHER], temperature=0,
-                                                   max_tokens=40)
+                                                   tool_choice="none", max_tokens=40)
             answer = final.choices[0].message
             assert not answer.tool_calls and "21" in answer.content

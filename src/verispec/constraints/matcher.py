@@ -102,8 +102,20 @@ class Matcher:
         return Matcher(self._m.deep_copy(), self.vocab)
 
     def advance(self, tokens: list[int]) -> bool:
-        """Consume ``tokens``; False (and the matcher in its error state) if the grammar forbids one."""
-        return self._m.consume_tokens(list(tokens)) if tokens else not self._m.is_error()
+        """Consume ``tokens``; False (and the matcher in its error state) if the grammar forbids one.
+        EOS, which a mask allows only where the answer may end, is not consumed (llguidance refuses it)."""
+        tokens = [t for t in tokens if t not in self.vocab.eos_ids]
+        return self._m.consume_tokens(tokens) if tokens else not self._m.is_error()
+
+    def ends_at(self, token: int) -> bool:
+        """Does ``token`` end the answer (EOS, allowed where the grammar is complete)?"""
+        return token in self.vocab.eos_ids
+
+    def fill_eos_only(self, out: torch.Tensor) -> None:
+        """``out`` (a bitmask row) allowing EOS alone: the state after the grammar's end."""
+        out.zero_()
+        for t in self.vocab.eos_ids:
+            _set_bit(out, t, True)
 
     def rollback(self, n: int) -> None:
         if n and not self._m.rollback(n):

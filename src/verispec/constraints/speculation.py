@@ -34,7 +34,7 @@ def _walk(tree: DraftTree, matcher: Matcher) -> tuple[torch.Tensor, list[bool]]:
     """([N, W] int32 bitmasks, reachable per node): node i is reachable when the grammar allows
     every token on its path; an unreachable node's row is all ones (never used: its token has
     probability 0 at its parent)."""
-    bits = matcher.new_bitmask(tree.size)
+    bits = matcher.new_bitmask(tree.size).fill_(-1)  # rows of nodes never reached stay all ones
     reachable = [False] * tree.size
     reachable[0] = True
     stack: list[tuple[int, bool]] = [(0, False)]  # (node, leaving): leaving rolls its token back
@@ -46,6 +46,10 @@ def _walk(tree: DraftTree, matcher: Matcher) -> tuple[torch.Tensor, list[bool]]:
         if node:
             if not has_bit(bits[tree.parents[node]], tree.tokens[node]):
                 bits[node] = -1
+                continue
+            if matcher.ends_at(tree.tokens[node]):  # EOS ends the answer: nothing past it is reachable
+                reachable[node] = True
+                matcher.fill_eos_only(bits[node])
                 continue
             if not matcher.advance([tree.tokens[node]]):
                 raise RuntimeError(f"the grammar engine refused token {tree.tokens[node]} its own mask allowed")
