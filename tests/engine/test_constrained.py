@@ -189,3 +189,21 @@ def test_a_draft_past_the_grammars_end(stories):
     assert masks[len(ids) + 1].nonzero().flatten().tolist() == [eos] and bool(masks[-1].all())
     assert prune(tree, m).tokens == (5, *ids, eos)
     assert m.allowed().equal(c.matcher().allowed())
+
+
+def test_a_drafted_end_leaves_the_grammar_state_alone(stories):
+    """A chain ending in EOS gets no forced tokens, and the walk's rollbacks match its advances:
+    the request's state after shaping a draft is the state before."""
+    c = constraint_for(stories, "choice", ["yes"])
+    m, ids = c.matcher(), []
+    while not m.stopped:
+        ids.append(int(m.allowed().nonzero()[0]))
+        m.advance(ids[-1:])
+    m = c.matcher()
+    m.advance(ids[:1])
+    eos = stories.backend.info.eos_token_ids[0]
+    before = m.allowed()
+    tree = jump_forward(prune(DraftTree.chain(5, [*ids[1:], eos]), m), m, budget=4)
+    assert tree.tokens == (5, *ids[1:], eos)
+    node_masks(tree, m)
+    assert m.allowed().equal(before) and m.advance(ids[1:]) and m.stopped

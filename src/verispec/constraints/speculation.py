@@ -98,6 +98,8 @@ def jump_forward(tree: DraftTree, matcher: Matcher, budget: int) -> DraftTree:
     if budget <= 0 or not tree.is_chain or tree.draft_probs is not None:
         return tree
     drafts = list(tree.tokens[1:])
+    if any(matcher.ends_at(t) for t in drafts):  # the chain already ends the answer
+        return tree
     if not matcher.advance(drafts):
         raise RuntimeError("jump_forward needs a chain the grammar allows (prune it first)")
     try:
