@@ -149,3 +149,9 @@ def test_every_sample_follows_the_format(client):
     r = ask(client, response_format={"type": "choice", "choice": ["red", "green", "blue"]}, n=3, temperature=1.0,
             seed=5)
     assert len(r.choices) == 3 and all(c.message.content in ("red", "green", "blue") for c in r.choices)
+
+
+def test_completions_take_a_response_format_too(client):
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=20, temperature=0,
+                                  extra_body={"response_format": {"type": "regex", "regex": "(cat|dog)s?"}})
+    assert r.choices[0].text in ("cat", "cats", "dog", "dogs") and r.choices[0].finish_reason == "stop"
