@@ -42,7 +42,7 @@ class BuildExt(build_ext):
 
 setup(cmdclass={"build_ext": BuildExt}, ext_modules=[Extension(
     "verispec._vscpu",
-    sources=[str(CSRC / f) for f in ("weights.cpp", "forward.cpp", "c_api.cpp", "c_api_test.cpp", "threads.cpp",
+    sources=[str(CSRC / f) for f in ("weights.cpp", "forward.cpp", "c_api.cpp", "c_api_test.cpp", "draft_chain.cpp", "threads.cpp",
                                       "kernels_scalar.cpp", "kernels_avx2.cpp", "kernels_avx512.cpp")]
     + sorted(str(p) for p in (CSRC / "formats").glob("*.cpp")),
     depends=[str(CSRC / f) for f in ("vs.h", "model.h", "threads.h", "kernels_generic.inc", "formats/layout.h",

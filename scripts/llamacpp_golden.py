@@ -1,7 +1,8 @@
-"""Regenerate the llama.cpp golden files for the Qwen2.5-Coder GGUFs (tests/data/).
+"""Regenerate the llama.cpp golden files for the Qwen2.5-Coder and Gemma 3 270M GGUFs (tests/data/).
 
     python scripts/llamacpp_golden.py tokenizer   # tests/data/qwen_tokenizer_golden.json
     python scripts/llamacpp_golden.py greedy      # tests/data/qwen_llamacpp_greedy.json
+    python scripts/llamacpp_golden.py gemma       # tests/data/gemma_llamacpp_golden.json (llama-server)
 
 Needs a llama.cpp build (``--bin``, default /work/cache/llama.cpp/build/bin) and the GGUF
 files (``--model-15b``, ``--model-05b``). Every string goes to the tools as one argv element
@@ -99,6 +100,20 @@ CASES = [
 CONTROL_CASES = [c for c in CASES if "<|" in c or "<im_" in c]
 
 GREEDY_PROMPTS = ["def fibonacci(n):\n", "The capital of France is", "import numpy as np\n\ndef softmax(x):\n"]
+
+GEMMA = Path.home() / ".cache/verispec/models/gemma-3-270m-q4_k_m.gguf"  # verispec's catalog gemma-3-270m
+GEMMA_TEXTS = [
+    "Hello world", "The capital of France is Paris.", "  leading spaces and\ttabs\nnewline",
+    "Le café est très bon à Montréal.", "Größere Straßenbahnen fahren über die Brücke.",
+    "¿Dónde está la biblioteca? ¡Allí!", "Быстрая коричневая лиса прыгает через ленивую собаку.",
+    "東京は日本の首都です。", "北京欢迎你，我们一起学习中文。", "서울은 한국의 수도입니다.", "مرحبا بالعالم، كيف حالك؟",
+    "שלום עולם", "नमस्ते दुनिया, आप कैसे हैं?", "Γειά σου Κόσμε", "emoji 🤖🚀 and math: ∑ x² ≤ ∞",
+    "def f(x):\n    return x**2  # code", "1234567890 3.14159 1,000,000", "Ünïcödé çãsès ñ",
+    "<start_of_turn>user\nhi<end_of_turn>\n", "Đây là tiếng Việt có dấu.", "trailing spaces   ", "\n\n\n",
+]
+GEMMA_PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
+                 "The three primary colors are", "Water boils at", "La capitale de l'Italie est",
+                 "Photosynthesis is the process by which", "1, 2, 3, 4, 5,"]
 
 
 def dump(obj) -> str:
@@ -206,9 +221,36 @@ class Server:
         with urllib.request.urlopen(req, timeout=600) as r:
             return json.loads(r.read())
 
+    def tokenize(self, text: str) -> list[int]:
+        """The server's tokenization of a string prompt: special tokens added and parsed."""
+        body = {"content": text, "add_special": True, "parse_special": True}
+        req = urllib.request.Request(self.url + "/tokenize", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())["tokens"]
+
     def close(self) -> None:
         self.proc.terminate()
         self.proc.wait(30)
+
+
+def cmd_gemma(args) -> None:
+    server = Server(args.bin, args.gemma, args.threads, args.port)
+    try:
+        tokenizer = {t: server.tokenize(t) for t in GEMMA_TEXTS}
+        greedy = [(p, server.complete(p, args.n)) for p in GEMMA_PROMPTS]
+    finally:
+        server.close()
+    out = {"source": f"llama.cpp of llama-cpp-python 0.3.16 (scripts/build_llamacpp.sh): llama-server on "
+                     f"{args.gemma.name}, {args.threads} threads; /tokenize "
+                     "(add_special and parse_special: BOS added, as tokenizer.ggml.add_bos_token asks) and "
+                     "/completion, greedy (temperature 0, top_k 1), raw prompts",
+           "tokenizer": tokenizer,
+           "greedy": [{"prompt": p, "n": args.n, "text": r["content"], "ids": r.get("tokens"),
+                       "stop": r.get("stop_type")} for p, r in greedy]}
+    dest = ROOT / "tests/data/gemma_llamacpp_golden.json"
+    dest.write_text(dump(out))
+    print(f"wrote {dest}: {len(tokenizer)} tokenizer cases, {len(greedy)} greedy continuations")
 
 
 def cmd_greedy(args) -> None:
@@ -246,16 +288,17 @@ def cmd_greedy(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("tokenizer", "greedy"))
+    ap.add_argument("what", choices=("tokenizer", "greedy", "gemma"))
     ap.add_argument("--bin", type=Path, default=BIN)
     ap.add_argument("--model-15b", type=Path, default=M15)
     ap.add_argument("--model-05b", type=Path, default=M05)
+    ap.add_argument("--gemma", type=Path, default=GEMMA)
     ap.add_argument("-n", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--port", type=int, default=18431)
     ap.add_argument("--no-simple", action="store_true", help="skip the llama-simple cross-check")
     args = ap.parse_args()
-    {"tokenizer": cmd_tokenizer, "greedy": cmd_greedy}[args.what](args)
+    {"tokenizer": cmd_tokenizer, "greedy": cmd_greedy, "gemma": cmd_gemma}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ DrafterFactory = Callable[["LoadedModel", dict[str, Any]], Drafter]
 def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     from .models.catalog import CATALOG
     from .models.cpu_weights import REQUANTS
-    from .models.load import load_draft_model
+    from .models.load import OtherTokenizer, load_draft_model
     from .weights import VOCAB_FREQ, has_shipped
 
     min_conf = float(opts.pop("min_confidence", 0.0))
@@ -29,6 +29,7 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     default = "shipped" if has_shipped("draft", target.name) else entry.draft if entry and entry.draft else "truncated:4"
     model = str(opts.pop("model", default))
     catalog_gguf = model in VOCAB_FREQ and target.backend_kind == "cpu"  # a catalog GGUF draft on the compiled runtime
+    asked = {key: str(opts[key]) for key in ("vocab", "quant") if key in opts}  # what the user set explicitly
     vocab = str(opts.pop("vocab", "auto"))
     if vocab == "auto":  # an FR-Spec head (its token ranking is shipped)
         vocab = str(DEFAULT_DRAFT_VOCAB) if catalog_gguf else "full"
@@ -43,7 +44,13 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     stop = str(opts.pop("stop", "auto"))
     if stop not in ("auto", "cost", "fixed"):
         raise ValueError(f"stop must be auto, cost or fixed, got {stop!r}")
-    draft = load_draft_model(target, model, None if vocab == "full" else int(vocab), requant)
+    try:
+        draft = load_draft_model(target, model, None if vocab == "full" else int(vocab), requant)
+    except OtherTokenizer as e:  # another vocabulary: it drafts through text, its file's weights, full head
+        if any(value not in ("auto", "full", "file") for value in asked.values()) or stop == "cost":
+            raise ValueError(f"{e}: it drafts through text, without vocab=N, quant or stop=cost "
+                             "(they need the target's tokenizer)") from None
+        return _cross_tokenizer(target, model, min_conf, opts)
     if stop == "auto":  # a separate draft model sizes its drafts by cost; layer-skip and distilled drafts keep k
         stop = "cost" if model not in ("shipped",) and not model.startswith("truncated:") else "fixed"
     cost = None
@@ -57,6 +64,16 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
                                   measure=lambda m, sizes, repeats: measure_draft_step(target.backend, m, repeats))
         cost = DraftCost(ratio[1], curve)
     return DraftModelDrafter(draft, min_confidence=min_conf, cost=cost, pool_rows=pool_rows)
+
+
+def _cross_tokenizer(target: "LoadedModel", model: str, min_conf: float, opts: dict[str, Any]) -> Drafter:
+    from .drafters.cross_tokenizer import DEFAULT_MAX_DRAFT, CrossTokenizerDrafter
+    from .models.load import load_any_draft
+
+    max_draft = int(opts.pop("max_draft", DEFAULT_MAX_DRAFT))
+    draft = load_any_draft(target, model)
+    return CrossTokenizerDrafter(draft.backend, draft.tokenizer, target.tokenizer, target.backend.info.bos_token_id,
+                                 max_draft=max_draft, min_confidence=min_conf)
 
 
 DEFAULT_DRAFT_VOCAB = 32768  # FR-Spec head rows of a catalog draft (plus its control tokens)
@@ -250,7 +267,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
     "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, min_match (suffix drafts only after a match this long), budget=measured|fixed, learned_<option> passed to the learned drafter)"),
-    "draft": (_draft_model, "a small LM with the target's tokenizer: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence)"),
+    "draft": (_draft_model, "a small LM: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation: max_draft=N target tokens a step, default 3) (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence)"),
 }
 
 

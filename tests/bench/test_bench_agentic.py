@@ -60,7 +60,7 @@ def test_warm_up_is_forgotten_then_state_is_kept_across_turns_and_sessions(toy_t
     run([learner], [BenchPrompt(1, AGENTIC, ("a", "b", "c"))], builder, SamplingParams(max_new_tokens=2), warmup=1)
     assert learner.resets == 1 and learner.calls == 4
 
-    suffix, recycling = SuffixDecodingDrafter(), TokenRecyclingDrafter(toy_target.info.vocab_size)
+    suffix, recycling = SuffixDecodingDrafter(global_prompts=False), TokenRecyclingDrafter(toy_target.info.vocab_size)
     runners = [EngineRunner("suffix", toy_target, suffix, 8), EngineRunner("tr", toy_target, recycling, 8)]
     sessions = [BenchPrompt(i, AGENTIC, ("a", "b")) for i in range(2)]
     # each message is a few ids; a turn sees every earlier message (its own answers included)

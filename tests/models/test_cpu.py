@@ -394,22 +394,23 @@ def test_unsupported_shapes(tiny_dirs, tmp_path):
 
 
 def test_unsupported_gguf_tensor_type(tiny_dirs, tmp_path):
-    """A GGUF whose attention weights are F16 is refused with the tensor's name and type."""
+    """A GGUF whose attention weights are in a type the runtime has no format for (F64) is refused
+    with the tensor's name and type."""
     from gguf import GGMLQuantizationType, GGUFWriter
 
-    path = tmp_path / "f16.gguf"
+    path = tmp_path / "f64.gguf"
     writer = GGUFWriter(str(path), "llama")
     for i in range(2):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", torch.ones(64).numpy())
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", torch.ones(64).numpy())
         for name, rows in (("attn_q", 64), ("attn_k", 32), ("attn_v", 32)):
-            writer.add_tensor(f"blk.{i}.{name}.weight", torch.zeros(rows, 64, dtype=torch.float16).numpy(),
-                              raw_dtype=GGMLQuantizationType.F16)
+            writer.add_tensor(f"blk.{i}.{name}.weight", torch.zeros(rows, 64, dtype=torch.float64).numpy(),
+                              raw_dtype=GGMLQuantizationType.F64)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ModelError, match="attn_q.weight is F16"):
+    with pytest.raises(ModelError, match="attn_q.weight is F64"):
         CpuLlama.from_hf_dir(tiny_dirs["llama"][0], gguf=path)
 
 

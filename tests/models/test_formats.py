@@ -40,7 +40,7 @@ QUANTIZED = ("q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k")
 def test_format_table_matches_ggml():
     """The library's table names every format with ggml's type id and block geometry."""
     cpu_abi.library()
-    assert set(FORMATS) == {"f32", *QUANTIZED}
+    assert {"f32", *QUANTIZED} <= set(FORMATS)  # and issue 35's (test_formats_added.py)
     for name, f in FORMATS.items():
         qtype = GGMLQuantizationType[name.upper()]
         assert f.ggml_type == int(qtype)

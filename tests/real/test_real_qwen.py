@@ -118,8 +118,9 @@ def test_greedy_follows_llama_cpp(target, draft):
 
 
 @pytest.mark.parametrize("drafter,opts", [("prompt-lookup", {}), ("suffix", {}), ("draft", {"model": DRAFT}),
-                                          ("draft", {"model": DRAFT, "quant": "file", "vocab": "full"})],
-                         ids=["pld", "suffix", "draft-0.5b-q4_0", "draft-0.5b-file"])
+                                          ("draft", {"model": DRAFT, "quant": "file", "vocab": "full"}),
+                                          ("draft", {"model": DRAFT, "quant": "q2_k"})],
+                         ids=["pld", "suffix", "draft-0.5b-q4_0", "draft-0.5b-file", "draft-0.5b-q2_k"])
 def test_speculative_greedy_equals_plain(target, drafter, opts):
     """Token equality with plain decoding (the runtime is bit-exact, so no near-tie rule)."""
     accepted = 0
@@ -159,8 +160,8 @@ def test_draft_options_are_checked(target):
         make_drafter("draft", target, {"vocab": "many"})
     with pytest.raises(ValueError, match="vocab must be >= 1"):
         make_drafter("draft", target, {"vocab": "0"})
-    with pytest.raises(ValueError, match="quant must be auto, file or q4_0"):
-        make_drafter("draft", target, {"quant": "q2_k"})
+    with pytest.raises(ValueError, match="quant must be auto, file or q4_0, q3_k, q2_k"):
+        make_drafter("draft", target, {"quant": "q6_k"})
 
 
 def test_the_default_draft_streams_q4_0(target):
@@ -172,6 +173,17 @@ def test_the_default_draft_streams_q4_0(target):
     as_file = load_draft_model(target, DRAFT, vocab=32768)
     assert small.info.name.endswith("q4_0]")
     assert small.weight_bytes < 0.9 * as_file.weight_bytes
+
+
+def test_a_draft_requantized_lower_streams_fewer_bytes(target):
+    """-o quant=q3_k / q2_k: the 0.5B's 4864-wide ffn_down matrices in that K format, its
+    896-wide ones (not 256-multiples) in Q4_0; fewer bytes per token than Q4_0 alone."""
+    from verispec.api import load_draft_model
+
+    q4 = load_draft_model(target, DRAFT, vocab=32768, requant="q4_0")
+    for fmt in ("q3_k", "q2_k"):
+        low = load_draft_model(target, DRAFT, vocab=32768, requant=fmt)
+        assert set(low.formats) == {fmt, "q4_0"} and low.weight_bytes < q4.weight_bytes - 10e6
 
 
 def test_serve_context_defaults_to_what_fits(target, monkeypatch):

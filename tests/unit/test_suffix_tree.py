@@ -10,7 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from verispec.drafters.base import DraftContext, Observation
-from verispec.drafters.suffix_tree import SuffixDecodingDrafter, SuffixTrie
+from verispec.drafters.suffix_tree import SuffixDecodingDrafter, SuffixTrie, common_prefix_length
 from verispec.sampling import make_generator
 from verispec.types import SamplingParams
 
@@ -142,7 +142,7 @@ def _step(drafter, rid, tokens, new):
 
 def test_drafter_uses_prompt_then_global_responses():
     d = SuffixDecodingDrafter(max_depth=16, max_match=8, max_spec_factor=2.0, min_token_prob=0.1,
-                              max_global_tokens=30)
+                              max_global_tokens=30, global_prompts=False)
     prompt = [1, 2, 3, 4, 5, 6, 1, 2]
     d.start("a", prompt)
     tree = _step(d, "a", prompt + [3], [4])  # root 3 is the prefill's token
@@ -165,6 +165,46 @@ def test_drafter_uses_prompt_then_global_responses():
     assert d.global_trie.num_tokens <= 30
     assert d.global_trie.documents[0] > 1  # "a"'s and "b"'s responses are gone
     d.global_trie.check_integrity()
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([1, 2, 3, 4], [1, 2, 5]) == 2
+    assert common_prefix_length([], [1]) == 0 and common_prefix_length([7] * 50, [7] * 50) == 50
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        a = torch.randint(0, 3, (int(torch.randint(0, 40, (1,), generator=g)),), generator=g).tolist()
+        b = torch.randint(0, 3, (int(torch.randint(0, 40, (1,), generator=g)),), generator=g).tolist()
+        brute = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert common_prefix_length(a, b) == brute
+
+
+def test_sessions_index_what_each_prompt_adds_and_draft_across_sessions():
+    """Turn 2 of a session adds only its new tool output to the global trie (the rest continues turn
+    1's prompt + response); a second session drafts a file view the first one read; bounded."""
+    d = SuffixDecodingDrafter(max_depth=16, max_match=8, min_token_prob=0.1, max_global_tokens=60)
+    system, view = [1, 2, 3], [30, 31, 32, 33, 34, 35, 36, 37]
+    turn1 = system + [9] + view
+    d.start("a1", turn1)
+    _step(d, "a1", turn1 + [5], [6])
+    d.finish("a1")  # response [5, 6]
+    assert [d.global_trie.document(i) for i in d.global_trie.documents] == [turn1, [5, 6]]
+    tool = [40, 41, 42, 43]
+    turn2 = turn1 + [5, 6] + tool
+    d.start("a2", turn2)
+    assert d.global_trie.document(d.global_trie.documents[-1]) == tool  # only what the turn added
+    d.finish("a2")
+    d.start("b", [7, 8, 30, 31, 32])  # another session opens the same file
+    tree = _step(d, "b", [7, 8, 30, 31, 32, 33], [34])
+    assert tree.tokens[:4] == (33, 34, 35, 36)  # drafted from session a's prompt
+    d.finish("b")
+    for i in range(8):  # the bound holds: oldest documents and remembered requests go first
+        d.start(f"c{i}", [50 + i] * 12)
+        d.finish(f"c{i}")
+    assert d.global_trie.num_tokens <= 60
+    assert d.memory_bytes() <= d.global_trie.memory_bytes() + 60 * 4  # remembered requests: <= 60 tokens
+    d.global_trie.check_integrity()
+    d.reset()
+    assert d.global_trie.num_tokens == 0 and d.memory_bytes() == SuffixDecodingDrafter().memory_bytes()
 
 
 def test_missed_observation_is_detected():

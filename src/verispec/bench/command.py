@@ -160,6 +160,38 @@ def _llamacpp_runner(spec, opts: dict[str, str], k: int, lm, o: BenchOptions, sh
                           k if spec.name == "llamacpp-pld" else None, ngram)
 
 
+def _llama_server_runner(spec, opts: dict[str, str], lm, o: BenchOptions, shared: _Shared):
+    from ..models.catalog import CATALOG
+    from ..models.resolve import resolve_model
+    from .peers import LlamaServerRunner, llama_server_bin
+
+    exe = llama_server_bin()
+    if exe is None:
+        shared.notices.append(f"{spec.label} skipped: no llama-server (run scripts/build_llamacpp.sh or set LLAMACPP_BIN)")
+        return None
+    source = resolve_model(o.model)
+    if source.kind != "gguf":
+        shared.notices.append(f"{spec.label} skipped: model {o.model} is not a GGUF file")
+        return None
+    draft, cfg = None, {"poll": _pop_int(opts, "poll", 50)}
+    if spec.name == "llamacpp-server-spec":
+        entry = CATALOG.get(lm.name)
+        name = opts.pop("model", entry.draft if entry is not None and entry.draft else None)
+        if name is None:
+            raise BenchError(f"{spec.label}: the model has no catalog draft; give model=<draft GGUF>")
+        draft_source = resolve_model(name)
+        if draft_source.kind != "gguf":
+            raise BenchError(f"{spec.label}: the draft {name} is not a GGUF file")
+        draft = draft_source.path
+        cfg |= {"draft_max": _pop_int(opts, "draft_max", 4), "p_min": _pop_float(opts, "p_min", 0.75),
+                "td": _pop_int(opts, "td", o.threads)}
+    _check_empty(spec.label, opts)
+    if not o.temperature == 0:
+        raise BenchError(f"{spec.label} runs greedy only (--temperature 0)")
+    return LlamaServerRunner(spec.label, exe, source.path, lm.backend.info.eos_token_ids, o.threads,
+                             min(lm.backend.info.max_length, 16384), draft, cfg)
+
+
 def build_runners(specs, lm, o: BenchOptions) -> tuple[list, list[str]]:
     """One runner per method spec (baseline first); peers that cannot run are skipped
     with a notice. Every method takes the option ``k`` (its own draft budget, default
@@ -175,12 +207,17 @@ def build_runners(specs, lm, o: BenchOptions) -> tuple[list, list[str]]:
             raise BenchError(f"method {spec.label}: k must be >= 1")
         if spec.kind == "engine":
             mb = _pop_float(opts, "prefix_cache_mb", o.prefix_cache_mb)
+            predicts = opts.pop("prediction", "no")
+            if predicts not in ("yes", "no"):
+                raise BenchError(f"method {spec.label}: prediction must be yes or no")
             drafter = make_drafter(spec.name, lm, opts)
-            runners.append(EngineRunner(spec.label, lm.backend, drafter, k, o.policy, mb))
+            runners.append(EngineRunner(spec.label, lm.backend, drafter, k, o.policy, mb, predicts == "yes"))
         elif spec.kind == "hf":
             runners.append(_hf_runner(spec, opts, k, lm, o, shared))
         else:
-            runner = _llamacpp_runner(spec, opts, k, lm, o, shared)
+            server = spec.name.startswith("llamacpp-server")
+            runner = (_llama_server_runner(spec, opts, lm, o, shared) if server
+                      else _llamacpp_runner(spec, opts, k, lm, o, shared))
             if runner is not None:
                 runners.append(runner)
     return runners, shared.notices
@@ -188,18 +225,24 @@ def build_runners(specs, lm, o: BenchOptions) -> tuple[list, list[str]]:
 
 def make_builder(lm, o: BenchOptions):
     """Chat models: messages through the chat template. Base models: turns and answers
-    joined by blank lines after BOS."""
-    from ..api import encode_prompt
+    joined by blank lines after BOS. FIM items through the model's FIM tokens (none: the fim
+    workload is refused); predictions as the API encodes them."""
+    from functools import partial
+
+    from ..api import encode_prediction, encode_prompt
+    from ..fim import fim_prompt, fim_token_ids
     from .harness import PromptBuilder
 
     info = lm.backend.info
     room = info.max_length - o.max_new_tokens - o.num_draft_tokens - 1
     limit = min(room, o.max_prompt_tokens or room)
     decode = lambda ids: lm.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    fim = partial(fim_prompt, lm.tokenizer) if fim_token_ids(lm.tokenizer) else None
+    extra = {"fim": fim, "encode_prediction": partial(encode_prediction, lm)}
     if lm.has_chat_template:
-        return PromptBuilder(lambda msgs: encode_prompt(lm, msgs), decode, limit)
+        return PromptBuilder(lambda msgs: encode_prompt(lm, msgs), decode, limit, **extra)
     encode = lambda msgs: encode_prompt(lm, "\n\n".join(m["content"] for m in msgs), chat=False)  # noqa: E731
-    return PromptBuilder(encode, decode, limit, keep_first=info.bos_token_id is not None)
+    return PromptBuilder(encode, decode, limit, keep_first=info.bos_token_id is not None, **extra)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -325,7 +368,7 @@ def check_options(o: BenchOptions) -> None:
 
 def bench(
     data: Optional[Path] = typer.Option(None, "--data", help="Spec-Bench question.jsonl (default: the Spec-Bench questions shipped with verispec)"),
-    category: list[str] = typer.Option([], "--category", "-c", help="Spec-Bench groups mt_bench, translation, summarization, qa, math_reasoning, rag (default: these six), and our multi-turn agentic workload `agentic` (code/text revision loops, JSON tool calls; shipped with verispec); repeatable"),
+    category: list[str] = typer.Option([], "--category", "-c", help="Spec-Bench groups mt_bench, translation, summarization, qa, math_reasoning, rag (default: these six), our multi-turn agentic workload `agentic` (code/text revision loops, JSON tool calls), and workloads built from real material: `edit` (click functions + their commit's change; -m NAME:prediction=yes sends the original as the prediction), `agent` (SWE-agent session replays), `fim` (stdlib bodies, the model's FIM tokens); repeatable"),
     limit: Optional[int] = typer.Option(None, "--limit", help="prompts (agentic: sessions) per category (default 10; 0 = all)"),
     method: list[str] = typer.Option([], "--method", "-m", help="drafter[:k=v,...] or a peer (hf-generate, hf-pld, hf-assisted:model=truncated:4, llamacpp, llamacpp-pld); repeatable; the baseline `none` always runs"),
     model: str = typer.Option("smollm2-135m-instruct", help="catalog name or path"),
@@ -350,7 +393,7 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="CI smoke run: 1 summarization + 1 rag prompt, 48 tokens, none vs prompt-lookup"),
     prefix_cache_mb: float = typer.Option(1024.0, help="MiB of K/V each method keeps across its requests (prefix cache, cpu backend; 0 = off); a method's option prefix_cache_mb overrides it, e.g. -m none:prefix_cache_mb=0"),
 ) -> None:
-    """Benchmark methods on Spec-Bench (and our agentic workload) against plain decoding (and peer engines)."""
+    """Benchmark methods on Spec-Bench (and our workloads) against plain decoding (and peer engines)."""
     from transformers.utils import logging as hf_logging
 
     from ..models.base import ModelError

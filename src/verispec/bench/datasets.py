@@ -1,10 +1,20 @@
-"""Benchmark prompts: Spec-Bench / MT-Bench JSONL, and our own multi-turn agentic workload.
+"""Benchmark prompts: Spec-Bench / MT-Bench JSONL, our multi-turn agentic workload, and the
+workloads built from real material (issue 34): code edits, agent-session replays, fill-in-the-middle.
 
-Both use Spec-Bench's ``question.jsonl`` format, one object per line: ``question_id``,
-``category``, ``turns`` (the user turns of one conversation, in order). The harness runs
-every turn of a conversation in order with the method's own earlier answers in context.
+Spec-Bench and ``agentic`` use Spec-Bench's ``question.jsonl`` format, one object per line:
+``question_id``, ``category``, ``turns`` (the user turns of one conversation, in order); the
+harness runs every turn in order with the method's own earlier answers in context. The workloads
+of ``bench/data`` rebuilt by ``scripts/build_*_workload.py`` add fields:
+
+* ``edit`` (``edit.jsonl``): one turn (a real function and the instruction its commit's message
+  gives) and ``prediction``, the original function (sent by methods with ``prediction=yes``);
+* ``agent`` (``agent.jsonl``): ``messages``, a recorded coding-agent session (system prompt, task,
+  answers, tool outputs); every assistant turn is regenerated from the recorded history before it;
+* ``fim`` (``fim.jsonl``): ``prefix`` and ``suffix`` around a cut-out function body, sent as the
+  model's fill-in-the-middle prompt (``verispec.fim``).
 
     load_prompts(None, ("rag", "agentic"), 3)  # 3 Spec-Bench rag prompts + 3 agentic sessions
+    load_prompts(None, ("edit", "agent", "fim"), 5)
 """
 
 from __future__ import annotations
@@ -23,15 +33,34 @@ GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "r
 # task with a repeated structure. Its categories form the group ``agentic``.
 AGENTIC = "agentic"
 AGENTIC_CATEGORIES = ("code_revision", "rewrite", "tool_calls")
-WORKLOADS = (AGENTIC,)
+EDIT, AGENT, FIM = "edit", "agent", "fim"  # built from real material: bench/data/<name>.jsonl
+REAL_WORKLOADS = (EDIT, AGENT, FIM)
+WORKLOADS = (AGENTIC, *REAL_WORKLOADS)
 ALL_GROUPS = GROUPS + WORKLOADS
+ROLES = ("system", "user", "assistant")
 
 
 @dataclass(frozen=True)
 class BenchPrompt:
+    """One conversation. ``turns``: user turns answered in order with the method's own answers,
+    unless ``messages`` (a recorded session: each assistant turn is regenerated from the recorded
+    history before it) or ``fim`` (prefix, suffix: one fill-in-the-middle completion) is set."""
+
     question_id: int | str
     category: str  # one of ALL_GROUPS
     turns: tuple[str, ...]
+    prediction: str | None = None  # Predicted Outputs: text the answer is expected to repeat
+    messages: tuple[dict[str, str], ...] | None = None
+    fim: tuple[str, str] | None = None
+
+    @property
+    def replayed(self) -> tuple[int, ...]:
+        """Indices of the recorded assistant messages a replay regenerates."""
+        return tuple(i for i, m in enumerate(self.messages or ()) if m["role"] == "assistant")
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.replayed) if self.messages is not None else len(self.turns)
 
 
 def group_of(category: str) -> str:
@@ -42,7 +71,12 @@ def group_of(category: str) -> str:
 
 def agentic_path() -> Path:
     """The shipped agentic workload file."""
-    return Path(str(resources.files("verispec.bench") / "data" / "agentic.jsonl"))
+    return workload_path(AGENTIC)
+
+
+def workload_path(name: str) -> Path:
+    """A shipped workload file (bench/data/<name>.jsonl)."""
+    return Path(str(resources.files("verispec.bench") / "data" / f"{name}.jsonl"))
 
 
 def _row(path: Path, number: int, line: str) -> dict:
@@ -79,6 +113,46 @@ def _read(path: Path, counts: dict[str, int], limit: int | None) -> list[BenchPr
             continue
         counts[group] += 1
         out.append(BenchPrompt(row["question_id"], group, tuple(row["turns"])))
+    return out
+
+
+def _text(row: dict, key: str, where: str) -> str:
+    value = row.get(key)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: {key} must be a string")
+    return value
+
+
+def _real_prompt(row: dict, where: str) -> BenchPrompt:
+    """One row of a workload built from real material, checked (ValueError naming file and line)."""
+    qid, kind = row.get("question_id"), row.get("category")
+    if not isinstance(qid, str) or kind not in REAL_WORKLOADS:
+        raise ValueError(f"{where}: expected a string question_id and a category in {', '.join(REAL_WORKLOADS)}")
+    if kind == FIM:
+        return BenchPrompt(qid, kind, ("",), fim=(_text(row, "prefix", where), _text(row, "suffix", where)))
+    if kind == AGENT:
+        msgs = row.get("messages")
+        ok = isinstance(msgs, list) and all(
+            isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) and m["content"].strip()
+            for m in msgs)
+        if not ok or not any(m["role"] == "assistant" for m in msgs[1:]):
+            raise ValueError(f"{where}: messages must be system/user/assistant messages with non-empty contents, "
+                             "an assistant turn after the first")
+        return BenchPrompt(qid, kind, (), messages=tuple({"role": m["role"], "content": m["content"]} for m in msgs))
+    turns = row.get("turns")
+    if not isinstance(turns, list) or len(turns) != 1 or not isinstance(turns[0], str) or not turns[0].strip():
+        raise ValueError(f"{where}: an edit has one non-empty turn")
+    return BenchPrompt(qid, kind, (turns[0],), prediction=_text(row, "prediction", where))
+
+
+def load_workload(name: str, limit: int | None = None) -> list[BenchPrompt]:
+    """A shipped workload built from real material (``edit``, ``agent``, ``fim``), in file order."""
+    from ..paths import parse_json_line, read_text_file
+
+    path, out = workload_path(name), []
+    for number, line in enumerate(read_text_file(path, "benchmark file").splitlines(), 1):
+        if line.strip() and (limit is None or len(out) < limit):
+            out.append(_real_prompt(parse_json_line(line, f"{path} line {number}"), f"{path} line {number}"))
     return out
 
 
@@ -132,4 +206,7 @@ def load_prompts(path: str | Path | None = None, categories: tuple[str, ...] = G
     out = load_spec_bench(path, spec, limit_per_category) if spec else []
     if AGENTIC in categories:
         out += load_agentic(limit_per_category)
+    for name in REAL_WORKLOADS:
+        if name in categories:
+            out += load_workload(name, limit_per_category)
     return out

@@ -5,7 +5,12 @@ method order rotated each time, so slow drifts of a shared machine (other jobs, 
 state) hit every method alike and cancel in the speed ratios. A prompt may have several
 turns (MT-Bench: two; our agentic sessions: four or five): every turn is appended after the
 method's own previous answers through the chat template (Spec-Bench convention), so each
-turn is one Record and later turns can repeat earlier outputs.
+turn is one Record and later turns can repeat earlier outputs. A recorded agent session
+(``BenchPrompt.messages``) is replayed instead: each assistant turn is regenerated from the
+recorded history before it (tool outputs follow the recorded actions, so the history stays the
+recording), one Record per turn, in order, as an agent framework would send them. A FIM item
+is one completion of the model's fill-in-the-middle prompt. Methods that take predictions
+(``Runner.predicts``) get an edit's original code as its prediction.
 
 Each method keeps one drafter for the whole run, so drafters that learn across requests
 (SuffixDecoding's global trie, Token Recycling's matrix) carry what they learned from
@@ -87,9 +92,27 @@ class PromptBuilder:
     decode: Callable[[list[int]], str]  # generated ids -> answer text
     max_prompt_tokens: int  # longer prompts keep their most recent tokens
     keep_first: bool = False  # keep ids[0] when truncating (a base model's BOS)
+    fim: Callable[[str, str], list[int]] | None = None  # (prefix, suffix) -> FIM prompt ids (verispec.fim)
+    encode_prediction: Callable[[str], list[int]] | None = None  # a prediction's text -> token ids
 
     def prompt(self, messages: Messages) -> tuple[list[int], bool]:
         return fit_context(self.encode(messages), self.max_prompt_tokens, self.keep_first)
+
+    def fim_prompt(self, prefix: str, suffix: str) -> tuple[list[int], bool]:
+        if self.fim is None:
+            raise ValueError("the fim workload needs a model with fill-in-the-middle tokens")
+        ids = self.fim(prefix, suffix)
+        if len(ids) > self.max_prompt_tokens:
+            raise ValueError(f"a FIM prompt of {len(ids)} tokens does not fit ({self.max_prompt_tokens})")
+        return ids, False
+
+    def first_prompt(self, bp: BenchPrompt) -> list[int]:
+        """The prompt of a conversation's first turn (the warm-up's)."""
+        if bp.fim is not None:
+            return self.fim_prompt(*bp.fim)[0]
+        if bp.messages is not None:
+            return self.prompt(list(bp.messages[:bp.replayed[0]]))[0]
+        return self.prompt([{"role": "user", "content": bp.turns[0]}])[0]
 
 
 def rotated(labels: Sequence[str], shift: int) -> list[str]:
@@ -115,22 +138,40 @@ def _record(label: str, bp: BenchPrompt, turn: int, repeat: int, prompt: list[in
                   g.cached_tokens)
 
 
+def _generate(runner: Runner, prompt: list[int], params: SamplingParams, prediction: list[int]) -> Generation:
+    if prediction and getattr(runner, "predicts", False):
+        return runner.generate(prompt, params, prediction=prediction)
+    return runner.generate(prompt, params)
+
+
 def run_conversation(runner: Runner, bp: BenchPrompt, builder: PromptBuilder,
                      params: SamplingParams, repeat: int) -> list[Record]:
-    """All turns of one prompt with one method; turn t+1 sees this method's answer to t."""
+    """All turns of one prompt with one method; turn t+1 sees this method's answer to t (a
+    replay: the recorded history before turn t+1)."""
+    if bp.fim is not None:
+        prompt, truncated = builder.fim_prompt(*bp.fim)
+        return [_record(runner.label, bp, 0, repeat, prompt, truncated, runner.generate(prompt, params))]
+    if bp.messages is not None:
+        out = []
+        for turn, at in enumerate(bp.replayed):
+            prompt, truncated = builder.prompt(list(bp.messages[:at]))
+            out.append(_record(runner.label, bp, turn, repeat, prompt, truncated, runner.generate(prompt, params)))
+        return out
+    prediction = (builder.encode_prediction(bp.prediction)[:builder.max_prompt_tokens]  # bounded like a prompt
+                  if bp.prediction and builder.encode_prediction else [])
     messages: Messages = []
     out = []
     for turn, text in enumerate(bp.turns):
         messages.append({"role": "user", "content": text})
         prompt, truncated = builder.prompt(messages)
-        gen = runner.generate(prompt, params)
+        gen = _generate(runner, prompt, params, prediction)
         out.append(_record(runner.label, bp, turn, repeat, prompt, truncated, gen))
         messages.append({"role": "assistant", "content": builder.decode(list(gen.token_ids))})
     return out
 
 
 def num_generations(prompts: Sequence[BenchPrompt], num_methods: int, repeats: int) -> int:
-    return sum(len(p.turns) for p in prompts) * num_methods * repeats
+    return sum(p.num_turns for p in prompts) * num_methods * repeats
 
 
 def run(runners: Sequence[Runner], prompts: Sequence[BenchPrompt], builder: PromptBuilder,
@@ -147,7 +188,7 @@ def run(runners: Sequence[Runner], prompts: Sequence[BenchPrompt], builder: Prom
     tick = on_generation or (lambda label: None)
     for bp in prompts[:warmup]:
         for r in runners:
-            r.generate(builder.prompt([{"role": "user", "content": bp.turns[0]}])[0], params)
+            r.generate(builder.first_prompt(bp), params)
             tick(f"warm-up {r.label}")
     for r in runners:  # never measure a drafter on an answer it saw in the warm-up
         r.reset_learned()

@@ -7,6 +7,11 @@
   dequantized from; llama.cpp computes with the quantized blocks): plain (``llamacpp``)
   and prompt lookup (``llamacpp-pld``: ``LlamaPromptLookupDecoding``). Optional extra
   ``[llamacpp]``; :func:`llamacpp_available` says whether it is installed.
+* llama.cpp's own ``llama-server`` binary (scripts/build_llamacpp.sh builds it from the same
+  vendored llama.cpp): plain (``llamacpp-server``) and speculative with a draft GGUF
+  (``llamacpp-server-spec``), as scripts/bench_spec_vs_llamacpp.py runs them. Its vendored
+  version (llama.cpp 4227c9be, llama-cpp-python 0.3.16) has no ``--spec-type ngram-*``: its
+  n-gram lookup exists only as the one-shot ``llama-lookup`` example, not in the server.
 
 Peers are public APIs used as documented: target forwards are counted with a forward hook
 (``register_forward_hook``) that exists only during a ``generate`` call; llama.cpp's KV
@@ -175,3 +180,99 @@ class LlamaCppRunner(Runner):
 
     def memory_bytes(self) -> int:
         return self.gguf.stat().st_size  # weights are mmapped from the file
+
+
+def llama_server_bin() -> Path | None:
+    """llama.cpp's ``llama-server``: ``$LLAMACPP_BIN/llama-server``, else the build of
+    scripts/build_llamacpp.sh in the model cache (``<cache>/llama.cpp/build/bin``); None if neither."""
+    import os
+
+    from ..models.model_cache import default_cache_dir
+
+    for d in filter(None, (os.environ.get("LLAMACPP_BIN"), default_cache_dir() / "llama.cpp" / "build" / "bin")):
+        exe = Path(d) / "llama-server"
+        if exe.is_file() and os.access(exe, os.X_OK):
+            return exe
+    return None
+
+
+def _stop(proc) -> None:
+    """Kill a server process and reap it."""
+    proc.kill()
+    proc.wait()
+
+
+class LlamaServerRunner(Runner):
+    """llama.cpp's ``llama-server`` on a GGUF, plain or speculative with a draft GGUF (``draft``:
+    ``--draft-max``, ``--draft-p-min``, ``-td`` from ``spec``), one server process per method,
+    greedy, prompts sent as token ids. Its slot keeps the previous prompt's K/V and reuses the
+    common prefix (``cache_prompt``, as our prefix cache: an agent's next turn prefills only what is
+    new); the speculative server speculates only with it on. Times are the server's own
+    (``prompt_ms``, ``predicted_ms``); tau from ``draft_n_accepted``. ``spec["poll"]``: llama.cpp's
+    ``--poll`` (50, its default: threads spin while they wait; 0 sleeps: on a machine shared with
+    other jobs spinning threads collapse, 10x and worse at load 10 on 2 cores)."""
+
+    def __init__(self, label: str, exe: Path, gguf: Path, eos_ids: tuple[int, ...], threads: int, n_ctx: int,
+                 draft: Path | None = None, spec: dict[str, float] | None = None, start_timeout_s: float = 600):
+        import socket
+        import subprocess
+        import tempfile
+        import weakref
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        spec = spec or {}
+        cmd = [str(exe), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-np", "1",
+               "--port", str(self.port), "--host", "127.0.0.1", "--no-webui", "--poll", str(int(spec.get("poll", 50)))]
+        if draft is not None:
+            td = str(int(spec.get("td", threads)))
+            cmd += ["-md", str(draft), "-cd", str(n_ctx), "--draft-max", str(int(spec.get("draft_max", 4))),
+                    "--draft-min", "0", "--draft-p-min", str(spec.get("p_min", 0.75)), "-td", td, "-tbd", td]
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        weakref.finalize(self, _stop, self.proc)  # never outlives the bench
+        self.label, self.gguf, self.draft, self.eos_ids = label, gguf, draft, eos_ids
+        deadline = time.time() + start_timeout_s
+        while not self._healthy():
+            if self.proc.poll() is not None or time.time() > deadline:
+                _stop(self.proc)
+                self.log.seek(0)
+                tail = self.log.read().decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+                raise ValueError(f"{label}: llama-server did not start ({tail[0][:200]})")
+            time.sleep(0.5)
+
+    def _healthy(self) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                return r.status == 200
+        except OSError:  # refused while starting, 503 while loading
+            return False
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        import json
+        import urllib.request
+
+        if not params.greedy:
+            raise ValueError(f"{self.label}: llama-server peers run greedy only")
+        body = {"prompt": prompt_ids, "n_predict": params.max_new_tokens, "temperature": 0.0, "top_k": 1,
+                "samplers": ["top_k"], "cache_prompt": True, "return_tokens": True, "ignore_eos": params.ignore_eos,
+                "stream": False}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            out = json.loads(r.read())
+        t = out["timings"]
+        ids, reason = cut_at_eos([int(x) for x in out.get("tokens", [])],
+                                 () if params.ignore_eos else self.eos_ids, params.max_new_tokens)
+        decoded = max(int(t["predicted_n"]) - 1, 0)
+        accepted = int(t.get("draft_n_accepted", 0))
+        prefill, decode = t["prompt_ms"] / 1e3, t["predicted_ms"] / 1e3
+        return Generation(tuple(ids), reason, prefill + decode, prefill, None, max(decoded - accepted, 0),
+                          int(t.get("draft_n", 0)), accepted, None, None, None,
+                          max(len(prompt_ids) - int(t.get("prompt_n", len(prompt_ids))), 0))
+
+    def memory_bytes(self) -> int:
+        return self.gguf.stat().st_size + (self.draft.stat().st_size if self.draft else 0)  # mmapped

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from ..drafters.base import Drafter
+from ..drafters.prediction import PredictionDrafter
 from ..engine import Engine
 from ..engine.prefix_cache import PrefixCache
 from ..models.base import CausalLM
@@ -39,9 +40,11 @@ class Generation:
 
 
 class Runner(Protocol):
-    """A method, timed. Runners subclass it (``reset_learned`` defaults to a no-op)."""
+    """A method, timed. Runners subclass it (``reset_learned`` defaults to a no-op). One that
+    ``predicts`` takes ``generate(..., prediction=ids)`` (Predicted Outputs) where an item has one."""
 
     label: str
+    predicts: bool = False
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 
@@ -61,18 +64,20 @@ def sync(device: torch.device) -> None:
 
 class EngineRunner(Runner):
     """A drafter through our engine (the drafter ``none`` is the baseline), with its own
-    prefix cache (``prefix_cache_mb``, 0 = off): each method reuses only its own requests."""
+    prefix cache (``prefix_cache_mb``, 0 = off): each method reuses only its own requests.
+    ``predicts``: the drafter is wrapped in a ``PredictionDrafter`` and items' predictions are sent."""
 
     def __init__(self, label: str, target: CausalLM, drafter: Drafter,
-                 num_draft_tokens: int, policy: str = "fixed", prefix_cache_mb: float = 0):
-        self.label, self.drafter = label, drafter
-        self.engine = Engine(target, drafter, num_draft_tokens, policy, PrefixCache.from_mb(prefix_cache_mb))
+                 num_draft_tokens: int, policy: str = "fixed", prefix_cache_mb: float = 0, predicts: bool = False):
+        self.label, self.drafter, self.predicts = label, drafter, predicts
+        self.engine = Engine(target, PredictionDrafter(drafter) if predicts else drafter, num_draft_tokens, policy,
+                             PrefixCache.from_mb(prefix_cache_mb))
         self._device = target.info.device
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    def generate(self, prompt_ids: list[int], params: SamplingParams, prediction: list[int] = ()) -> Generation:
         sync(self._device)
         t0, c0 = time.perf_counter(), time.process_time()
-        req = self.engine.add_request(prompt_ids, params)
+        req = self.engine.add_request(prompt_ids, params, prediction=prediction)
         try:
             while not req.finished:
                 self.engine.step(req)

@@ -16,9 +16,7 @@
 using vs::Model;
 using vs::set_err;
 
-// Why a batch cannot run on this model ("" if it can): every index the forward follows is in
-// range, and each token sees itself last and only new slots after its cached ones.
-static std::string check_batch(const Model& m, const vs::Batch& b) {
+std::string vs::check_batch(const Model& m, const vs::Batch& b) {
   const vs::Config& c = m.cfg;
   char buf[256];
   auto fail = [&](const char* fmt, ...) {
@@ -80,12 +78,16 @@ void* vs_model_new(const vs::Config* cfg, const float* rope_cos, const float* ro
                       "heads (at most " + std::to_string(vs::MAX_GROUP) + " per kv head)");
       return nullptr;
     }
+    if (cfg->n_rope < 1 || cfg->n_rope > 2 || cfg->act < 0 || cfg->act > 1) {
+      set_err(err, n, "unsupported config: 1 or 2 RoPE tables, activation 0 (SiLU) or 1 (GELU)");
+      return nullptr;
+    }
     auto* m = new Model();
     m->cfg = *cfg;
     if (m->cfg.embed_rows <= 0) m->cfg.embed_rows = cfg->vocab;  // 0: a model embedding its own vocabulary
     m->k = k;
     m->layers.resize(cfg->n_layers);
-    const size_t table = (size_t)cfg->max_pos * (cfg->head_dim / 2);
+    const size_t table = (size_t)cfg->n_rope * cfg->max_pos * (cfg->head_dim / 2);
     m->rope_cos.assign(rope_cos, rope_cos + table);
     m->rope_sin.assign(rope_sin, rope_sin + table);
     m->pool = vs::ThreadPool::shared(threads);
@@ -194,6 +196,34 @@ int vs_model_set_embed_ref(void* mp, int ggml_type, const void* data, int rows, 
   return 0;
 }
 
+// What a layer computes beyond a Llama layer (models/architectures.py): its sliding window
+// (keys at most, 0: all), its RoPE table (< n_rope), and optional fp32 norms (null: none):
+// q_norm, k_norm [head_dim] over each q / k head before RoPE, post_attn, post_ffn [dim] over
+// the attention / MLP output before its residual add.
+int vs_model_set_layer(void* mp, int layer, int window, int rope, const float* q_norm, const float* k_norm,
+                       const float* post_attn, const float* post_ffn, char* err, int n) {
+  auto* m = (Model*)mp;
+  const vs::Config& c = m->cfg;
+  if (layer < 0 || layer >= c.n_layers || window < 0 || rope < 0 || rope >= c.n_rope || (!q_norm != !k_norm) ||
+      (!post_attn != !post_ffn)) {
+    set_err(err, n, "bad layer settings: layer, window >= 0, RoPE table < n_rope, Q and K norms together, post-norms "
+                    "together");
+    return -1;
+  }
+  vs::Layer& L = m->layers[layer];
+  L.window = window;
+  L.rope = rope;
+  auto set = [](std::vector<float>& dst, const float* src, int len) {
+    if (src) dst.assign(src, src + len);
+    else dst.clear();
+  };
+  set(L.q_norm, q_norm, c.head_dim);
+  set(L.k_norm, k_norm, c.head_dim);
+  set(L.post_attn_norm, post_attn, c.dim);
+  set(L.post_ffn_norm, post_ffn, c.dim);
+  return 0;
+}
+
 // Check that every tensor has the shape the config says; tie the embedding to the head if unset.
 int vs_model_finish(void* mp, char* err, int n) {
   auto* m = (Model*)mp;
@@ -238,12 +268,19 @@ size_t vs_model_weight_bytes(void* mp) {
   return total;
 }
 
-// Rows of a source matrix re-encoded as Q4_0 blocks (dst: rows x cols / 32 x 18 bytes): a
-// draft model streams fewer bytes per token; the target checks every drafted token, so
-// output is unchanged (models/cpu.py requantize). Rows are split over `threads` threads.
-int vs_requantize_q4_0(int src_type, const void* data, int rows, int cols, void* dst, int threads, char* err, int n) {
+// Rows of a source matrix re-encoded as Q4_0, Q3_K or Q2_K blocks (dst_type; dst: rows x the
+// rows' bytes in that format): a draft model streams fewer bytes per token; the target checks
+// every drafted token, so output is unchanged (models/cpu_weights.py requantize). Rows are
+// split over `threads` threads.
+int vs_requantize(int dst_type, int src_type, const void* data, int rows, int cols, void* dst, int threads, char* err,
+                  int n) {
   const vs::Format* f = vs::format_by_type(src_type);
-  if (!f || rows < 1 || cols % vs::QK || cols % f->block_cols || threads < 1) {
+  const vs::Format* to = vs::format_by_type(dst_type);
+  void (*quantize_row)(const float*, int, uint8_t*) = dst_type == 2 ? vs::quantize_row_q4_0
+                                                      : dst_type == 11 ? vs::quantize_row_q3_k
+                                                      : dst_type == 10 ? vs::quantize_row_q2_k : nullptr;
+  if (!f || !to || !quantize_row || rows < 1 || cols % vs::QK || cols % f->block_cols || cols % to->block_cols ||
+      threads < 1) {
     set_err(err, n, "unsupported format or shape");
     return -1;
   }
@@ -251,12 +288,12 @@ int vs_requantize_q4_0(int src_type, const void* data, int rows, int cols, void*
     auto pool = vs::ThreadPool::shared(threads);
     vs::Matrix m;
     vs::repack(m, f, (const uint8_t*)data, rows, cols, pool.get());
-    const size_t rb = (size_t)(cols / vs::QK) * 18;
+    const size_t rb = (size_t)(cols / to->block_cols) * to->src_block_bytes;
     pool->parallel_for(m.panels, [&](int p0, int p1) {
       std::vector<float> row(cols);
       for (int r = p0 * vs::PANEL; r < std::min(rows, p1 * vs::PANEL); r++) {
         f->dequant_row(m.data + (size_t)(r / vs::PANEL) * m.panel_bytes, cols, r % vs::PANEL, row.data());
-        vs::quantize_row_q4_0(row.data(), cols, (uint8_t*)dst + (size_t)r * rb);
+        quantize_row(row.data(), cols, (uint8_t*)dst + (size_t)r * rb);
       }
     }, 4);
     std::free(m.data);
@@ -272,7 +309,9 @@ int vs_requantize_q4_0(int src_type, const void* data, int rows, int cols, void*
 int vs_abi_version() { return vs::ABI_VERSION; }
 
 // sizeof of the shared structs: 0 Config, 1 Batch
-size_t vs_abi_sizeof(int which) { return which == 0 ? sizeof(vs::Config) : which == 1 ? sizeof(vs::Batch) : 0; }
+size_t vs_abi_sizeof(int which) {
+  return which == 0 ? sizeof(vs::Config) : which == 1 ? sizeof(vs::Batch) : which == 2 ? sizeof(vs::DraftChain) : 0;
+}
 
 int vs_abi_slots() { return vs::N_SLOTS; }
 

@@ -2,8 +2,11 @@
 // embed, then per layer
 //   x += Wo @ attention(rope(Wqkv @ norm(x)))          (the K/V cache is written first)
 //   x += W2 @ (silu(W1 @ norm(x)) * (W3 @ norm(x)))
-// then the final norm and the LM head over the rows that want logits. The T new tokens of a
-// batch go through each step together; every step is row-local or reduces in a fixed order
+// then the final norm and the LM head over the rows that want logits. Architectures beyond
+// Llama (models/architectures.py) add steps the config and each Layer ask for: scaled
+// embeddings, an RMSNorm over each q and k head, a norm over each output before its residual
+// add, GELU for SiLU, a sliding window and a second RoPE table per layer, logit softcapping.
+// The T new tokens of a batch go through each step together; every step is row-local or reduces in a fixed order
 // (vs.h), so a token's logits do not depend on the other tokens of the forward, the thread
 // count or the ISA.
 #include <algorithm>
@@ -38,6 +41,15 @@ static void matmul(Model& m, const Linear& w, const Act& a, int T, float* out, i
       first += part.panels;
     }
   }, 2);
+}
+
+// out = gelu(g) * u, GELU's tanh approximation (transformers' gelu_pytorch_tanh), one fixed
+// sequence of operations per element (libm's tanhf: the same bits on every ISA of a build)
+static void gelu_tanh_mul(const float* g, const float* u, float* out, int n) {
+  for (int i = 0; i < n; i++) {
+    const float x = g[i];
+    out[i] = 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u[i];
+  }
 }
 
 static void rope(float* x, const float* cos, const float* sin, int half) {  // rotate_half convention
@@ -75,26 +87,47 @@ static void write_kv(const Model& m, const Batch& bt, int t, const float* qkv, c
   }
 }
 
+// A sliding-window layer's task: of the token's keys (its cached slots, then its new ones),
+// only the last `window`, which sit at consecutive positions ending at its own. They are listed
+// as path slots from the tile of the first one (the task's K/V start there), so a token's list,
+// and with it every operation of its attention, is the same however its keys were split
+// between the cache and the forward. `keys`: the list's storage.
+static void window_task(AttnTask& task, int window, int D, size_t esize, std::vector<int32_t>& keys) {
+  const int n = task.n_cached + task.n_path, drop = n - window;
+  keys.clear();
+  for (int j = drop; j < n; j++) keys.push_back(j < task.n_cached ? j : task.path[j - task.n_cached]);
+  const int first = keys[0] & ~(KV_TILE - 1);  // K tiles and V rows from here: k_tile_offset(first, 0, D) = first * D
+  for (int32_t& s : keys) s -= first;
+  task.kt = (const char*)task.kt + (size_t)first * D * esize;
+  task.v = (const char*)task.v + (size_t)first * D * esize;
+  task.n_cached = 0;
+  task.n_path = (int)keys.size();
+  task.path = keys.data();
+}
+
 // Attention of every (token, kv head) over the cache of one layer (kc, vc): the token's cached
-// slots, then the new slots it sees (Batch::vis). qkv: [T, (H + 2 KVH) * D]; att: [T, H * D].
+// slots, then the new slots it sees (Batch::vis), or their last `window` (0: all).
+// qkv: [T, (H + 2 KVH) * D]; att: [T, H * D].
 static void attention(Model& m, const Batch& bt, const char* kc, const char* vc, const std::vector<float>& qkv,
-                      Act& att) {
+                      Act& att, int window) {
   const Config& c = m.cfg;
   const int T = bt.T, D = c.head_dim, H = c.n_heads, KVH = c.n_kv_heads, G = H / KVH;
   const int qkv_w = (H + 2 * KVH) * D;
   const size_t esize = c.kv16 ? 2 : 4;  // bytes per cache element
-  const float scale = 1.0f / std::sqrt((float)D);
+  const float scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt((float)D);
   int max_slot = 0;
   for (int t = 0; t < T; t++) max_slot = bt.slot[t] > max_slot ? bt.slot[t] : max_slot;
   const int stride = (max_slot / KV_TILE + 1) * KV_TILE;  // scores per head: whole tiles up to any token's slot
   m.pool->parallel_for(T * KVH, [&](int i0, int i1) {
     static thread_local std::vector<float> scores;  // [G, stride]: grown, never zeroed (every read score is written first)
+    static thread_local std::vector<int32_t> keys;  // a sliding window's slots (window_task)
     if (scores.size() < (size_t)G * stride) scores.resize((size_t)G * stride);
     for (int i = i0; i < i1; i++) {
       const int g = i / T, t = i % T, sq = bt.seq[t];  // kv head outer: a sequence's tokens reuse its K/V in cache
       const size_t base = kv_head_base(m, bt, bt.seq_row[sq], g);
       AttnTask task{&qkv[(size_t)t * qkv_w + g * G * D], kc + base * esize, vc + base * esize, bt.seq_cached[sq],
                     bt.vis_off[t + 1] - bt.vis_off[t], bt.vis + bt.vis_off[t], &att.x[(size_t)t * H * D + g * G * D]};
+      if (window > 0 && task.n_cached + task.n_path > window) window_task(task, window, D, esize, keys);
       m.k->attend(task, D, G, scale, scores.data(), stride, c.kv16 != 0);
     }
   });
@@ -130,7 +163,12 @@ void forward(Model& m, const Batch& bt) {
     });
     matmul(m, m.in_proj, fe, T, x.data(), dim);
   } else {
-    for_each_token(pool, T, [&](int t) { m.embedding().row(bt.ids[t], &x[(size_t)t * dim]); });
+    for_each_token(pool, T, [&](int t) {
+      float* xt = &x[(size_t)t * dim];
+      m.embedding().row(bt.ids[t], xt);
+      if (c.embed_scale != 0.0f && c.embed_scale != 1.0f)
+        for (int i = 0; i < dim; i++) xt[i] = xt[i] * c.embed_scale;
+    });
   }
 
   for (int l = 0; l < c.n_layers; l++) {
@@ -145,40 +183,50 @@ void forward(Model& m, const Batch& bt) {
     });
     matmul(m, L.wqkv, xn, T, qkv.data(), qkv_w);
 
-    // RoPE on the q and k heads, then k and v into the cache (the tokens of a tree see each other there)
+    // (Q/K norms: an rmsnorm over each q and k head,) RoPE on the q and k heads, then k and v
+    // into the cache (the tokens of a tree see each other there)
+    const size_t table = (size_t)L.rope * c.max_pos * half;  // this layer's RoPE table
     for_each_token(pool, T, [&](int t) {
       float* q = &qkv[(size_t)t * qkv_w];
-      const float* cs = &m.rope_cos[(size_t)bt.pos[t] * half];
-      const float* sn = &m.rope_sin[(size_t)bt.pos[t] * half];
+      if (!L.q_norm.empty())
+        for (int h = 0; h < H + KVH; h++)  // q heads, then k heads; in place (row-local)
+          k->rms_norm(q + h * D, (h < H ? L.q_norm : L.k_norm).data(), D, c.eps, q + h * D);
+      const float* cs = &m.rope_cos[table + (size_t)bt.pos[t] * half];
+      const float* sn = &m.rope_sin[table + (size_t)bt.pos[t] * half];
       for (int h = 0; h < H + KVH; h++) rope(q + h * D, cs, sn, half);  // q heads, then k heads
       write_kv(m, bt, t, q, kc, vc);
     });
 
     // multi-head attention, then the output projection
-    attention(m, bt, kc, vc, qkv, att);
+    attention(m, bt, kc, vc, qkv, att, L.window);
     for_each_token(pool, T, [&](int t) { att.quantize(k, t); });
     matmul(m, L.wo, att, T, tmp.data(), dim);
 
-    // residual connection, then the ffn rmsnorm
+    // (post-norm of the output,) residual connection, then the ffn rmsnorm
     for_each_token(pool, T, [&](int t) {
       float* xt = &x[(size_t)t * dim];
-      for (int i = 0; i < dim; i++) xt[i] = xt[i] + tmp[(size_t)t * dim + i];
+      float* ot = &tmp[(size_t)t * dim];
+      if (!L.post_attn_norm.empty()) k->rms_norm(ot, L.post_attn_norm.data(), dim, c.eps, ot);
+      for (int i = 0; i < dim; i++) xt[i] = xt[i] + ot[i];
       k->rms_norm(xt, L.ffn_norm.data(), dim, c.eps, &xn.x[(size_t)t * dim]);
       xn.quantize(k, t);
     });
 
-    // the MLP: W2 @ (silu(W1 @ xn) * (W3 @ xn))
+    // the MLP: W2 @ (silu(W1 @ xn) * (W3 @ xn)), or gelu for silu
     matmul(m, L.w13, xn, T, gu.data(), 2 * ffn);
     for_each_token(pool, T, [&](int t) {
       const float* g = &gu[(size_t)t * 2 * ffn];
-      k->silu_mul(g, g + ffn, &hid.x[(size_t)t * ffn], ffn);
+      if (c.act == 1) gelu_tanh_mul(g, g + ffn, &hid.x[(size_t)t * ffn], ffn);
+      else k->silu_mul(g, g + ffn, &hid.x[(size_t)t * ffn], ffn);
       hid.quantize(k, t);
     });
     matmul(m, L.w2, hid, T, tmp.data(), dim);
 
-    // residual connection
+    // (post-norm of the output,) residual connection
     for_each_token(pool, T, [&](int t) {
-      for (int i = 0; i < dim; i++) x[(size_t)t * dim + i] = x[(size_t)t * dim + i] + tmp[(size_t)t * dim + i];
+      float* ot = &tmp[(size_t)t * dim];
+      if (!L.post_ffn_norm.empty()) k->rms_norm(ot, L.post_ffn_norm.data(), dim, c.eps, ot);
+      for (int i = 0; i < dim; i++) x[(size_t)t * dim + i] = x[(size_t)t * dim + i] + ot[i];
     });
     for (int j = 0; j < bt.n_layer_out; j++)  // a copy of this layer's output only when asked: decode path unchanged
       if (bt.layer_ids[j] == l)
@@ -200,8 +248,13 @@ void forward(Model& m, const Batch& bt) {
     fin.quantize(k, i);
   }
 
-  // classifier into logits
+  // classifier into logits (softcapped: cap * tanh(logit / cap))
   if (n_out > 0) matmul(m, m.head, fin, n_out, bt.logits, c.vocab);
+  if (n_out > 0 && c.logit_softcap > 0)
+    for_each_token(pool, n_out, [&](int i) {
+      float* row = bt.logits + (size_t)i * c.vocab;
+      for (int v = 0; v < c.vocab; v++) row[v] = c.logit_softcap * std::tanh(row[v] / c.logit_softcap);
+    });
 }
 
 // ---------------------------------------------------------------- cache slot moves

@@ -151,6 +151,13 @@ static void weigh_values(const AttnTask& t, int D, int G, const float* sc, int s
   if (D == 128 && G == 4) return weigh_values_g<4, 8, KV>(t, sc, stride, sum);
   if (D == 128 && G == 2) return weigh_values_g<2, 8, KV>(t, sc, stride, sum);
   if (D == 16 && G == 2) return weigh_values_g<2, 1, KV>(t, sc, stride, sum);
+  if (D % 64 == 0 && G <= 4)  // other head sizes in 64-dimension parts (Gemma 3: D 256, G 4)
+    switch (G) {
+      case 1: return weigh_values_parts_g<1, 4, KV>(t, D, sc, stride, sum);
+      case 2: return weigh_values_parts_g<2, 4, KV>(t, D, sc, stride, sum);
+      case 3: return weigh_values_parts_g<3, 4, KV>(t, D, sc, stride, sum);
+      default: return weigh_values_parts_g<4, 4, KV>(t, D, sc, stride, sum);
+    }
   return weigh_values_ref<KV>(t, D, G, sc, stride, sum);
 }
 VS_ATTEND(score_tiles, weigh_values)

@@ -64,10 +64,21 @@ struct Config {  // mirrors the Python ctypes struct (models/cpu.py): its fields
   float eps;           // RMSNorm epsilon
   int32_t kv16;        // the KV cache holds fp16 values (else fp32)
   int32_t embed_rows;  // rows of the input embedding (token ids < this); a tied model has vocab
+  // Architectures beyond a plain Llama (models/architectures.py); a Llama gives 0, 1, 1, 0, 0.
+  int32_t act;          // the MLP's gate activation: 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU)
+  int32_t n_rope;       // RoPE tables: 1, or 2 when sliding layers have their own base (Layer::rope)
+  float embed_scale;    // input embeddings times this (gemma: sqrt(dim)); 1 or 0: as they are
+  float attn_scale;     // attention scores times this; 0: 1 / sqrt(head_dim)
+  float logit_softcap;  // logits -> cap * tanh(logits / cap); 0: none
 };
 
 struct Layer {
   std::vector<float> attn_norm, ffn_norm;  // [dim] RMSNorm weights before attention / before the MLP
+  // optional (empty: none; vs_model_set_layer): RMSNorm of each q and k head before RoPE [D];
+  // of the attention and MLP outputs before their residual adds [dim]
+  std::vector<float> q_norm, k_norm, post_attn_norm, post_ffn_norm;
+  int window = 0;  // keys a token attends to at most, itself included (sliding window); 0: all
+  int rope = 0;    // its RoPE table, < Config::n_rope
   Linear wqkv;  // [(H + 2 KVH) * D, dim]: rows of the q heads, then the k heads, then the v heads
   Linear wo;    // [dim, H * D]
   Linear w13;   // [2 ffn, dim]: gate (W1) rows, then up (W3) rows
@@ -78,7 +89,7 @@ struct Model {
   Config cfg{};
   std::vector<Layer> layers;           // [n_layers]
   std::vector<float> norm;             // [dim] final RMSNorm weights
-  std::vector<float> rope_cos, rope_sin;  // [max_pos, D / 2] RoPE tables (rotate_half convention)
+  std::vector<float> rope_cos, rope_sin;  // [n_rope, max_pos, D / 2] RoPE tables (rotate_half convention)
   Linear embed;                        // [embed_rows, dim] input embedding; empty when tied to the head
   Linear head;                         // [vocab, dim] LM head
   // Feature input (EAGLE heads): x = in_proj @ [in_norm(feat) ; embed(id)], used when a
@@ -127,6 +138,30 @@ struct Batch {
   const float* feat;            // [T][dim] input features (a model with in_proj: EAGLE heads), or null = embed ids
 };
 
+// One greedy draft chain on a draft model in one call (draft_chain.cpp; mirrors the ctypes
+// struct in models/cpu_abi.py). The stop rule is drafters/draft_model.py's: a token is drafted
+// unless the budget is spent, its probability is below min_confidence, or (use_cost) it does
+// not raise the expected tokens per unit time; another draft forward is paid for only while
+// one more token would. verify[n] = t(n), the target's forward over the root and n drafted
+// tokens, and draft_cost = one draft forward, both in target decode steps.
+struct DraftChain {
+  int32_t n_feed;           // tokens the draft's cache lacks (>= 1), the last one the chain's root
+  const int32_t* feed;      // [n_feed]
+  int32_t row, cached;      // the cache row and its cached slots (the feed goes to cached, cached + 1, ...)
+  void* kcache;             // the pool's K and V caches (Batch's layout)
+  void* vcache;
+  int32_t cache_rows, cache_slots;
+  int32_t budget;           // drafted tokens at most
+  float min_confidence;     // 0: off
+  int32_t use_cost;         // 1: the cost rule (draft_cost, verify) sizes the chain
+  double draft_cost;
+  const double* verify;     // [budget + 2] t(0) .. t(budget + 1)
+  const int32_t* head_rows; // [vocab] the token id of each LM-head row (a reduced head), or null
+  int32_t* drafts;          // [budget] out: the chain
+  int32_t n_drafts;         // out: tokens drafted
+  int32_t n_fed;            // out: tokens whose K/V were written (the feed, then drafts fed back)
+};
+
 // Element d of `slot` (>= 0) in one kv head's K cache [slots / KV_TILE][head_dim][KV_TILE]: the
 // keys of a tile lie side by side, so SIMD lanes are keys; element d + 1 is KV_TILE further.
 inline size_t k_tile_offset(int slot, int d, int head_dim) {
@@ -161,7 +196,11 @@ void forward(Model& m, const Batch& bt);
 void move_cache_slots(const Config& c, void* kcache, void* vcache, int rows, int slots, int row, const int32_t* src,
                       int count, int dst);
 
-// ---------------------------------------------------------------- the C ABI (c_api.cpp, c_api_test.cpp)
+// ---------------------------------------------------------------- the C ABI (c_api.cpp, c_api_test.cpp, draft_chain.cpp)
+
+// Why a batch cannot run on this model ("" if it can): every index the forward follows is in
+// range, and each token sees itself last and only new slots after its cached ones (c_api.cpp).
+std::string check_batch(const Model& m, const Batch& b);
 
 // `msg` into the caller's buffer err[n] (truncated, always terminated).
 inline void set_err(char* err, int n, const std::string& msg) {

@@ -96,6 +96,10 @@ class DraftModelDrafter(DeclaresFeatures):
     every request still drafting, reading the draft's weights once instead of once per
     request. Each request's chain is the one ``propose`` would draft.
 
+    On a backend that declares ``chain_drafting`` (the compiled runtime) a greedy chain is
+    drafted in one call, stop rule included (``one_call=False``: by this class's Python loop,
+    the same chains).
+
     Its caches hold the draft's whole context unless a server sizes them to its own
     (``reserve``): a draft model's context (32,768 tokens for Qwen2.5's) far exceeds what a
     server of ``--max-model-len`` 2048 can ever feed it, and its pool would otherwise be
@@ -104,7 +108,7 @@ class DraftModelDrafter(DeclaresFeatures):
     name: ClassVar[str] = "draft"
 
     def __init__(self, model: CausalLM, min_confidence: float = 0.0, cost: DraftCost | None = None,
-                 pool_rows: int = 16):
+                 pool_rows: int = 16, one_call: bool = True):
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError("min_confidence must be in [0, 1)")
         if pool_rows < 1:
@@ -112,6 +116,8 @@ class DraftModelDrafter(DeclaresFeatures):
         self.model, self.min_confidence, self.cost = model, min_confidence, cost
         self._states: RequestTable[_DraftState] = RequestTable()
         self._batched = model.caps.batched
+        # greedy chains in one call where the backend can (the compiled runtime); one_call=False: the Python loop
+        self._chains = one_call and model.caps.chain_drafting
         self._pool_rows = pool_rows
         self._pool = None  # created by reserve, else by the first request
         self.max_length = model.info.max_length  # each cache's context: the draft's own, or a server's (reserve)
@@ -174,10 +180,21 @@ class DraftModelDrafter(DeclaresFeatures):
     def propose(self, ctx: DraftContext) -> DraftTree:
         state = self._states.get(ctx.request_id)
         chain = self._begin(state, ctx)
+        if self._chains and ctx.params.greedy:
+            return self._chain_in_one_call(state, chain)
         logits = self._feed([state], [self._catch_up(state, ctx)])[0]
         while (token := self._next(chain, logits)) is not None:
             logits = self._feed([state], [[token]])[0]
         return self._tree(chain)
+
+    def _chain_in_one_call(self, state: _DraftState, chain: _Chain) -> DraftTree:
+        """A greedy chain on a backend that drafts it in one call (``BackendCaps.chain_drafting``):
+        the same stop rule as ``_next``, with no Python between draft tokens."""
+        feed, budget = self._catch_up(state, chain.ctx), max(chain.budget, 0)
+        cost = None if self.cost is None else (self.cost.draft, [self.cost.verify(n) for n in range(budget + 2)])
+        drafts, fed = self.model.draft_chain(state.cache, feed, budget, self.min_confidence, cost)
+        state.fed.extend((feed + drafts)[:fed])
+        return DraftTree.chain(chain.ctx.tokens[-1], drafts, None)
 
     # ---- several requests: one draft forward per step for all of them ----------------------
     def propose_batch(self, ctxs: Sequence[DraftContext]) -> list[DraftTree]:

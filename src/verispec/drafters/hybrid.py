@@ -38,7 +38,11 @@ SuffixDecoding alone on rewrites by ~8%, where the rate rule below lost to both.
 
 Both sub-drafters observe every step, whoever proposed (the learned one reads the target's
 hidden states of whatever tree was verified), so each stays in sync with the committed
-context. The prefill observation goes only to sub-drafters that need hidden states. The
+context. The prefill observation goes only to sub-drafters that need hidden states. A learned
+drafter that reads no features (a draft model) starts a request only when it is first asked to
+propose, with everything committed before that step as its prompt: a request whose steps the
+retrieval drafts carry (an edit, a turn of an agent session whose history the target reuses from
+the prefix cache) never pays the draft model's prompt prefill. The
 hybrid declares the learned drafter's ``features`` (EAGLE-3: the fused target layers)
 as its own, so the engine hands its observations the features it reads; a learned drafter
 left out asks for nothing.
@@ -116,6 +120,7 @@ class _Proposal:
     learned_nodes: int = 0  # fused: the learned tree's nodes come first (indices 1..this)
     learned_depth: int = 0
     prefilled: bool = False  # the prefill observation has been seen
+    learned_started: bool = False  # the learned drafter has started this request
 
 
 class HybridDrafter(DeclaresFeatures):
@@ -161,14 +166,27 @@ class HybridDrafter(DeclaresFeatures):
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
-        self._requests.add(request_id, _Proposal())
-        for sub in self._subs:
-            sub.start(request_id, prompt_ids)
+        state = _Proposal()
+        self._requests.add(request_id, state)
+        self.retrieval.start(request_id, prompt_ids)
+        if self.learned_enabled and self.features.wanted:  # it reads the prefill's features: start now
+            self.learned.start(request_id, prompt_ids)
+            state.learned_started = True
+
+    def _start_learned(self, ctx: DraftContext) -> None:
+        """Start the learned drafter on a request when first asked: its prompt is everything
+        committed before this step (the step's root, ``ctx.tokens[-1]``, comes with its first
+        observation, as a prompt's first generated token does)."""
+        state = self._requests.get(ctx.request_id)
+        if not state.learned_started:
+            self.learned.start(ctx.request_id, list(ctx.tokens[:-1]))
+            state.learned_started = True
 
     def finish(self, request_id: str) -> None:
-        self._requests.pop(request_id)
-        for sub in self._subs:
-            sub.finish(request_id)
+        state = self._requests.pop(request_id)
+        self.retrieval.finish(request_id)
+        if state is not None and state.learned_started:
+            self.learned.finish(request_id)
 
     def reset(self) -> None:
         """Forget what was learned across requests (the bench calls this after warm-up)."""
@@ -195,8 +213,9 @@ class HybridDrafter(DeclaresFeatures):
             self.learned.observe(obs)
             return
         self._track(state, obs)
-        for sub in self._subs:
-            sub.observe(obs)
+        self.retrieval.observe(obs)
+        if state.learned_started:
+            self.learned.observe(obs)
 
     def _track(self, state: _Proposal, obs: Observation) -> None:
         """Count the step and update the proposer's per-depth acceptance."""
@@ -246,6 +265,8 @@ class HybridDrafter(DeclaresFeatures):
         draft step)."""
         plans = [self._plan(ctx) for ctx in ctxs]
         asked = [replace(ctx, budget=p.learned_budget) for ctx, p in zip(ctxs, plans) if p.learned_budget]
+        for ctx in asked:
+            self._start_learned(ctx)
         learned = iter(self.learned.propose_batch(asked) if asked else [])
         return [self._choose(ctx, p, next(learned) if p.learned_budget else None) for ctx, p in zip(ctxs, plans)]
 

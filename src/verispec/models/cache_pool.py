@@ -144,6 +144,7 @@ class PooledLM(CausalLM):
     prefix_reuse_exact: bool = False
     host_torch_threads: int | None = None  # BackendCaps.host_threads
     min_verify_rows = 1  # BackendCaps.min_verify_rows
+    chain_drafting = False  # BackendCaps.chain_drafting
     exactness: Exactness = NOT_CLAIMED
 
     @property
@@ -151,7 +152,7 @@ class PooledLM(CausalLM):
         """Batched, with caches that copy a prefix; the rest as the backend declares it."""
         return BackendCaps(batched=True, prefix_reuse_exact=self.prefix_reuse_exact, exactness=self.exactness,
                            host_threads=self.host_torch_threads, min_verify_rows=self.min_verify_rows,
-                           copy_prefix=True)
+                           copy_prefix=True, chain_drafting=self.chain_drafting)
 
     def new_cache(self, max_length: int | None = None) -> PooledCache:
         return self.new_cache_pool(1, max_length).acquire()

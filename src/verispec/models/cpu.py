@@ -36,7 +36,7 @@ import torch
 from verispec.memory import check_fits
 from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
 from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
-from verispec.models.cpu_abi import ERR_LEN, FORMATS, Batch, Config, Slot, i32, library, loaded, ptr, want_isa
+from verispec.models.cpu_abi import ERR_LEN, FORMATS, Batch, Config, DraftChain, Slot, i32, library, loaded, ptr, want_isa
 from verispec.models.cpu_weights import (
     QUANTS,
     Linear,
@@ -152,6 +152,8 @@ class CpuLlama(PooledLM):
     prefix_reuse_exact = True
     # the engine runs a step's torch glue on one thread: the runtime's own pool does the work
     host_torch_threads = 1
+    # a draft model's greedy chain runs in one call (draft_chain)
+    chain_drafting = True
 
     def __init__(self, args: LlamaArgs, weights: dict, info: ModelInfo, isa: str | None = None,
                  threads: int | None = None, kv_dtype: torch.dtype | None = None,
@@ -163,6 +165,7 @@ class CpuLlama(PooledLM):
         # a reduced LM head (a draft's, FR-Spec): the token id of each head row; logits of
         # other tokens are -inf. The runtime computes args.vocab_size = len(head_rows) rows.
         self.head_rows = head_rows
+        self._head_ids = None if head_rows is None else i32(head_rows)  # as draft_chain passes them
         self.gguf_path: Path | None = None
         # a quantized model keeps fp16 K/V (half the attention traffic, as llama.cpp does); fp32 stays fp32
         self.kv_dtype = kv_dtype or (torch.float32 if self.formats == (WeightFormat.F32,) else torch.float16)
@@ -174,11 +177,15 @@ class CpuLlama(PooledLM):
         embed_parts = [] if embed is None else embed if isinstance(embed, list) else [embed]
         # resident bytes of the input embedding (by reference: only the looked-up rows' pages)
         self._embed_bytes = 0 if self._embed_ref is not None else sum(int(np.asarray(p.data).nbytes) for p in embed_parts)
+        n_rope = 2 if args.local_rope_theta is not None else 1
         self._cfg = Config(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim,
                             args.intermediate_size, info.max_length, args.norm_eps, int(self.kv_dtype == torch.float16),
-                            args.vocab_size if embed is None else sum(p.rows for p in embed_parts))
-        _check_rope_fits(args, info.max_length)
-        cos, sin = (t.contiguous() for t in rope_tables(args, info.max_length, torch.device("cpu")))
+                            args.vocab_size if embed is None else sum(p.rows for p in embed_parts),
+                            int(args.activation == "gelu_tanh"), n_rope, args.embed_scale, args.attn_scale or 0.0,
+                            args.logit_softcap)
+        _check_rope_fits(args, n_rope * info.max_length)
+        tables = [rope_tables(args, info.max_length, torch.device("cpu"), local=i == 1) for i in range(n_rope)]
+        cos, sin = (torch.cat([t[j] for t in tables]).contiguous() for j in (0, 1))  # [n_rope * max_pos, D / 2]
         err = ctypes.create_string_buffer(ERR_LEN)
         threads = threads or torch.get_num_threads()
         handle = lib.vs_model_new(ctypes.byref(self._cfg), ptr(cos, ctypes.c_float), ptr(sin, ctypes.c_float),
@@ -198,6 +205,7 @@ class CpuLlama(PooledLM):
             self._set(i, Slot.FFN_NORM, layer["ffn_norm"])
             for slot, name in ((Slot.WQKV, "wqkv"), (Slot.WO, "wo"), (Slot.W13, "w13"), (Slot.W2, "w2")):
                 self._set(i, slot, layer[name], layer.get(name + "_bias"))
+            self._set_layer(i, layer)
         self._set(-1, Slot.NORM, weights["norm"])
         if weights.get("embed") is not None:
             self._set(-1, Slot.EMBED, weights["embed"])
@@ -214,6 +222,18 @@ class CpuLlama(PooledLM):
         err = ctypes.create_string_buffer(ERR_LEN)
         if library().vs_model_finish(self._h, err, ERR_LEN):
             raise ModelError(f"compiled runtime: {err.value.decode()}")
+
+    def _set_layer(self, i: int, layer: dict) -> None:
+        """Layer ``i``'s window, RoPE table and optional norms (Q/K norms, post-norms: ``LlamaArgs``)."""
+        a = self.args
+        if not (a.layer_windows or a.qk_norm or a.post_norms):
+            return  # a Llama layer: the runtime's defaults
+        norms = [layer.get(n) for n in ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")]
+        keep = [None if v is None else v.float().contiguous() for v in norms]
+        err = ctypes.create_string_buffer(ERR_LEN)
+        if library().vs_model_set_layer(self._h, i, a.layer_windows[i] if a.layer_windows else 0, a.layer_rope(i),
+                                        *(None if v is None else ptr(v, ctypes.c_float) for v in keep), err, ERR_LEN):
+            raise ModelError(f"compiled runtime, layer {i}: {err.value.decode()}")
 
     def _set(self, layer: int, slot: Slot, w: Linear | torch.Tensor, bias: torch.Tensor | None = None) -> None:
         """One tensor; a list of row blocks is set part by part (the bias split by their rows)."""
@@ -427,6 +447,40 @@ class CpuLlama(PooledLM):
             raise ValueError(f"forward: {err.value.decode()}")
         return ModelOutput(self._full_vocab(logits), hidden, layers)
 
+    def draft_chain(self, cache: CpuCache, feed: list[int], budget: int, min_confidence: float = 0.0,
+                    cost: tuple[float, list[float]] | None = None) -> tuple[list[int], int]:
+        """A greedy draft chain in one call (csrc/draft_chain.cpp): append ``feed`` (the tokens
+        the cache lacks, the chain's root last) to ``cache``, then draft the argmax token and
+        feed it back while the stop rule of ``DraftModelDrafter`` keeps going: at most
+        ``budget`` tokens, none below ``min_confidence`` (0: off), and with ``cost`` = (one
+        draft forward, [t(0) .. t(budget + 1)]) in target steps, only tokens that raise the
+        expected tokens per unit time. Returns the chain and how many tokens were appended to
+        the cache (the feed and the drafts fed back: the last draft is not)."""
+        if not isinstance(cache, CpuCache) or cache.pool.owner is not self:
+            raise ValueError("draft_chain: the cache must be a CpuCache of a pool created by this model")
+        if not feed or budget < 0:
+            raise ValueError(f"draft_chain: needs tokens to feed (the chain's root at least) and budget >= 0, "
+                             f"got {len(feed)} and {budget}")
+        if cost is not None and len(cost[1]) < budget + 2:
+            raise ValueError(f"draft_chain: the cost rule needs t(0) .. t({budget + 1}), got {len(cost[1])} values")
+        if cache.length + len(feed) + budget > cache.max_length:
+            raise ValueError(f"draft_chain: cache overflow: {cache.length} cached + {len(feed)} fed + {budget} "
+                             f"drafted > max_length {cache.max_length}")
+        pool = cache.pool
+        pool.reserve(cache.length + len(feed) + budget)
+        ids = i32(feed)
+        verify = np.ascontiguousarray(cost[1] if cost else [0.0], dtype=np.float64)
+        drafts = np.zeros(max(budget, 1), dtype=np.int32)
+        chain = DraftChain(len(ids), ptr(ids), cache.row, cache.length, pool.k.data_ptr(), pool.v.data_ptr(), pool.rows,
+                           pool.slots, budget, min_confidence, int(cost is not None), cost[0] if cost else 0.0,
+                           ptr(verify, ctypes.c_double), None if self._head_ids is None else ptr(self._head_ids), ptr(drafts),
+                           0, 0)
+        err = ctypes.create_string_buffer(ERR_LEN)
+        if library().vs_draft_chain(self._h, ctypes.byref(chain), err, ERR_LEN):
+            raise ValueError(err.value.decode())
+        cache._advance(chain.n_fed)
+        return drafts[:chain.n_drafts].tolist(), chain.n_fed
+
     def _full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """[T, head rows] -> [T, V]: a reduced head's logits scattered, -inf elsewhere."""
         if self.head_rows is None:
@@ -459,12 +513,13 @@ SHAPES = "hidden size, FFN size and heads x head size multiples of 32, at most 6
 
 
 def supports(cfg: dict) -> bool:
-    """Can the compiled runtime run this HF config? (Llama family, ``SHAPES``.)"""
+    """Can the compiled runtime run this HF config? (Llama family, or a GGUF of a declared architecture; ``SHAPES``.)"""
     try:
         a = LlamaArgs.from_hf_config(cfg)
     except (ModelError, KeyError, ValueError):
         return False
-    return (cfg.get("model_type") in SUPPORTED_MODEL_TYPES and a.dim % 32 == 0 and a.intermediate_size % 32 == 0
+    family = cfg.get("model_type") in SUPPORTED_MODEL_TYPES or cfg.get("gguf_architecture") is not None
+    return (family and a.dim % 32 == 0 and a.intermediate_size % 32 == 0
             and (a.n_heads * a.head_dim) % 32 == 0 and a.n_heads % a.n_kv_heads == 0 and a.group <= 64)
 
 

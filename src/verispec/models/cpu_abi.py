@@ -22,7 +22,7 @@ import torch
 from verispec.models.formats import WeightFormat
 
 PANEL_ROWS = 16  # rows per weight panel (csrc/vs.h: PANEL)
-ABI_VERSION = 2  # csrc/vs.h: ABI_VERSION
+ABI_VERSION = 4  # csrc/vs.h: ABI_VERSION
 ERR_LEN = 512  # bytes of the buffer a C call writes its error message into
 
 
@@ -45,7 +45,10 @@ class Slot(enum.IntEnum):
 class Config(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int32) for n in ("vocab", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn",
                                               "max_pos")] + [("eps", ctypes.c_float), ("kv16", ctypes.c_int32),
-                                                                 ("embed_rows", ctypes.c_int32)]
+                                                                 ("embed_rows", ctypes.c_int32)] + [
+        # beyond a plain Llama (csrc/model.h: Config)
+        ("act", ctypes.c_int32), ("n_rope", ctypes.c_int32), ("embed_scale", ctypes.c_float),
+        ("attn_scale", ctypes.c_float), ("logit_softcap", ctypes.c_float)]
 
 
 _P = ctypes.POINTER
@@ -60,6 +63,17 @@ class Batch(ctypes.Structure):
                 ("logit_tokens", _P(ctypes.c_int32)), ("logits", _P(ctypes.c_float)), ("hidden", _P(ctypes.c_float)),
                 ("n_layer_out", ctypes.c_int32), ("layer_ids", _P(ctypes.c_int32)), ("layer_out", _P(ctypes.c_float)),
                 ("feat", _P(ctypes.c_float))]
+
+
+class DraftChain(ctypes.Structure):
+    """One greedy draft chain in one call (csrc/model.h: DraftChain; ``CpuLlama.draft_chain``)."""
+
+    _fields_ = [("n_feed", ctypes.c_int32), ("feed", _P(ctypes.c_int32)), ("row", ctypes.c_int32),
+                ("cached", ctypes.c_int32), ("kcache", ctypes.c_void_p), ("vcache", ctypes.c_void_p),
+                ("cache_rows", ctypes.c_int32), ("cache_slots", ctypes.c_int32), ("budget", ctypes.c_int32),
+                ("min_confidence", ctypes.c_float), ("use_cost", ctypes.c_int32), ("draft_cost", ctypes.c_double),
+                ("verify", _P(ctypes.c_double)), ("head_rows", _P(ctypes.c_int32)), ("drafts", _P(ctypes.c_int32)),
+                ("n_drafts", ctypes.c_int32), ("n_fed", ctypes.c_int32)]
 
 
 _LIB: ctypes.CDLL | None = None
@@ -86,15 +100,18 @@ def _load_library() -> ctypes.CDLL:
     lib.vs_model_set.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                  ctypes.c_int, _P(ctypes.c_float), *c_err)
     lib.vs_model_finish.argtypes = (ctypes.c_void_p, *c_err)
+    lib.vs_model_set_layer.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                       *(_P(ctypes.c_float),) * 4, *c_err)
     lib.vs_model_set_embed_ref.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                            *c_err)
     lib.vs_model_weight_bytes.restype = ctypes.c_size_t
     lib.vs_model_weight_bytes.argtypes = (ctypes.c_void_p,)
     lib.vs_forward.argtypes = (ctypes.c_void_p, _P(Batch), *c_err)
+    lib.vs_draft_chain.argtypes = (ctypes.c_void_p, _P(DraftChain), *c_err)
     lib.vs_cache_move.argtypes = (_P(Config), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                   ctypes.c_int, _P(ctypes.c_int32), ctypes.c_int, ctypes.c_int)
-    lib.vs_requantize_q4_0.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                       ctypes.c_int, *c_err)
+    lib.vs_requantize.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_void_p, ctypes.c_int, *c_err)
     _check_abi(lib, spec.origin)
     return lib
 
@@ -105,10 +122,10 @@ def _check_abi(lib: ctypes.CDLL, origin: str) -> None:
         lib.vs_abi_sizeof.restype = ctypes.c_size_t
         lib.vs_abi_sizeof.argtypes = (ctypes.c_int,)
         lib.vs_formats.argtypes = (ctypes.c_char_p, ctypes.c_int)
-        got = (lib.vs_abi_version(), lib.vs_abi_sizeof(0), lib.vs_abi_sizeof(1), lib.vs_abi_slots())
+        got = (lib.vs_abi_version(), lib.vs_abi_sizeof(0), lib.vs_abi_sizeof(1), lib.vs_abi_sizeof(2), lib.vs_abi_slots())
     except AttributeError:
         got = None
-    want = (ABI_VERSION, ctypes.sizeof(Config), ctypes.sizeof(Batch), len(Slot))
+    want = (ABI_VERSION, ctypes.sizeof(Config), ctypes.sizeof(Batch), ctypes.sizeof(DraftChain), len(Slot))
     if got != want:
         raise OSError(f"the compiled runtime {origin} does not match this verispec (ABI {got}, expected {want}): "
                       "rebuild it with `pip install -e .`")

@@ -5,8 +5,8 @@ fp32 values or GGUF blocks) that ``CpuLlama`` hands to the runtime, which repack
 * an HF checkpoint's tensors, fused (QKV, gate/up) and quantized at load: ``state_dict_weights``
   (``quantize_matrix``, ``models/ggml_quants.py``);
 * a GGUF's own blocks, read in place from a memory map with no fp32 copy: ``gguf_weights``
-  (tensor names from ``gguf_config.LAYER_TENSORS``);
-* a draft's wider blocks re-encoded to Q4_0 as they are read: ``requantize``.
+  (tensor names and layouts from the architecture's declaration, ``architectures.py``);
+* a draft's wider blocks re-encoded to Q4_0 (or Q3_K / Q2_K) as they are read: ``requantize``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from verispec.models.architectures import ARCHITECTURES, Architecture
 from verispec.models.base import ModelError
 from verispec.models.cpu_abi import ERR_LEN, FORMATS, PANEL_ROWS, library
 from verispec.models.formats import WeightFormat
@@ -31,7 +32,7 @@ from verispec.models.llama import LlamaArgs, rope_interleaved_to_half, take
 class RawMatrix:
     """A row-major weight matrix in a source format: fp32 values or GGUF blocks (uint8 [rows, bytes])."""
 
-    fmt: WeightFormat  # one of the runtime's FORMATS: f32, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k
+    fmt: WeightFormat  # one of the runtime's FORMATS (csrc/formats/table.cpp): f32, f16, q4_0, q4_k, iq4_xs, ...
     data: np.ndarray
     rows: int
     cols: int
@@ -54,7 +55,7 @@ def _f32(t: torch.Tensor) -> RawMatrix:
 
 W = WeightFormat
 QUANTS = (W.F32, W.Q8_0, W.Q4_1, W.Q4_0, W.Q5_0, W.Q4_K, W.Q5_K, W.Q6_K)  # formats quantize_matrix writes
-REQUANTS = (W.Q4_0,)  # formats requantize writes
+REQUANTS = (W.Q4_0, W.Q3_K, W.Q2_K)  # formats requantize writes
 del W
 
 
@@ -69,23 +70,27 @@ def quantize_matrix(w: torch.Tensor, fmt: WeightFormat | str) -> RawMatrix:
 
 
 def requantize(m: RawMatrix, fmt: WeightFormat | str = WeightFormat.Q4_0) -> RawMatrix:
-    """``m`` re-encoded as ``fmt`` (Q4_0, ggml's rule) where that streams fewer bytes: a draft
-    model chosen for speed, not fidelity; the target checks every drafted token, so output
-    is unchanged. Matrices already at most as wide (Q4_0, Q4_K) come back as they are; the
-    source pages are released once read."""
+    """``m`` re-encoded as ``fmt`` (one of REQUANTS: Q4_0 by ggml's rule, Q3_K / Q2_K by a
+    first-pass rule, csrc/formats) where that streams fewer bytes: a draft model chosen for
+    speed, not fidelity; the target checks every drafted token, so output is unchanged. A
+    K format needs rows of 256-multiples: narrower rows (the Qwen2.5 0.5B's 896) take Q4_0
+    instead. Matrices already at most as wide come back as they are; the source pages are
+    released once read."""
     fmt = WeightFormat.parse(fmt, REQUANTS, "requantization")
     lib, want = library(), FORMATS[fmt]
+    if m.cols % want.block:
+        want = FORMATS[WeightFormat.Q4_0]
     if m.cols % want.block or FORMATS[m.fmt].row_bytes(m.cols) <= want.row_bytes(m.cols):
         return m
     out = np.empty((m.rows, want.row_bytes(m.cols)), dtype=np.uint8)
     src = np.ascontiguousarray(m.data)
     err = ctypes.create_string_buffer(ERR_LEN)
-    if lib.vs_requantize_q4_0(FORMATS[m.fmt].ggml_type, src.ctypes.data, m.rows, m.cols, out.ctypes.data,
-                              max(1, torch.get_num_threads()), err, ERR_LEN):
-        raise ModelError(f"requantizing a {m.fmt} matrix to {fmt}: {err.value.decode()}")
+    if lib.vs_requantize(want.ggml_type, FORMATS[m.fmt].ggml_type, src.ctypes.data, m.rows, m.cols, out.ctypes.data,
+                         max(1, torch.get_num_threads()), err, ERR_LEN):
+        raise ModelError(f"requantizing a {m.fmt} matrix to {want.fmt}: {err.value.decode()}")
     if m.release is not None:
         m.release()
-    return RawMatrix(fmt, out, m.rows, m.cols)
+    return RawMatrix(want.fmt, out, m.rows, m.cols)
 
 
 def check_head_rows(head_rows, vocab_size: int) -> torch.Tensor:
@@ -102,6 +107,9 @@ def state_dict_weights(cfg: dict, state: dict[str, torch.Tensor], quant: WeightF
     """HF-named tensors -> the runtime's fused matrices (QKV, gate/up), quantized to ``quant``;
     ``head_rows``: the LM head keeps those rows (the input embedding keeps all of them)."""
     args = LlamaArgs.from_hf_config(cfg)
+    if args.beyond_llama:
+        raise ModelError(f"{cfg.get('gguf_architecture')} weights are read from the GGUF's own blocks, not "
+                         f"re-quantized (it has {', '.join(args.beyond_llama)}): drop --quant")
     q = lambda w: quantize_matrix(w.float(), quant)  # noqa: E731
     layers = []
     for i in range(args.n_layers):
@@ -132,19 +140,22 @@ _CHUNK_BYTES = 32 << 20  # large tensors are set in row blocks of at most this m
 
 def gguf_weights(info: GGUFInfo, cfg: dict, head_rows: torch.Tensor | None = None,
                  requant: WeightFormat | None = None) -> dict:
-    """The weights of a ``llama`` or ``qwen2`` GGUF file as its own blocks (no dequantization,
-    no fp32 copy): every format of ``FORMATS`` (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, F32).
+    """The weights of a GGUF file of a declared architecture (``architectures.ARCHITECTURES``) as
+    its own blocks (no dequantization, no fp32 copy): every format of ``FORMATS`` (F32, F16, BF16,
+    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS).
     Data are views of one read-only memory map; each row block's pages are released once the
     runtime has repacked it, so loading holds the repacked weights plus one block at a time.
-    Llama Q/K rows go from GGUF's interleaved RoPE pairs to HF's rotate_half order (a row
-    permutation); qwen2 files keep rotate_half order (llama.cpp's NEOX RoPE) and carry Q/K/V biases.
+    Q/K rows of an architecture with interleaved RoPE (llama) go from GGUF's interleaved pairs to
+    HF's rotate_half order (a row permutation); the others keep rotate_half order (llama.cpp's
+    NEOX RoPE). A fused QKV or gate/up (phi3) is one matrix already in the runtime's row order.
     ``head_rows``: the LM head keeps only those token ids' rows, in that order (a draft's
     reduced head, FR-Spec); the input embedding keeps every row. ``requant``: matrices wider
     than that format are re-encoded to it as they are read (``requantize``: a draft model)."""
     library()  # FORMATS comes from the library
     args = LlamaArgs.from_hf_config(cfg)
-    read = _MappedGGUF(info, requant, permute=cfg.get("model_type", "llama") != "qwen2")
-    layers = [_layer(read, i, args) for i in range(args.n_layers)]
+    arch = ARCHITECTURES[cfg.get("gguf_architecture", "llama")]
+    read = _MappedGGUF(info, requant, permute=arch.rope == "interleaved")
+    layers = [_layer(read, i, args, arch) for i in range(args.n_layers)]
     tied = "output.weight" not in info.tensors
     head_name = "token_embd.weight" if tied else "output.weight"
     if head_rows is not None:
@@ -156,17 +167,24 @@ def gguf_weights(info: GGUFInfo, cfg: dict, head_rows: torch.Tensor | None = Non
     return weights
 
 
-def _layer(read: _MappedGGUF, i: int, args: LlamaArgs) -> dict:
-    """Decoder layer ``i``: its norms, fused QKV (and Qwen2's Q/K/V biases), output, gate/up and down."""
+def _layer(read: _MappedGGUF, i: int, args: LlamaArgs, arch: Architecture) -> dict:
+    """Decoder layer ``i`` as ``arch`` declares it: its norms, fused QKV (and Qwen2's Q/K/V biases),
+    output, gate/up and down; Q/K norms and post-norms where it has them."""
     def name(tensor: str, kind: str = "weight") -> str:
         return layer_tensor(i, tensor, kind)
 
-    layer = {"attn_norm": read.vector(name("attn_norm")), "ffn_norm": read.vector(name("ffn_norm")),
-             "wqkv": parts(read.linear(name("attn_q"), heads=args.n_heads),
-                           read.linear(name("attn_k"), heads=args.n_kv_heads), read.linear(name("attn_v"))),
-             "wo": read.linear(name("attn_output")),
-             "w13": parts(read.linear(name("ffn_gate")), read.linear(name("ffn_up"))),
-             "w2": read.linear(name("ffn_down"))}
+    qkv = (read.linear(name("attn_qkv")) if arch.fused_qkv else
+           parts(read.linear(name("attn_q"), heads=args.n_heads), read.linear(name("attn_k"), heads=args.n_kv_heads),
+                 read.linear(name("attn_v"))))
+    gate_up = read.linear(name("ffn_up")) if arch.fused_gate_up else parts(read.linear(name("ffn_gate")),
+                                                                            read.linear(name("ffn_up")))
+    layer = {"attn_norm": read.vector(name("attn_norm")), "ffn_norm": read.vector(name("ffn_norm")), "wqkv": qkv,
+             "wo": read.linear(name("attn_output")), "w13": gate_up, "w2": read.linear(name("ffn_down"))}
+    if arch.qk_norm:
+        layer |= {"q_norm": read.vector(name("attn_q_norm")), "k_norm": read.vector(name("attn_k_norm"))}
+    if arch.post_norms:
+        layer |= {"post_attn_norm": read.vector(name("post_attention_norm")),
+                  "post_ffn_norm": read.vector(name("post_ffw_norm"))}
     if name("attn_q", "bias") in read.info.tensors:
         layer["wqkv_bias"] = torch.cat([read.vector(name("attn_q", "bias"), heads=args.n_heads),
                                         read.vector(name("attn_k", "bias"), heads=args.n_kv_heads),

@@ -50,6 +50,8 @@ class WeightFormat(enum.StrEnum):
     Q4_K = "q4_k"
     Q5_K = "q5_k"
     Q6_K = "q6_k"
+    IQ4_NL = "iq4_nl"
+    IQ4_XS = "iq4_xs"
 
     @property
     def ggml_type(self) -> int | None:
@@ -124,16 +126,16 @@ class WeightFormat(enum.StrEnum):
 
 W = WeightFormat
 _GGML_TYPE = {W.F32: 0, W.F16: 1, W.Q4_0: 2, W.Q4_1: 3, W.Q5_0: 6, W.Q5_1: 7, W.Q8_0: 8, W.Q2_K: 10, W.Q3_K: 11,
-              W.Q4_K: 12, W.Q5_K: 13, W.Q6_K: 14, W.BF16: 30}
+              W.Q4_K: 12, W.Q5_K: 13, W.Q6_K: 14, W.IQ4_NL: 20, W.IQ4_XS: 23, W.BF16: 30}
 _BY_GGML_TYPE = {t: f for f, t in _GGML_TYPE.items()}
 _BITS = {W.NONE: 32.0, W.INT8: 8.0, W.INT4: 4.5, W.F32: 32.0, W.F16: 16.0, W.BF16: 16.0, W.Q4_0: 4.5, W.Q4_1: 5.0,
          W.Q5_0: 5.5, W.Q5_1: 6.0, W.Q8_0: 8.5, W.Q2_K: 2.625, W.Q3_K: 3.4375, W.Q4_K: 4.5, W.Q5_K: 5.5,
-         W.Q6_K: 6.5625}
+         W.Q6_K: 6.5625, W.IQ4_NL: 4.5, W.IQ4_XS: 4.25}
 _COMPILED = {W.NONE: W.F32, W.INT8: W.Q8_0, W.INT4: W.Q4_1}
 # llama.cpp's enum llama_ftype -> the file's main format (Q3_K_S/M/L -> Q3_K, Q4_K_S/M -> Q4_K, ...)
 _FILE_TYPE = {0: W.F32, 1: W.F16, 2: W.Q4_0, 3: W.Q4_1, 7: W.Q8_0, 8: W.Q5_0, 9: W.Q5_1, 10: W.Q2_K, 11: W.Q3_K,
               12: W.Q3_K, 13: W.Q3_K, 14: W.Q4_K, 15: W.Q4_K, 16: W.Q5_K, 17: W.Q5_K, 18: W.Q6_K, 21: W.Q2_K,
-              32: W.BF16}
+              25: W.IQ4_NL, 30: W.IQ4_XS, 32: W.BF16}
 del W
 
 # the PyTorch runtime's formats (models/native.py): what --quant names besides auto

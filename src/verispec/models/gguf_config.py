@@ -3,8 +3,9 @@ tensors a decoder needs at the shapes that config implies, and the tokenizer's s
 
 ``open_gguf`` is every check a load makes before reading a weight, on the ``GGUFInfo`` of the one
 header parse (``gguf_file.py``); a file that disagrees with itself is one ModelError naming the key
-or tensor. ``LAYER_TENSORS`` spells llama.cpp's tensor names once, for every reader of them (the
-compiled runtime's ``cpu_weights.gguf_weights``, the dequantizing ``gguf_tensors``).
+or tensor. What each architecture reads (keys, tensors, their shapes) is its declaration in
+``architectures.py``: a key or tensor it does not declare is refused here, naming it.
+``LAYER_TENSORS`` maps llama / qwen2 tensor names to HF's (the dequantizing ``gguf_tensors``).
 
     info, cfg = open_gguf(source.gguf)      # {"model_type": "qwen2", "hidden_size": 1536, ...}
 """
@@ -12,14 +13,23 @@ compiled runtime's ``cpu_weights.gguf_weights``, the dequantizing ``gguf_tensors
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from verispec.models.architectures import (
+    COMMON_KEYS,
+    Architecture,
+    architecture,
+    layer_tensors,
+    optional_layer_tensors,
+    sliding_layers,
+)
 from verispec.models.base import ModelError
+from verispec.models.formats import WeightFormat
 from verispec.models.gguf_file import GGUFInfo, read_gguf, token_texts, with_arrays
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 TOKENIZER_ARRAYS = frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"})
 
 
@@ -34,11 +44,15 @@ CONTROL_TOKEN = 3  # tokenizer.ggml.token_type: control
 
 
 def check_architecture(info: GGUFInfo) -> str:
-    arch = info.meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelError(f"{info.path} has architecture {arch!r}: expected one of "
-                         f"{', '.join(map(repr, SUPPORTED_ARCHITECTURES))}")
-    return str(arch)
+    """The file's architecture, one of ``architectures.ARCHITECTURES``, with no ``<arch>.*`` key its
+    declaration does not read: a hyper-parameter we would ignore is refused, naming the key."""
+    arch = architecture(info.meta.get("general.architecture"), info.path)
+    known = COMMON_KEYS | arch.keys
+    for key in info.meta:
+        if key.startswith(arch.name + ".") and key[len(arch.name) + 1:] not in known:
+            raise ModelError(f"{info.path} has metadata {key!r}, which verispec does not implement for {arch.name} "
+                             "(models/architectures.py lists what each architecture reads)")
+    return arch.name
 
 
 def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
@@ -48,11 +62,14 @@ def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
     counts agree with each other and the hidden size, the norm epsilon and RoPE base are finite
     and positive, and (with the tensor table) every weight has the shape they imply: a file
     that disagrees is one ModelError here, before any weight is read or any runtime sees it."""
-    arch = check_architecture(info)
+    decl = architecture(check_architecture(info), info.path)
+    arch = decl.name
     meta, path = info.meta, info.path
     key = lambda name: f"{arch}.{name}"  # noqa: E731
-    if meta.get(key("rope.scaling.type"), "none") not in ("none", None) or "rope_freqs.weight" in info.tensors:
-        raise ModelError(f"{path} uses RoPE scaling: expected plain RoPE (scaling is not supported yet)")
+    scaling = meta.get(key("rope.scaling.type"), "none")
+    if scaling not in ("none", "linear") or (scaling == "linear" and "rope.scaling.factor" not in decl.keys):
+        raise ModelError(f"{path} has {key('rope.scaling.type')} = {shown(scaling)}, which verispec does not "
+                         f"implement for {arch}: expected none{' or linear' * ('rope.scaling.factor' in decl.keys)}")
 
     def invalid(what: str) -> ModelError:
         return ModelError(f"{path} has invalid {arch} metadata: {what}")
@@ -104,8 +121,9 @@ def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
                          f"complete {arch} GGUF")
     eos = meta.get("tokenizer.ggml.eos_token_id")
     cfg = {
-        "model_type": arch,
-        "architectures": ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"],
+        "model_type": decl.model_type,
+        "gguf_architecture": arch,  # read from a GGUF: the compiled runtime runs every declared architecture
+        "architectures": [decl.hf_class],
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": size("feed_forward_length"),
@@ -115,10 +133,10 @@ def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
         "head_dim": head_dim,
         "max_position_embeddings": size("context_length", least=2),  # a prompt token and one generated
         "rms_norm_eps": positive("attention.layer_norm_rms_epsilon"),
-        "rope_theta": positive("rope.freq_base", 1000000.0 if arch == "qwen2" else 10000.0),
+        "rope_theta": positive("rope.freq_base", decl.default_rope_base),
         "tie_word_embeddings": "output.weight" not in info.tensors,
         "attention_bias": "blk.0.attn_q.bias" in info.tensors,
-        "hidden_act": "silu",
+        "hidden_act": "gelu_pytorch_tanh" if decl.activation == "gelu_tanh" else "silu",
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": list(eos_ids) if eos_ids else eos,
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
@@ -126,17 +144,64 @@ def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
     }
     if arch == "qwen2":
         cfg["use_sliding_window"] = False
+    cfg |= _variant_config(info, decl, cfg, size, positive)
     if info.tensors:
-        _check_tensors(info, cfg)
+        _check_tensors(info, cfg, decl)
     return cfg
+
+
+def _variant_config(info: GGUFInfo, decl: Architecture, cfg: dict, size: Callable[..., int],
+                    positive: Callable[[str], float]) -> dict:
+    """The config fields of what ``decl`` declares beyond a plain Llama, read from the file
+    (transformers' names where it has one): sliding window and its layers, RoPE scaling and the
+    sliding layers' base, the attention scale, logit softcapping, Llama-3 RoPE frequency factors.
+    ``size`` and ``positive`` read and check one ``<arch>.*`` value (``gguf_hf_config``'s)."""
+    out: dict = {}
+    key = lambda name: f"{decl.name}.{name}"  # noqa: E731
+    window = size("attention.sliding_window", 0, least=0) if key("attention.sliding_window") in info.meta else 0
+    if window:
+        out["sliding_window"] = window
+        out["layer_types"] = ["sliding_attention" if s else "full_attention"
+                              for s in sliding_layers(decl, cfg["num_hidden_layers"], window)]
+        if decl.name == "qwen2":
+            out["use_sliding_window"] = True
+    if info.meta.get(key("rope.scaling.type")) == "linear":
+        out["rope_scaling"] = {"rope_type": "linear", "factor": positive("rope.scaling.factor")}
+    if decl.local_rope_base is not None:
+        out["rope_local_base_freq"] = decl.local_rope_base
+    if decl.name == "gemma3":  # llama.cpp's f_attention_scale: 1/sqrt(head_dim), the 27B (62 layers) 1/sqrt(dim/heads)
+        big = cfg["num_hidden_layers"] == 62
+        out["query_pre_attn_scalar"] = cfg["hidden_size"] // cfg["num_attention_heads"] if big else cfg["head_dim"]
+    if key("final_logit_softcapping") in info.meta:
+        out["final_logit_softcapping"] = positive("final_logit_softcapping")
+    if "rope_freqs.weight" in info.tensors:
+        out["rope_freq_factors"] = _rope_freq_factors(info, decl, cfg["head_dim"])
+    return out
+
+
+def _rope_freq_factors(info: GGUFInfo, decl: Architecture, head_dim: int) -> list[float]:
+    """``rope_freqs.weight``: llama.cpp's Llama-3 RoPE scaling, one divisor per frequency
+    (F32 [head_dim / 2], each finite and positive); read here, before any weight, as it is the config."""
+    t = info.tensors["rope_freqs.weight"]
+    if not decl.rope_freqs:
+        raise ModelError(f"{info.path} has tensor rope_freqs.weight, which verispec does not implement for {decl.name}")
+    if t.format != WeightFormat.F32 or t.shape != (head_dim // 2,):
+        raise ModelError(f"{info.path}: tensor rope_freqs.weight is {t.type_name} {list(t.shape)}: expected F32 "
+                         f"[{head_dim // 2}] (head_dim / 2)")
+    with info.path.open("rb") as f:
+        f.seek(t.offset)
+        factors = np.frombuffer(f.read(t.nbytes), dtype=np.float32)
+    if len(factors) != head_dim // 2 or not (np.isfinite(factors).all() and (factors > 0).all()):
+        raise ModelError(f"{info.path}: tensor rope_freqs.weight: expected {head_dim // 2} finite positive factors")
+    return [float(x) for x in factors]
 
 
 _MAX_SIZE = 1 << 24  # the largest count or length a config may give (layers, heads, vocabulary, context)
 
 
-# llama.cpp's names of a decoder layer's tensors (``blk.{i}.<name>.weight``, Qwen2's Q/K/V also
-# ``.bias``) -> HF Llama/Qwen2's (``model.layers.{i}.<name>``): the one spelling of GGUF tensor names
-# (the config's checks here, the compiled runtime's reader, the dequantizing reader, the converter)
+# llama.cpp's names of a llama / qwen2 layer's tensors (``blk.{i}.<name>.weight``, Qwen2's Q/K/V
+# also ``.bias``) -> HF Llama/Qwen2's (``model.layers.{i}.<name>``): what the dequantizing reader and
+# the converter read (other architectures' tensors: ``architectures.layer_tensors``)
 LAYER_TENSORS = {
     "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
@@ -153,43 +218,45 @@ GLOBAL_TENSORS = {"token_embd.weight": "model.embed_tokens.weight", "output_norm
 
 
 def layer_tensor(layer: int, name: str, kind: str = "weight") -> str:
-    """GGUF name of layer ``layer``'s tensor ``name`` (a key of LAYER_TENSORS): ``blk.3.attn_q.weight``."""
+    """GGUF name of layer ``layer``'s tensor ``name`` (``architectures.layer_tensors``): ``blk.3.attn_q.weight``."""
     return f"blk.{layer}.{name}.{kind}"
 
 
-def _check_tensors(info: GGUFInfo, cfg: dict) -> None:
-    """Every tensor a decoder layer needs is there, and every weight has the shape the config
-    gives it (GGUF order: the row length first), before any weight is read: a mismatch names
-    the tensor and the metadata its expected shape comes from."""
+def _check_tensors(info: GGUFInfo, cfg: dict, decl: Architecture) -> None:
+    """Every tensor a decoder layer of ``decl`` needs is there, no tensor is one it does not
+    declare, and every weight has the shape the config gives it (GGUF order: the row length
+    first), before any weight is read: a mismatch names the tensor and the metadata its
+    expected shape comes from."""
+    required, optional = layer_tensors(decl), optional_layer_tensors(decl)
     names = ["token_embd.weight", "output_norm.weight"]
     for i in range(cfg["num_hidden_layers"]):
-        names += [layer_tensor(i, n) for n in LAYER_TENSORS]
+        names += [layer_tensor(i, n) for n in required]
     missing = [n for n in names if n not in info.tensors]
     if missing:
         raise ModelError(f"{info.path} lacks tensor {missing[0]} ({len(missing)} missing): expected a complete "
-                         f"{cfg['model_type']} model")
-    arch, meta = cfg["model_type"], info.meta
+                         f"{decl.name} model")
+    arch, meta = decl.name, info.meta
     per_head = (f"{arch}.attention.key_length" if f"{arch}.attention.key_length" in meta
                 else f"{arch}.embedding_length/attention.head_count")
     vocab_from = next((k for k in (f"{arch}.vocab_size", "tokenizer.ggml.tokens") if k in meta), "token_embd.weight")
+    f = cfg["intermediate_size"]
+    q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
     # each dimension: (size, the metadata it comes from)
-    h = (cfg["hidden_size"], f"{arch}.embedding_length")
-    v = (cfg["vocab_size"], vocab_from)
-    f = (cfg["intermediate_size"], f"{arch}.feed_forward_length")
-    q = (cfg["num_attention_heads"] * cfg["head_dim"], f"{per_head}/head_count")
-    kv = (cfg["num_key_value_heads"] * cfg["head_dim"], f"{per_head}/head_count_kv")
-    layer_shapes = {"attn_norm": (h,), "ffn_norm": (h,), "attn_q": (h, q), "attn_k": (h, kv), "attn_v": (h, kv),
-                    "attn_output": (q, h), "ffn_gate": (h, f), "ffn_up": (h, f), "ffn_down": (f, h)}
-    bias_shapes = {"attn_q": (q,), "attn_k": (kv,), "attn_v": (kv,)}
-    shapes = {"token_embd.weight": (h, v), "output.weight": (h, v), "output_norm.weight": (h,)}
+    dims = {"h": (cfg["hidden_size"], f"{arch}.embedding_length"), "v": (cfg["vocab_size"], vocab_from),
+            "f": (f, f"{arch}.feed_forward_length"), "2f": (2 * f, f"{arch}.feed_forward_length"),
+            "q": (q, f"{per_head}/head_count"), "kv": (kv, f"{per_head}/head_count_kv"),
+            "qkv": (q + 2 * kv, f"{per_head}/head_count/head_count_kv"), "d": (cfg["head_dim"], per_head)}
+    shapes = {"token_embd.weight": ("h", "v"), "output.weight": ("h", "v"), "output_norm.weight": ("h",)}
     for i in range(cfg["num_hidden_layers"]):
-        shapes |= {layer_tensor(i, n): dims for n, dims in layer_shapes.items()}
-        shapes |= {layer_tensor(i, n, "bias"): dims for n, dims in bias_shapes.items()}
-    for name, dims in shapes.items():
-        t = info.tensors.get(name)
-        want = tuple(d for d, _ in dims)
-        if t is not None and t.shape != want:
-            wrong = [src for (d, src), got in zip(dims, t.shape) if d != got] or [src for _, src in dims]
+        shapes |= {layer_tensor(i, n): d for n, d in required.items()}
+        shapes |= {f"blk.{i}.{n}": d for n, d in optional.items()}
+    for name, t in info.tensors.items():
+        if name not in shapes and name != "rope_freqs.weight":  # rope_freqs: checked with the config
+            raise ModelError(f"{info.path} has tensor {name}, which verispec does not implement for {arch}")
+        want = tuple(dims[d][0] for d in shapes.get(name, ()))
+        if want and t.shape != want:
+            srcs = [dims[d] for d in shapes[name]]
+            wrong = [src for (d, src), got in zip(srcs, t.shape) if d != got] or [src for _, src in srcs]
             raise ModelError(f"{info.path}: tensor {name} has shape {list(t.shape)}, expected {list(want)} from "
                              f"{', '.join(dict.fromkeys(wrong))}")
 

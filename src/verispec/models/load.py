@@ -25,7 +25,7 @@ from .gguf_tensors import gguf_dequant_bytes, gguf_state_dict, gguf_tensor
 from .gguf_tokenizer import load_gguf_tokenizer
 from .hf_dir import hf_dir_config, load_target_embedding
 from .resolve import ModelSource, resolve_model
-from .tokenizer import hf_dir_tokenizer
+from .tokenizer import hf_dir_tokenizer, load_tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 Prompt = str | list[dict[str, str]]
@@ -252,8 +252,10 @@ def _gguf_backend(source: ModelSource, info: GGUFInfo, cfg: dict, name: str, dty
         state = gguf_state_dict(info, cfg)
         return CpuLlama.from_state_dict(cfg, state, context, quant=choice.weights, name=name, head_rows=head_rows)
     if choice.backend == "native":
+        from .llama import LlamaArgs, check_native
         from .native import NativeLlama, NativeOptions
 
+        check_native(LlamaArgs.from_hf_config(cfg), name)  # before any weight is dequantized
         _say_dequantized(source, info, f"the PyTorch runtime runs it as {choice.weights}")
         state = gguf_state_dict(info, cfg)
         return NativeLlama.from_state_dict(cfg, state, NativeOptions(dtype=dtype, quant=choice.weights), device,
@@ -362,18 +364,29 @@ def load_draft_model(target: LoadedModel, spec: str, vocab: int | None = None,
     if vocab is not None or requant is not None:
         return _load_gguf_draft(target, spec, vocab, requant)
     source = resolve_model(spec)
-    if source.kind == "gguf":  # refused before any weight is read
-        _check_same_tokenizer(target, spec, load_gguf_tokenizer(open_gguf(source.gguf)[0]))
-    draft = _load_source(source, info.dtype, target.backend_kind, str(info.device),
-                         "auto" if target.backend_kind == "cpu" else target.pytorch_format)
-    _check_same_tokenizer(target, spec, draft.tokenizer)
-    return draft.backend
+    _check_same_tokenizer(target, spec, load_tokenizer(source))  # refused before any weight is read
+    return _load_beside(target, source).backend
+
+
+def load_any_draft(target: LoadedModel, spec: str) -> LoadedModel:
+    """The draft model ``spec`` (a name or path) with its own tokenizer, whatever it is, on the
+    target's backend: what drafting through text needs (``drafters.cross_tokenizer``)."""
+    return _load_beside(target, resolve_model(spec))
+
+
+def _load_beside(target: LoadedModel, source: ModelSource) -> LoadedModel:
+    info = target.backend.info
+    return _load_source(source, info.dtype, target.backend_kind, str(info.device),
+                        "auto" if target.backend_kind == "cpu" else target.pytorch_format)
+
+
+class OtherTokenizer(ValueError):
+    """A draft model whose vocabulary is not the target's (it can draft through text instead)."""
 
 
 def _check_same_tokenizer(target: LoadedModel, spec: str, tokenizer) -> None:
     if tokenizer.get_vocab() != target.tokenizer.get_vocab():
-        raise ValueError(f"draft model {spec} does not share the tokenizer of the target {target.name} "
-                         "(drafting across tokenizers is not supported): pick a draft of the same family")
+        raise OtherTokenizer(f"draft model {spec} does not share the tokenizer of the target {target.name}")
 
 
 def _load_gguf_draft(target: LoadedModel, spec: str, vocab: int | None,
@@ -382,12 +395,12 @@ def _load_gguf_draft(target: LoadedModel, spec: str, vocab: int | None,
     from ..weights import frequent_tokens
 
     source = resolve_model(spec)
+    tokenizer = load_tokenizer(source)
+    _check_same_tokenizer(target, spec, tokenizer)  # first: another tokenizer drafts through text (registry)
     if source.kind != "gguf" or target.backend_kind != "cpu":
         raise ValueError("vocab=N and quant=q4_0 need a GGUF draft on the compiled runtime (backend cpu); "
                          "use vocab=full quant=file")
     info, cfg = open_gguf(source.gguf)
-    tokenizer = load_gguf_tokenizer(info)
-    _check_same_tokenizer(target, spec, tokenizer)
     rows = None if vocab is None else frequent_tokens(source.name, vocab, sorted(tokenizer.added_tokens_decoder))
     tags = ([] if rows is None else [f"vocab {len(rows)}"]) + ([] if requant is None else [requant])
     choice = RuntimeChoice("cpu", None, checkpoint_format(source))  # the file's own blocks

@@ -90,7 +90,7 @@ from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput, 
 from verispec.models.cache_pool import PooledLM
 from verispec.models.formats import PYTORCH_FORMATS, WeightFormat
 from verispec.models.invariance import BatchInvariance, RowProbe, invariant_attention, tail_layout
-from verispec.models.llama import LlamaArgs, apply_rope, read_safetensors, rms_norm, rope_tables, take
+from verispec.models.llama import LlamaArgs, apply_rope, check_native, read_safetensors, rms_norm, rope_tables, take
 from verispec.models.native_cache import NativeCache, NativeCachePool, round_up
 from verispec.models.quant import QuantWeight, quant_linear, quantize_int4, quantize_int8
 
@@ -263,6 +263,7 @@ class NativeLlama(PooledLM):
                 raise ValueError(f"num_layers must be in [1, {cfg['num_hidden_layers']}], got {num_layers}")
             cfg, name = {**cfg, "num_hidden_layers": num_layers}, f"{name}[:{num_layers}]"
         args = LlamaArgs.from_hf_config(cfg)
+        check_native(args, name)
         device = torch.device(device)
         prep = _weight_preparer(options, device)
         embed = prep(take(state, "model.embed_tokens.weight"))

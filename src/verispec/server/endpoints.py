@@ -22,13 +22,14 @@ from ..api import encode_prediction, encode_prompt
 from ..chat import ChatTooLong, RenderedChat, render_chat, tokenize_chat
 from ..chat_template import TemplateError
 from ..constraints import Constraint
+from ..fim import fim_prompt
 from .generation import FINISH
 from .openai_logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from .schemas import ApiError, ChatCompletionRequest, CompletionRequest
 from .state import ServerState
 from .structured import (ConstraintRequest, compile_request, forced_tools, parse_tool_calls,
                          response_format_request, tool_call_request)
-from .validation import check_chat_size, check_prompt_sizes, max_new_tokens
+from .validation import check_chat_size, check_prompt_sizes, fim_suffix, max_new_tokens
 from .worker import Event
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions (chat: --default-max-tokens)
@@ -129,15 +130,18 @@ def tokenize_chat_prompt(state: ServerState, messages: list[dict[str, Any]], ren
         raise ApiError(400, str(e), "messages") from None
 
 
-def encode_completion_prompt(state: ServerState, prompt: str | list[int]) -> list[int]:
+def encode_completion_prompt(state: ServerState, prompt: str | list[int], suffix: str | None = None) -> list[int]:
     """Token ids of one completion prompt: text encoded as it is (no chat template), or token
-    ids checked against the vocabulary (on the tokenizer thread)."""
+    ids checked against the vocabulary, or with a ``suffix`` (``validation.fim_suffix``) the
+    model's fill-in-the-middle prompt (on the tokenizer thread)."""
     vocab = state.model.backend.info.vocab_size
     if isinstance(prompt, list):
         if not prompt or min(prompt) < 0 or max(prompt) >= vocab:
             raise ApiError(400, f"prompt token ids must be a non-empty list in [0, {vocab})", "prompt")
         return prompt
     try:
+        if suffix is not None:
+            return fim_prompt(state.model.tokenizer, prompt, suffix)
         return encode_prompt(state.model, prompt, chat=False)
     except ValueError as e:
         raise ApiError(400, str(e), "prompt") from None
@@ -172,6 +176,7 @@ class Completions(Endpoint):
         self.raw = body.prompts()
         self.echoes: list[str] = []  # per prompt: the text echoed before its choices' ("" without echo)
         self.offsets: list[TextOffsets] = []  # per streamed choice: its logprobs' text_offset
+        self.suffix: str | None = None  # fill-in-the-middle: the code after the cursor (set by check_size)
 
     @property
     def samples(self) -> int:
@@ -190,11 +195,12 @@ class Completions(Endpoint):
         if len(self.raw) * self.samples > queue:
             raise ApiError(400, f"{len(self.raw)} prompts x {self.samples} samples in one request; this server "
                            f"queues at most {queue}", "prompt", "too_many_prompts")
-        check_prompt_sizes(self.state, [p for p in self.raw if isinstance(p, str)],
+        self.suffix = fim_suffix(self.state, self.body)
+        check_prompt_sizes(self.state, [p + (self.suffix or "") for p in self.raw if isinstance(p, str)],
                            [p for p in self.raw if isinstance(p, list)], "prompt")
 
     async def prompts(self) -> list[list[int]]:
-        prompts = [await off_loop(self.state, encode_completion_prompt, self.state, p)  # one slice each
+        prompts = [await off_loop(self.state, encode_completion_prompt, self.state, p, self.suffix)  # one slice each
                    for p in self.raw]
         self.echoes = [(p if isinstance(p, str) else self.tokenizer.decode(p)) if self.body.echo else ""
                        for p in self.raw]

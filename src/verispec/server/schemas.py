@@ -2,7 +2,7 @@
 
 Only what verispec can honour is accepted: fields of the OpenAI API that would change the
 output in ways the engine does not implement (``echo`` with logprobs, streaming ``best_of``,
-``suffix``, ...) are declared so that a non-default value is refused with HTTP 400
+...) are declared so that a non-default value is refused with HTTP 400
 naming the field, instead of being silently ignored. Unknown fields are ignored (as OpenAI
 clients send extras). Extensions (the openai client sends them through ``extra_body``):
 ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
@@ -138,7 +138,6 @@ class CompletionRequest(_Sampling):
             ("echo", self.echo and self.logprobs is not None, "echo with logprobs (prompt logprobs) is not supported"),
             ("best_of", self.best_of is not None and self.best_of < self.n, "best_of must be >= n"),
             ("best_of", self.stream and self.best_of not in (None, self.n), "best_of > n cannot stream"),
-            ("suffix", bool(self.suffix), "suffix is not supported"),
             ("prompt", isinstance(self.prompt, list) and not self.prompt, "the prompt list is empty"),
         ]
         return next(((p, m) for p, bad, m in checks if bad), None)

@@ -9,9 +9,9 @@ pydantic (``schemas.py``) checks types and ranges that need nothing else; what f
 from __future__ import annotations
 
 import secrets
-
 from typing import TYPE_CHECKING, Any
 
+from ..fim import fim_token_ids
 from ..types import ParameterError, SamplingParams
 from .schemas import ApiError, ChatCompletionRequest, CompletionRequest
 from .state import ServerState
@@ -121,3 +121,18 @@ def check_chat_size(state: ServerState, messages: list[dict[str, Any]]) -> None:
         raise ApiError(400, f"{len(messages)} messages cannot fit this server's context of {state.max_len} tokens",
                        "messages", "context_length_exceeded")
     check_prompt_sizes(state, ["".join(m["content"] for m in messages)], [], "messages")
+
+
+def fim_suffix(state: ServerState, body: CompletionRequest) -> str | None:
+    """The suffix of a fill-in-the-middle completion (OpenAI's ``suffix``: the prompt is the code
+    before the cursor, the suffix the code after it), or None for a plain completion. It needs text
+    prompts and a model with FIM tokens (``fim.py``); an empty suffix on a model without them is
+    a plain completion, as before FIM existed."""
+    if body.suffix is None or (not body.suffix and fim_token_ids(state.model.tokenizer) is None):
+        return None
+    if any(not isinstance(p, str) for p in body.prompts()):
+        raise ApiError(400, "suffix needs text prompts (the code before the cursor), not token ids", "suffix")
+    if fim_token_ids(state.model.tokenizer) is None:
+        raise ApiError(400, f"the model {state.name} has no fill-in-the-middle tokens; send the prompt without "
+                       "suffix", "suffix")
+    return body.suffix

@@ -12,8 +12,12 @@
 //   H2    (128 B)   bits 4-5 (6-bit formats): two 64-byte vectors, columns 0..15 then 16..31;
 //                   byte 4r+t, bits 2c..2c+1 = bits 4-5 of q[r][4c+t] (resp. q[r][16+4c+t]).
 //   Q8G   (512 B)   8 groups of 64 bytes: group g, lane r, byte t = q[r][4g+t] + 128 (u8).
+//   N2    (128 B)   low 2 bits of 16 x 32 weights (2- and 3-bit formats): 2 chunks of 64 bytes;
+//                   chunk c, lane r, byte t, bits 2s..2s+1 = q[r][8s+4c+t] (s = 0..3). So chunk
+//                   c unpacks to four registers, group g = c + 2s holding columns 4g..4g+3.
 #pragma once
 #include <cstring>
+#include <type_traits>
 
 #include "../vs.h"
 
@@ -49,6 +53,11 @@ inline void h2_put(uint8_t* h2, int r, int k, int q) { h2[h2_byte(r, k)] |= (uin
 inline int h2_get(const uint8_t* h2, int r, int k) { return ((h2[h2_byte(r, k)] >> (2 * ((k & 15) >> 2))) & 3) << 4; }
 
 inline int q8g_byte(int r, int k) { return (k >> 2) * 64 + r * 4 + (k & 3); }
+
+constexpr int N2_BYTES = 128;
+inline int n2_byte(int r, int k) { return ((k >> 2) & 1) * 64 + r * 4 + (k & 3); }
+inline void n2_put(uint8_t* n2, int r, int k, int q) { n2[n2_byte(r, k)] |= (uint8_t)((q & 3) << (2 * (k >> 3))); }
+inline int n2_get(const uint8_t* n2, int r, int k) { return (n2[n2_byte(r, k)] >> (2 * (k >> 3))) & 3; }
 
 // The scalar reference driver: K::dot(panel, cols, r, a, t) is the fp32 accumulation of
 // lane r of the panel against token t, in the format's one fixed order of operations.

@@ -143,6 +143,29 @@ struct K {
       }
     }
   }
+  // one token, both halves in one pass (half<1>'s operations for each half, in its order); Q4_K only
+  static constexpr bool ONE_PASS = !HIGH;
+  static inline void both(const uint8_t* pw, int cols, const QAct& a, int t, __m256* acc) {
+    using L = Layout<HIGH>;
+    for (int sb = 0; sb < cols / QK_K; sb++) {
+      const uint8_t* blk = pw + (size_t)sb * L::PB;
+      const __m256 d[2] = {half8(blk), half8(blk + 16)}, dmin[2] = {half8(blk + HALF16_BYTES), half8(blk + HALF16_BYTES + 16)};
+      for (int j = 0; j < 8; j++) {
+        const int b = sb * 8 + j;
+        const uint8_t* sub = L::sub(blk, j);
+        prefetch(sub + 2048, 4);
+        __m256i isum[2];
+        dot_n4_both<8>(sub, act_q(a, t, b), isum[0], isum[1]);
+        const __m256 dx = _mm256_set1_ps(a.d[(size_t)t * a.nb + b]), sx = _mm256_set1_ps(a.s[(size_t)t * a.nb + b]);
+        for (int h = 0; h < 2; h++) {
+          const __m256 dsc = _mm256_mul_ps(d[h], u8x8(blk + SC_AT + j * PANEL + 8 * h));
+          const __m256 nm = negate(_mm256_mul_ps(dmin[h], u8x8(blk + M_AT + j * PANEL + 8 * h)));
+          acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dsc, dx), _mm256_cvtepi32_ps(isum[h]), acc[h]);
+          acc[h] = _mm256_fmadd_ps(nm, sx, acc[h]);
+        }
+      }
+    }
+  }
 };
 }  // namespace avx2
 VS_END_TARGET

@@ -51,6 +51,17 @@ static inline void h2_add(const uint8_t* h2, int h, __m256i* w) {
     o[3] = _mm256_or_si256(o[3], _mm256_and_si256(_mm256_srli_epi16(x, 2), b45));
   }
 }
+// N2 block, half h -> w[g] = columns 4g..4g+3 (u8 0..3)
+static inline void n2_unpack(const uint8_t* n2, int h, __m256i* w) {
+  const __m256i m2 = _mm256_set1_epi8(0x03);
+  for (int c = 0; c < 2; c++) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i*)(n2 + 64 * c + 32 * h));
+    w[c] = _mm256_and_si256(raw, m2);
+    w[c + 2] = _mm256_and_si256(_mm256_srli_epi16(raw, 2), m2);
+    w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m2);
+    w[c + 6] = _mm256_and_si256(_mm256_srli_epi16(raw, 6), m2);
+  }
+}
 
 // sum over groups [G0, G0 + N) of w[g] (u8) x activations 4g..4g+3 (s8), int32 per lane;
 // PER16 groups' pair sums are added in int16 before widening (the caller's overflow bound).
@@ -66,29 +77,68 @@ static inline __m256i dot_groups(const __m256i* w, const int8_t* xq) {
   return isum;
 }
 
+// One token's block dots for BOTH halves of an N4 block (16 rows x 32 columns) in one pass
+// over its bytes, each activation group broadcast once for the two: the decode step's (T = 1)
+// form of n4_unpack + dot_groups<0, 8, PER16> for h = 0 and h = 1. Integer sums: the same values.
+template <int PER16>
+static inline void dot_n4_both(const uint8_t* n4, const int8_t* xq, __m256i& isum0, __m256i& isum1) {
+  static_assert(PER16 % 2 == 0 && 8 % PER16 == 0, "two groups (a chunk's low and high nibbles) per step");
+  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+  isum0 = isum1 = _mm256_setzero_si256();
+  for (int c = 0; c < 4; c++) {
+    const __m256i xl = bcast4(xq + 4 * c), xh = bcast4(xq + 16 + 4 * c);  // columns 4c.. and 16 + 4c..
+    const __m256i r0 = _mm256_loadu_si256((const __m256i*)(n4 + 64 * c));
+    const __m256i r1 = _mm256_loadu_si256((const __m256i*)(n4 + 64 * c + 32));
+    s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_and_si256(r0, m4), xl));
+    s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(r1, m4), xl));
+    s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(r0, 4), m4), xh));
+    s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(r1, 4), m4), xh));
+    if ((2 * c + 2) % PER16 == 0) {  // widen before an int16 sum could overflow
+      isum0 = _mm256_add_epi32(isum0, _mm256_madd_epi16(s0, ones));
+      isum1 = _mm256_add_epi32(isum1, _mm256_madd_epi16(s1, ones));
+      s0 = s1 = _mm256_setzero_si256();
+    }
+  }
+}
+
+// A format kernel K with ONE_PASS = true has K::both(panel, cols, a, t, acc[2]): one token, both
+// halves in one pass (the tile of a decode step); otherwise tile<K, 1> runs K::half<1> per half.
+template <class K, class = void>
+struct OnePass : std::false_type {};
+template <class K>
+struct OnePass<K, std::void_t<decltype(K::ONE_PASS)>> : std::bool_constant<K::ONE_PASS> {};
+
+// out rows 8h..8h+7 of panel p for token t: acc (+ bias), the last panel's missing rows left out
+static inline void store_half(const Matrix& w, int p, int h, __m256 acc, float* o) {
+  const int row0 = p * PANEL + 8 * h;
+  if (row0 + 8 <= w.rows) {
+    if (w.bias) acc = _mm256_add_ps(acc, _mm256_loadu_ps(w.bias + row0));
+    _mm256_storeu_ps(o + row0, acc);
+  } else {  // the matrix's last, partial panel
+    alignas(32) float tmp[8];
+    _mm256_store_ps(tmp, acc);
+    for (int r = 0; r < 8 && row0 + r < w.rows; r++) o[row0 + r] = w.bias ? tmp[r] + w.bias[row0 + r] : tmp[r];
+  }
+}
+
 // The driver: K::half<TT>(panel, h, cols, a, t0, acc) accumulates TT tokens from t0 for
-// rows 8h..8h+7 of the panel.
+// rows 8h..8h+7 of the panel (or K::both, one token).
 template <class K, int TT>
 static inline void tile(const Matrix& w, int p, const QAct& a, int t0, float* out, int ldo) {
   const uint8_t* pw = w.data + (size_t)p * w.panel_bytes;
+  if constexpr (TT == 1 && OnePass<K>::value) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    K::both(pw, w.cols, a, t0, acc);
+    for (int h = 0; h < 2 && p * PANEL + 8 * h < w.rows; h++) store_half(w, p, h, acc[h], out + (size_t)t0 * ldo);
+    return;
+  }
   for (int h = 0; h < 2; h++) {
-    const int row0 = p * PANEL + 8 * h;
-    if (row0 >= w.rows) break;
+    if (p * PANEL + 8 * h >= w.rows) break;
     __m256 acc[TT];
     for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     K::template half<TT>(pw, h, w.cols, a, t0, acc);
-    for (int t = 0; t < TT; t++) {
-      float* o = out + (size_t)(t0 + t) * ldo + row0;
-      if (row0 + 8 <= w.rows) {
-        __m256 y = acc[t];
-        if (w.bias) y = _mm256_add_ps(y, _mm256_loadu_ps(w.bias + row0));
-        _mm256_storeu_ps(o, y);
-      } else {  // the matrix's last, partial panel
-        alignas(32) float tmp[8];
-        _mm256_store_ps(tmp, acc[t]);
-        for (int r = 0; r < 8 && row0 + r < w.rows; r++) o[r] = w.bias ? tmp[r] + w.bias[row0 + r] : tmp[r];
-      }
-    }
+    for (int t = 0; t < TT; t++) store_half(w, p, h, acc[t], out + (size_t)(t0 + t) * ldo);
   }
 }
 

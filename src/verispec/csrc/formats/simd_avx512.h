@@ -53,6 +53,17 @@ static inline void h2_add(const uint8_t* h2, __m512i* w) {
     o[3] = _mm512_or_si512(o[3], _mm512_and_si512(_mm512_srli_epi16(h, 2), b45));
   }
 }
+// N2 plane: bits 0-1 of each weight (layout.h) -> w[g] = columns 4g..4g+3 (u8 0..3)
+static inline void n2_unpack(const uint8_t* n2, __m512i* w) {
+  const __m512i m2 = _mm512_set1_epi8(0x03);
+  for (int c = 0; c < 2; c++) {
+    const __m512i raw = _mm512_loadu_si512((const void*)(n2 + 64 * c));
+    w[c] = _mm512_and_si512(raw, m2);
+    w[c + 2] = _mm512_and_si512(_mm512_srli_epi16(raw, 2), m2);
+    w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m2);
+    w[c + 6] = _mm512_and_si512(_mm512_srli_epi16(raw, 6), m2);
+  }
+}
 
 // sum over the 32 columns of a block: w[c] (columns 4c..) x activations, int32 per lane
 static inline __m512i dot_n4(const __m512i* w, const int8_t* xq) {
