@@ -100,11 +100,14 @@ class SpecDecoder:
                              PrefixCache.from_mb(prefix_cache_mb))
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None,
-               chat: bool | None = None, prediction: str | list[int] | None = None) -> Iterator[Chunk]:
+               chat: bool | None = None, prediction: str | list[int] | None = None,
+               json_schema: dict | str | None = None, grammar: str | None = None) -> Iterator[Chunk]:
         """Yield text deltas as tokens are committed; the last chunk has ``finished`` set.
         ``prediction``: text (or token ids) the answer is expected to repeat, e.g. the file an
-        edit applies to (OpenAI's Predicted Outputs): it only drafts, the output is unchanged."""
-        params = params or SamplingParams()
+        edit applies to (OpenAI's Predicted Outputs): it only drafts, the output is unchanged.
+        ``json_schema`` (a dict or JSON text) or ``grammar`` (Lark or GBNF): the answer follows
+        it (``constraints/``; a bad one is ``GrammarError``, a ValueError, in one line)."""
+        params = self.constrained(params or SamplingParams(), json_schema, grammar)
         ids = encode_prompt(self.model, prompt, chat)
         yield from self._stream(self.engine.add_request(ids, params, prediction=encode_prediction(self.model, prediction)))
 
@@ -130,8 +133,22 @@ class SpecDecoder:
             self.engine.finish(req, req.finished or "stop")
 
     def generate(self, prompt: Prompt, params: SamplingParams | None = None,
-                 chat: bool | None = None, prediction: str | list[int] | None = None) -> GenerationOutput:
-        return self._collect(self.stream(prompt, params, chat, prediction), params or SamplingParams())
+                 chat: bool | None = None, prediction: str | list[int] | None = None,
+                 json_schema: dict | str | None = None, grammar: str | None = None) -> GenerationOutput:
+        return self._collect(self.stream(prompt, params, chat, prediction, json_schema, grammar),
+                             params or SamplingParams())
+
+    def constrained(self, params: SamplingParams, json_schema: dict | str | None = None,
+                    grammar: str | None = None) -> SamplingParams:
+        """``params`` with the constraint ``json_schema`` or ``grammar`` names, compiled for this model."""
+        if json_schema is not None and grammar is not None:
+            raise ValueError("give json_schema or grammar, not both")
+        if json_schema is None and grammar is None:
+            return params
+        from .constraints import constraint_for
+
+        kind, spec = ("json_schema", json_schema) if json_schema is not None else ("grammar", grammar)
+        return replace(params, constraint=constraint_for(self.model, kind, spec))
 
     def generate_n(self, prompt: Prompt, n: int, params: SamplingParams | None = None,
                    chat: bool | None = None) -> list[GenerationOutput]:

@@ -93,11 +93,14 @@ class ChatTemplate:
         self.worker = worker or SHARED_WORKER
         self.render([])
 
-    def render(self, chats: list[tuple[list[dict[str, Any]], int]], add_generation_prompt: bool = True) -> list[str]:
+    def render(self, chats: list[tuple[list[dict[str, Any]], int]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> list[str]:
         """The text of each chat ``(messages, max_chars)``, in one round trip to the worker;
         ``ChatTooLong`` when one passes its ``max_chars``. Keys whose value is None are
-        dropped from messages (as transformers does: templates test for missing keys)."""
+        dropped from messages (as transformers does: templates test for missing keys).
+        ``tools``: the functions the template renders for the model (OpenAI's ``tools``)."""
         request = {"source": self.source, "variables": self.variables, "add_generation_prompt": add_generation_prompt,
+                   "tools": tools or None,
                    "chats": [[[{k: v for k, v in m.items() if v is not None} for m in messages], max_chars]
                              for messages, max_chars in chats],
                    "timeout_s": self.bounds.timeout_s, "memory_mb": self.bounds.memory_mb}
@@ -331,7 +334,7 @@ def _answer(request: dict[str, Any]) -> dict[str, Any]:
     try:
         with _Bounded(request["memory_mb"], request["timeout_s"]):
             template = _compiled(request["source"])
-            common = request["variables"] | {"tools": None, "documents": None,
+            common = request["variables"] | {"tools": request.get("tools"), "documents": None,
                                              "add_generation_prompt": request["add_generation_prompt"]}
             texts = [_render(template, common | {"messages": messages}, max_chars)
                      for messages, max_chars in request["chats"]]

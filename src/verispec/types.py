@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from .constraints import Constraint
 
 FinishReason = Literal["eos", "length", "stop", "context"]
 
@@ -43,6 +46,9 @@ class SamplingParams:
 
     ``logprobs``: None = none; N >= 0 = report each emitted token's log-probability under
     the target model plus the N most likely alternatives (``logprobs.py``).
+
+    ``constraint``: the output follows this compiled grammar (``constraints/``: a JSON schema, a
+    regex, a grammar, a choice list); the grammar's end ends generation.
     """
 
     temperature: float = 0.0
@@ -59,6 +65,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.temperature <= MAX_TEMPERATURE:  # also rejects NaN and inf

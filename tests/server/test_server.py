@@ -313,7 +313,7 @@ BAD = [
     ("chat/completions", {"messages": []}, 400, "messages"),
     ("chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
     ("chat/completions", {"messages": [{"role": "user", "content": "  "}]}, 400, "messages"),
-    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools.0.function"),
 ]
 
 

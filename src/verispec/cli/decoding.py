@@ -36,6 +36,9 @@ def generate(
     prediction: Optional[Path] = typer.Option(None, "--prediction", help="a file the answer is expected to repeat "
                                               "(e.g. the code an edit applies to; OpenAI's Predicted Outputs): it "
                                               "drafts, the output is unchanged"),
+    json_schema: Optional[Path] = typer.Option(None, "--json-schema", help="a JSON Schema file: the answer is JSON "
+                                               "valid against it (constrained decoding, exact under speculation)"),
+    grammar: Optional[Path] = typer.Option(None, "--grammar", help="a Lark or GBNF grammar file the answer follows"),
     model: str = typer.Option("smollm2-135m-instruct", help="catalog name or path (see `verispec models`)"),
     drafter: str = typer.Option("auto", help="auto (default: the best lossless method measured for the model: "
                                 "Qwen2.5-Coder 1.5B: hybrid of suffix and the 0.5B draft; others: suffix), "
@@ -78,6 +81,8 @@ def generate(
     check_model_arg(model)
     text = read_prompt(prompt, file)
     predicted = read_prompt(None, prediction, "prediction") if prediction is not None else None
+    schema_text = read_prompt(None, json_schema, "JSON schema") if json_schema is not None else None
+    grammar_text = read_prompt(None, grammar, "grammar") if grammar is not None else None
     try:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                                 max_new_tokens=max_new_tokens, seed=seed, stop=tuple(stop))
@@ -89,7 +94,7 @@ def generate(
         dec = SpecDecoder(lm, drafter, parse_options(drafter_option), num_draft_tokens, policy,
                           prefix_cache_mb=prefix_cache_mb)
         chunks = []
-        for chunk in dec.stream(text, params, chat, predicted):
+        for chunk in dec.stream(text, params, chat, predicted, schema_text, grammar_text):
             chunks.append(chunk)
             if stream and not as_json:
                 emit(chunk.delta, end="")

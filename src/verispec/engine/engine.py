@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..constraints.speculation import mask_logits, shape_draft
 from ..drafters.base import DraftContext, Drafter, Observation, features_of
 from ..logits_processing import adjust_tree_logits
 from ..logprobs import step_rows, token_logprobs
@@ -149,6 +150,10 @@ class Engine:
             raise ValueError(f"the prediction has {len(prediction)} tokens; the model's context is {info.max_length}")
         if prediction and (max(prediction) >= info.vocab_size or min(prediction) < 0):
             raise ValueError(f"prediction token ids must be in [0, {info.vocab_size})")
+        constraint = params.constraint
+        if constraint is not None and constraint.vocab_size != info.vocab_size:
+            raise ValueError(f"the constraint was compiled for a vocabulary of {constraint.vocab_size} tokens; "
+                             f"the model has {info.vocab_size}")
         return Request(
             request_id=request_id or f"req-{next(self._ids)}",
             prompt_ids=list(prompt_ids),
@@ -157,6 +162,7 @@ class Engine:
             policy=DraftLengthPolicy(self.num_draft_tokens, self.policy),
             draft_limit=draft_limit,
             prediction=prediction,
+            grammar=None if constraint is None else constraint.matcher(),
         )
 
     def _prefill(self, req: Request) -> None:
@@ -201,6 +207,8 @@ class Engine:
         scores = last
         if req.params.adjusts_logits:
             scores = adjust_tree_logits(last, DraftTree.chain(req.prompt_ids[-1], []), req.params, req.prompt_ids, [])
+        if req.grammar is not None:
+            scores = mask_logits(scores, DraftTree.chain(req.prompt_ids[-1], []), req.grammar)
         first = int(scores.argmax()) if req.params.greedy else sample(
             target_probs(scores, req.params)[0].cpu(), req.verify_generator
         )
@@ -244,6 +252,8 @@ class Engine:
         scores = logits
         if req.params.adjusts_logits:  # each node scored with its own root-to-node history
             scores = adjust_tree_logits(logits, tree, req.params, req.prompt_ids, req.generated)
+        if req.grammar is not None:  # each node masked with its own grammar state
+            scores = mask_logits(scores, tree, req.grammar)
         acc = verify_tree(tree, scores, req.params, req.verify_generator)
         new = acc.tokens(tree)
         logprobs = _logprobs(req, logits, new, step_rows(acc.path))
@@ -278,6 +288,8 @@ class Engine:
                     f"drafter {self.drafter.name} broke its contract: root {tree.tokens[0]} "
                     f"(expected {req.tokens[-1]}), {tree.num_drafted} nodes (budget {ctx.budget})"
                 )
+            if ctx is not None and req.grammar is not None:  # forbidden drafts cut, forced tokens drafted
+                tree = shape_draft(tree, req.grammar, req.params.greedy, ctx.budget)
             out.append(tree)
         return out
 
@@ -343,6 +355,11 @@ class Engine:
             cut, reason = req.remaining, "length"
         new = new[:cut]
         req.tokens.extend(new)
+        if req.grammar is not None:
+            if not req.grammar.advance(new):
+                raise RuntimeError(f"request {req.request_id} committed a token its grammar forbids")
+            if reason is None and req.grammar.stopped:  # the grammar is complete: EOS is all that may follow
+                reason = "eos"
         if logprobs is not None:
             req.logprobs.extend(logprobs[:cut])
         req.stats.new_tokens += len(new)

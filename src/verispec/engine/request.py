@@ -4,6 +4,7 @@ requests in one batched target forward."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,6 +12,9 @@ from ..models.base import KVCache
 from ..policies.draft_length import DraftLengthPolicy
 from ..sampling import make_generator
 from ..types import FinishReason, RequestStats, SamplingParams, TokenLogprob
+
+if TYPE_CHECKING:
+    from ..constraints import Matcher
 
 
 @dataclass
@@ -33,6 +37,7 @@ class Request:
     # the observed target features of the tokens in the cache, in order, kept for the prefix
     # cache when the drafter reads features (None: not kept)
     hidden_rows: list[torch.Tensor] | None = None
+    grammar: Matcher | None = None  # the constraint's state over the committed tokens (params.constraint)
     verify_generator: torch.Generator = field(init=False)
     draft_generator: torch.Generator = field(init=False)
 

@@ -21,11 +21,14 @@ from typing import Any, ClassVar
 from ..api import encode_prediction, encode_prompt
 from ..chat import ChatTooLong, RenderedChat, render_chat, tokenize_chat
 from ..chat_template import TemplateError
+from ..constraints import Constraint
 from ..fim import fim_prompt
 from .generation import FINISH
 from .openai_logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from .schemas import ApiError, ChatCompletionRequest, CompletionRequest
 from .state import ServerState
+from .structured import (ConstraintRequest, compile_request, forced_tools, parse_tool_calls,
+                         response_format_request, tool_call_request)
 from .validation import check_chat_size, check_prompt_sizes, fim_suffix, max_new_tokens
 from .worker import Event
 
@@ -73,6 +76,15 @@ class Endpoint(ABC):
             return ()
         return await off_loop(self.state, encode_prediction_text, self.state, self.body.prediction.text())
 
+    def constraint_request(self) -> ConstraintRequest | None:
+        """What the output must follow (``response_format``), None for free text."""
+        return response_format_request(self.body.response_format)
+
+    async def constraint(self) -> Constraint | None:
+        """The request's constraint compiled for the model (on the tokenizer thread)."""
+        req = self.constraint_request()
+        return None if req is None else await off_loop(self.state, compile_request, self.state, req)
+
     @abstractmethod
     def max_tokens(self, prompts: list[list[int]]) -> int:
         """The request's token budget; refuses prompts that leave no room in the context."""
@@ -82,33 +94,35 @@ class Endpoint(ABC):
         """Streamed before any token, one chunk each (``total``: the request's choices)."""
 
     @abstractmethod
-    def stream_choice(self, index: int, ev: Event) -> dict[str, Any]:
-        """The streamed choice ``index`` carrying one event."""
+    def stream_choice(self, index: int, ev: Event) -> dict[str, Any] | None:
+        """The streamed choice ``index`` carrying one event (None: nothing to send yet)."""
 
     @abstractmethod
     def choice(self, index: int, prompt: int, out: dict[str, Any]) -> dict[str, Any]:
         """Choice ``index`` of a whole answer: ``out`` (``generation.collect``'s) for prompt ``prompt``."""
 
 
-def render_chat_prompt(state: ServerState, messages: list[dict[str, str]]) -> RenderedChat:
+def render_chat_prompt(state: ServerState, messages: list[dict[str, Any]],
+                       tools: list[dict[str, Any]] | None = None) -> RenderedChat:
     """A chat through the model's template (``api.encode_prompt``'s checks), on the render
     thread: refuses a rendering longer than ``max_prompt_chars`` (the template's own text
-    counts), or past the template's time or memory bound, in one line."""
-    if any(not m["content"].strip() for m in messages):
+    counts), or past the template's time or memory bound, in one line. ``tools``: rendered
+    by the template for a tool-calling request."""
+    if any(not m["content"].strip() and not m.get("tool_calls") for m in messages):
         raise ApiError(400, "chat messages must be non-empty", "messages")
     if state.chat_error is not None:
         raise ApiError(400, state.chat_error, "messages", "chat_template_error")
     if state.chat_template is None:
         raise ApiError(400, f"model {state.model.name} has no chat template; use /v1/completions", "messages")
     try:
-        return render_chat(state.model.tokenizer, messages, state.max_prompt_chars, state.chat_template)
+        return render_chat(state.model.tokenizer, messages, state.max_prompt_chars, state.chat_template, tools)
     except ChatTooLong as e:
         raise ApiError(400, str(e), "messages", "context_length_exceeded") from None
     except TemplateError as e:
         raise ApiError(400, str(e), "messages", "chat_template_error") from None
 
 
-def tokenize_chat_prompt(state: ServerState, messages: list[dict[str, str]], rendered: RenderedChat) -> list[int]:
+def tokenize_chat_prompt(state: ServerState, messages: list[dict[str, Any]], rendered: RenderedChat) -> list[int]:
     """Token ids of a rendered chat, its message contents literal (on the tokenizer thread)."""
     try:
         return tokenize_chat(state.model.tokenizer, messages, rendered)
@@ -224,6 +238,7 @@ class Chat(Endpoint):
     def __init__(self, state: ServerState, body: ChatCompletionRequest):
         super().__init__(state, body)
         self.messages = body.chat_messages()
+        self.held: dict[int, list[str]] = {}  # per streamed choice: text held back until its tool calls parse
 
     @property
     def samples(self) -> int:
@@ -245,7 +260,9 @@ class Chat(Endpoint):
 
     async def prompts(self) -> list[list[int]]:
         loop = asyncio.get_running_loop()
-        rendered = await loop.run_in_executor(self.state.render_pool, render_chat_prompt, self.state, self.messages)
+        tools = [t.model_dump(exclude_none=True) for t in self.body.tools or ()] if self.body.uses_tools else None
+        rendered = await loop.run_in_executor(self.state.render_pool, render_chat_prompt, self.state, self.messages,
+                                              tools)
         return [await off_loop(self.state, tokenize_chat_prompt, self.state, self.messages, rendered)]
 
     def max_tokens(self, prompts: list[list[int]]) -> int:
@@ -256,12 +273,41 @@ class Chat(Endpoint):
         return [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                 for k in range(total)]
 
-    def stream_choice(self, index: int, ev: Event) -> dict[str, Any]:
+    def constraint_request(self) -> ConstraintRequest | None:
+        """A required or named tool call constrains the answer to calls; else ``response_format``."""
+        tools = forced_tools(self.body)
+        if tools:
+            return tool_call_request(tools, self.body.parallel_tool_calls, self.tokenizer)
+        return super().constraint_request()
+
+    def stream_choice(self, index: int, ev: Event) -> dict[str, Any] | None:
+        if self.body.uses_tools:  # the text is held until the answer ends, then sent as content and calls
+            self.held.setdefault(index, []).append(ev.text)
+            if not ev.finished:
+                return None
+            content, calls = parse_tool_calls("".join(self.held.pop(index)))
+            delta: dict[str, Any] = {"content": content} if content else {}
+            if calls:
+                delta["tool_calls"] = [{"index": i} | call for i, call in enumerate(calls)]
+            return {"index": index, "delta": delta, "logprobs": None,
+                    "finish_reason": _tool_finish(FINISH.get(ev.finished or ""), calls)}
         return {"index": index, "delta": {"content": ev.text} if ev.text else {},
                 "logprobs": chat_logprobs(self.tokenizer, ev.logprobs or []) if self.shows_logprobs else None,
                 "finish_reason": FINISH.get(ev.finished or "")}
 
     def choice(self, index: int, prompt: int, out: dict[str, Any]) -> dict[str, Any]:
-        return {"index": index, "message": {"role": "assistant", "content": out["text"]},
+        message: dict[str, Any] = {"role": "assistant", "content": out["text"]}
+        finish = out["finish_reason"]
+        if self.body.uses_tools:
+            message["content"], calls = parse_tool_calls(out["text"])
+            if calls:
+                message["tool_calls"] = calls
+            finish = _tool_finish(finish, calls)
+        return {"index": index, "message": message,
                 "logprobs": chat_logprobs(self.tokenizer, out["logprobs"]) if self.shows_logprobs else None,
-                "finish_reason": out["finish_reason"]}
+                "finish_reason": finish}
+
+
+def _tool_finish(finish: str | None, calls: list[dict[str, Any]]) -> str | None:
+    """OpenAI's finish_reason of an answer that made calls: "tool_calls" (unless cut by length)."""
+    return "tool_calls" if calls and finish == "stop" else finish

@@ -30,7 +30,7 @@ async def handle_request(endpoint: Endpoint, request: Request) -> dict[str, Any]
     prompts = await endpoint.prompts()
     prediction = await endpoint.prediction()
     params = sampling_params(body, endpoint.max_tokens(prompts), state.model.backend.info.vocab_size,
-                             endpoint.logprobs)
+                             endpoint.logprobs, await endpoint.constraint())
     gen = Generation(state, f"{endpoint.id_prefix}-{uuid.uuid4().hex}", prompts, params, drafter, endpoint.samples,
                      draft_limit, prediction)
     gen.submit()
@@ -43,6 +43,8 @@ async def handle_request(endpoint: Endpoint, request: Request) -> dict[str, Any]
             if not (ev.text or ev.finished or (ev.token_ids and (body.return_token_ids or endpoint.shows_logprobs))):
                 return None
             choice = endpoint.stream_choice(index, ev)
+            if choice is None:  # held back (a tool call's text is sent once parsed)
+                return None
             if body.return_token_ids:
                 choice["token_ids"] = ev.token_ids
             return head | {"choices": [choice]} | ({"verispec": ev.stats} if ev.stats else {})

@@ -2,17 +2,19 @@
 
 Only what verispec can honour is accepted: fields of the OpenAI API that would change the
 output in ways the engine does not implement (``echo`` with logprobs, streaming ``best_of``,
-``suffix``, tools, ...) are declared so that a non-default value is refused with HTTP 400
+...) are declared so that a non-default value is refused with HTTP 400
 naming the field, instead of being silently ignored. Unknown fields are ignored (as OpenAI
 clients send extras). Extensions (the openai client sends them through ``extra_body``):
 ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
 ``return_token_ids`` (vLLM's names), and per-request speculation control: ``drafter`` (one
 the server loaded), ``num_draft_tokens`` (cap on this request's draft budget; 0 = off) and
-``speculation`` (false = plain decoding).
+``speculation`` (false = plain decoding). ``response_format`` (structured outputs; regex, grammar
+and choice as extensions) and ``tools`` are ``structured.py``'s.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any, Literal
 
@@ -92,6 +94,7 @@ class _Sampling(BaseModel):
     ignore_eos: StrictBool = False
     return_token_ids: StrictBool = False
     prediction: Prediction | None = None  # OpenAI's Predicted Outputs (chat; completions: an extension)
+    response_format: dict[str, Any] | None = None  # structured outputs (structured.py; completions: an extension)
 
     @model_validator(mode="before")
     @classmethod
@@ -154,14 +157,83 @@ class TextPart(BaseModel):
     text: StrictStr
 
 
+FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
+
+
+class FunctionCall(BaseModel):
+    name: StrictStr
+    arguments: StrictStr  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Function(BaseModel):
+    name: StrictStr = Field(pattern=FUNCTION_NAME)
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema
+    strict: StrictBool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: Function
+
+
+class NamedFunction(BaseModel):
+    name: StrictStr
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "user", "assistant", "developer"]
-    content: StrictStr | list[TextPart]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: StrictStr | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: StrictStr | None = None  # a tool result: the call it answers
+
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("a message needs content (only an assistant message with tool_calls may omit it)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def as_template_message(self) -> dict[str, Any]:
+        """The message as chat templates read it (transformers' convention): "developer" is
+        "system"; a call's arguments are an object when they parse as one."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                                 for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
 
 
 class ChatCompletionRequest(_Sampling):
@@ -169,9 +241,9 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
 
     def unsupported(self) -> tuple[str, str] | None:
         base = super().unsupported()
@@ -180,18 +252,22 @@ class ChatCompletionRequest(_Sampling):
         checks = [
             ("top_logprobs", self.top_logprobs is not None and not self.logprobs,
              "top_logprobs needs logprobs = true"),
-            ("tools", bool(self.tools), "tools are not supported"),
-            ("tool_choice", self.tool_choice not in (None, "none"), "tools are not supported"),
-            ("response_format", (self.response_format or {}).get("type", "text") != "text",
-             "only the text response format is supported"),
+            ("tool_choice", self.tool_choice not in (None, "none", "auto") and not self.tools,
+             "tool_choice needs tools"),
+            ("tools", len({t.function.name for t in self.tools or ()}) != len(self.tools or ()),
+             "two tools have the same name"),
             ("max_tokens", self.max_tokens is not None and self.max_completion_tokens is not None
              and self.max_tokens != self.max_completion_tokens, "max_tokens and max_completion_tokens disagree"),
         ]
         return next(((p, m) for p, bad, m in checks if bad), None)
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        # "developer" is OpenAI's newer name for "system"; chat templates know "system"
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+    def chat_messages(self) -> list[dict[str, Any]]:
+        return [m.as_template_message() for m in self.messages]
+
+    @property
+    def uses_tools(self) -> bool:
+        """Tools are rendered and calls parsed (any tool_choice but "none")."""
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,

@@ -9,15 +9,19 @@ pydantic (``schemas.py``) checks types and ranges that need nothing else; what f
 from __future__ import annotations
 
 import secrets
+from typing import TYPE_CHECKING, Any
 
 from ..fim import fim_token_ids
 from ..types import ParameterError, SamplingParams
 from .schemas import ApiError, ChatCompletionRequest, CompletionRequest
 from .state import ServerState
 
+if TYPE_CHECKING:
+    from ..constraints import Constraint
+
 
 def sampling_params(body: CompletionRequest | ChatCompletionRequest, max_tokens: int, vocab: int,
-                    logprobs: int | None = None) -> SamplingParams:
+                    logprobs: int | None = None, constraint: Constraint | None = None) -> SamplingParams:
     """The request's sampling parameters; penalties, bias, min-p and stop ids are checked
     here (HTTP 400 naming the field: ``SamplingParams`` raises a ``ParameterError`` that
     carries it) so the engine thread never sees an invalid value."""
@@ -40,6 +44,7 @@ def sampling_params(body: CompletionRequest | ChatCompletionRequest, max_tokens:
             logit_bias=bias,
             stop_token_ids=tuple(body.stop_token_ids or ()),
             logprobs=logprobs,
+            constraint=constraint,
         )
     except ParameterError as e:
         raise ApiError(400, str(e), e.param) from None
@@ -108,7 +113,7 @@ def check_prompt_sizes(state: ServerState, texts: list[str], token_lists: list[l
                        f"server's context of {state.max_len} tokens can hold", param, "context_length_exceeded")
 
 
-def check_chat_size(state: ServerState, messages: list[dict[str, str]]) -> None:
+def check_chat_size(state: ServerState, messages: list[dict[str, Any]]) -> None:
     """Refuse a chat that cannot fit before rendering it: every message has a non-empty
     content (at least one token), so more messages than context tokens never fit; nor
     do contents longer than ``max_prompt_chars`` in all."""

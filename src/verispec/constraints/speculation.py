@@ -1,0 +1,117 @@
+"""A request's grammar applied to a draft tree, so constrained speculation stays exact.
+
+Node i's target logits predict the token after the root-to-i path, so node i's mask is the
+grammar's allowed set in the state after that path (each node its own state; a depth-first
+walk consumes a node's token on the way down and rolls it back on the way up, the matcher's
+committed state untouched). Masking every row with its own state makes each row exactly the
+distribution constrained plain decoding uses at that point, so greedy verification picks the
+constrained argmax and rejection sampling follows the constrained law (verify/ is unchanged).
+
+Drafts the grammar forbids could never be accepted (their probability under the masked target
+is 0); ``prune`` cuts them before the forward, so the budget goes to drafts that can win. That is
+exact where the rejected draft carries no probability of its own: greedy verification, and
+point-mass drafts (a point mass q at x with p(x) = 0 leaves the residual p unchanged). A draft
+sampled from a draft model's q is kept: rejecting it is part of the law of the residual.
+
+``jump_forward`` drafts the tokens the grammar forces after a chain (a schema's keys and
+punctuation; SGLang's "jump-forward decoding", Zheng et al. 2024, arXiv 2312.07104) for free:
+the target still verifies them, so output never changes, and they are accepted whenever the
+target agrees with the grammar's tokenization.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..tree import DraftTree
+from .matcher import Matcher, has_bit, unpack_bitmask
+
+
+_MINUS_INF = torch.tensor(float("-inf"))
+
+
+def _walk(tree: DraftTree, matcher: Matcher) -> tuple[torch.Tensor, list[bool]]:
+    """([N, W] int32 bitmasks, reachable per node): node i is reachable when the grammar allows
+    every token on its path; an unreachable node's row is all ones (never used: its token has
+    probability 0 at its parent)."""
+    bits = matcher.new_bitmask(tree.size).fill_(-1)  # rows of nodes never reached stay all ones
+    reachable = [False] * tree.size
+    reachable[0] = True
+    stack: list[tuple[int, bool]] = [(0, False)]  # (node, leaving): leaving rolls its token back
+    while stack:
+        node, leaving = stack.pop()
+        if leaving:
+            matcher.rollback(1)
+            continue
+        if node:
+            if not has_bit(bits[tree.parents[node]], tree.tokens[node]):
+                bits[node] = -1
+                continue
+            if matcher.ends_at(tree.tokens[node]):  # EOS ends the answer: nothing past it is reachable
+                reachable[node] = True
+                matcher.fill_eos_only(bits[node])
+                continue
+            if not matcher.advance([tree.tokens[node]]):
+                raise RuntimeError(f"the grammar engine refused token {tree.tokens[node]} its own mask allowed")
+            reachable[node] = True
+            stack.append((node, True))
+        matcher.fill_bitmask(bits[node])
+        for child in reversed(tree.children[node]):
+            stack.append((child, False))
+    return bits, reachable
+
+
+def node_masks(tree: DraftTree, matcher: Matcher) -> torch.Tensor:
+    """[N, V] bool: the tokens the grammar allows after each node's path."""
+    return unpack_bitmask(_walk(tree, matcher)[0], matcher.vocab_size)
+
+
+def mask_logits(logits: torch.Tensor, tree: DraftTree, matcher: Matcher) -> torch.Tensor:
+    """[N, V] logits with every token the grammar forbids at a node set to -inf (a new tensor)."""
+    allowed = node_masks(tree, matcher).to(logits.device)
+    return torch.where(allowed, logits.float(), _MINUS_INF.to(logits.device))
+
+
+def prune(tree: DraftTree, matcher: Matcher) -> DraftTree:
+    """``tree`` without the drafts the grammar forbids (and their subtrees); only for trees
+    whose drafts are point masses (``draft_probs is None``) or greedy verification."""
+    if tree.size == 1:
+        return tree
+    if tree.is_chain:
+        keep = matcher.valid_prefix(list(tree.tokens[1:]))
+        if keep == tree.num_drafted:
+            return tree
+        probs = None if tree.draft_probs is None else tree.draft_probs[1:keep + 1]
+        return DraftTree.chain(tree.tokens[0], list(tree.tokens[1:keep + 1]), probs)
+    _, reachable = _walk(tree, matcher)
+    if all(reachable):
+        return tree
+    kept = [i for i in range(tree.size) if reachable[i]]
+    index = {old: new for new, old in enumerate(kept)}
+    parents = tuple(-1 if i == 0 else index[tree.parents[i]] for i in kept)
+    probs = None if tree.draft_probs is None else tree.draft_probs[kept]
+    return DraftTree(tuple(tree.tokens[i] for i in kept), parents, probs)
+
+
+def jump_forward(tree: DraftTree, matcher: Matcher, budget: int) -> DraftTree:
+    """A point-mass chain extended by up to ``budget`` tokens the grammar forces after it."""
+    if budget <= 0 or not tree.is_chain or tree.draft_probs is not None:
+        return tree
+    drafts = list(tree.tokens[1:])
+    if any(matcher.ends_at(t) for t in drafts):  # the chain already ends the answer
+        return tree
+    if not matcher.advance(drafts):
+        raise RuntimeError("jump_forward needs a chain the grammar allows (prune it first)")
+    try:
+        forced = matcher.forced()[:budget]
+    finally:
+        matcher.rollback(len(drafts))
+    return DraftTree.chain(tree.tokens[0], drafts + forced) if forced else tree
+
+
+def shape_draft(tree: DraftTree, matcher: Matcher, greedy: bool, budget: int) -> DraftTree:
+    """The draft a constrained request verifies: forbidden drafts cut where that is exact
+    (``prune``), then forced tokens appended within the draft ``budget`` (``jump_forward``)."""
+    if greedy or tree.draft_probs is None:
+        tree = prune(tree, matcher)
+    return jump_forward(tree, matcher, budget - tree.num_drafted)

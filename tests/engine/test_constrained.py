@@ -1,0 +1,209 @@
+"""Constrained decoding under speculation (constraints/): greedy output equals constrained plain
+decoding token for token for every drafter, chains and trees (forbidden drafts cut, forced
+tokens drafted); sampled output follows the constrained law; every output is valid against its
+schema (jsonschema); the tree walk gives each node its own grammar state; hostile schemas and
+grammars are refused in one line."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import jsonschema
+import pytest
+
+from helpers import TemperedSelfDraft
+from verispec.constraints import GrammarError, constraint_for
+from verispec.constraints.speculation import jump_forward, node_masks, prune
+from verispec.drafters.base import NoDrafter
+from verispec.engine import Engine
+from verispec.models.load import load_model
+from verispec.registry import make_drafter
+from verispec.tree import DraftTree
+from verispec.types import SamplingParams
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "friends"],
+          "properties": {"name": {"type": "string", "maxLength": 30}, "age": {"type": "integer"},
+                         "friends": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}}}
+DRAFTERS = [("none", {}), ("prompt-lookup", {}), ("prompt-lookup", {"num_candidates": "4", "max_ngram": "2"}),
+            ("suffix", {}), ("draft", {"model": "truncated:2"}),
+            ("hybrid", {"learned": "draft", "learned_model": "truncated:2", "budget": "fixed"})]
+
+
+@pytest.fixture(scope="module")
+def stories():
+    return load_model("stories260k")
+
+
+@pytest.fixture(scope="module")
+def schema(stories):
+    return constraint_for(stories, "json_schema", SCHEMA)
+
+
+def prompt_of(model, text: str) -> list[int]:
+    return model.tokenizer(text)["input_ids"]
+
+
+def generate(model, drafter, prompt, params, draft_limit=None, k=6):
+    engine = Engine(model.backend, drafter, k)
+    req = engine.add_request(prompt, params, draft_limit=draft_limit)
+    while not req.finished:
+        engine.step(req)
+    return req.generated, req
+
+
+@pytest.mark.parametrize("name,opts", DRAFTERS, ids=["forced-only", "pld", "pld-tree", "suffix", "draft", "hybrid"])
+def test_greedy_equals_constrained_plain(stories, schema, name, opts):
+    params = SamplingParams(max_new_tokens=120, constraint=schema)
+    for text in ("Lily said: {\"name\": \"Lily\", \"age\": 3}",):
+        prompt = prompt_of(stories, text)
+        plain, plain_req = generate(stories, NoDrafter(), prompt, params, draft_limit=0)
+        spec, req = generate(stories, make_drafter(name, stories, dict(opts)), prompt, params)
+        assert spec == plain
+        assert req.finished == plain_req.finished == "eos"
+        jsonschema.validate(json.loads(stories.tokenizer.decode(spec)), SCHEMA)
+        assert req.stats.target_forwards < plain_req.stats.target_forwards  # forced keys at least
+
+
+def test_outputs_valid_for_every_kind(stories):
+    prompt = prompt_of(stories, "Once upon a time")
+    cases = [("regex", r"(cat|dog) [0-9]{2}", lambda s: s.split()[0] in ("cat", "dog") and len(s.split()[1]) == 2),
+             ("choice", ["yes", "no", "maybe"], lambda s: s in ("yes", "no", "maybe")),
+             ("grammar", 'root ::= "a" [0-9] [0-9]? "z"', lambda s: s[0] == "a" and s[-1] == "z" and s[1:-1].isdigit()),
+             ("grammar", "start: WORD \"!\"\nWORD: /[a-z]{1,8}/", lambda s: s.endswith("!") and s[:-1].isalpha())]
+    for kind, spec, valid in cases:
+        params = SamplingParams(max_new_tokens=40, constraint=constraint_for(stories, kind, spec))
+        out, req = generate(stories, make_drafter("prompt-lookup", stories, {}), prompt, params)
+        text = stories.tokenizer.decode(out)
+        assert req.finished == "eos" and valid(text), (kind, text)
+
+
+def test_sampling_follows_the_constrained_law(stories):
+    """The answer's law (a short choice, many tokens decided in speculative steps) with a draft
+    that carries its own q (kept, rejected by the law) and point-mass drafts (cut when forbidden)
+    vs constrained plain sampling: two-sample chi-square on the answers."""
+    choice = constraint_for(stories, "regex", r"(the|a) (big|red) (cat|dog|ball)")
+    prompt = prompt_of(stories, "Once upon a time there was a red ball and a big dog and a little cat")
+
+    def answers(drafter, seeds, draft_limit=None):
+        out = Counter()
+        for s in seeds:
+            params = SamplingParams(temperature=1.0, seed=s, max_new_tokens=12, constraint=choice)
+            ids, _ = generate(stories, drafter, prompt, params, draft_limit, k=4)
+            out[stories.tokenizer.decode(ids)] += 1
+        return out
+
+    from scipy.stats import chi2_contingency
+
+    plain = answers(NoDrafter(), range(120), draft_limit=0)
+    for drafter in (TemperedSelfDraft(stories.backend), make_drafter("prompt-lookup", stories, {})):
+        spec = answers(drafter, range(1000, 1120))
+        keys = [a for a in set(plain) | set(spec) if plain[a] + spec[a] >= 8]
+        table = [[h[a] for a in keys] + [sum(h.values()) - sum(h[a] for a in keys)] for h in (plain, spec)]
+        assert chi2_contingency(table).pvalue > 1e-3
+        assert all(a.split()[0] in ("the", "a") for a in spec)
+
+
+def test_each_tree_node_has_its_own_grammar_state(stories):
+    c = constraint_for(stories, "choice", ["cat", "car", "dog"])
+    tok = stories.tokenizer
+    m = c.matcher()
+    first = [t for t in m.allowed().nonzero().flatten().tolist()]
+    c_tok = next(t for t in first if tok.decode([t]) == "c")
+    d_tok = next(t for t in first if tok.decode([t]) == "d")
+    after_c = c.matcher()
+    after_c.advance([c_tok])
+    a_tok = next(t for t in after_c.allowed().nonzero().flatten().tolist() if tok.decode([t]) == "a")
+    bad = next(t for t in range(stories.backend.info.vocab_size) if t not in first)
+    # root -> c -> a, root -> d, root -> <forbidden> -> c
+    tree = DraftTree((7, c_tok, d_tok, a_tok, bad, c_tok), (-1, 0, 0, 1, 0, 4))
+    masks = node_masks(tree, m)
+    for node in (0, 1, 2, 3):
+        fresh = c.matcher()
+        fresh.advance([tree.tokens[i] for i in tree.path_to(node)])
+        assert masks[node].equal(fresh.allowed())
+    assert m.allowed().equal(masks[0])  # the walk leaves the request's state as it was
+    pruned = prune(tree, m)
+    assert pruned.tokens == (7, c_tok, d_tok, a_tok) and pruned.parents == (-1, 0, 0, 1)
+
+
+def test_forced_tokens_are_drafted(stories, schema):
+    m = schema.matcher()
+    tree = jump_forward(DraftTree.chain(5, []), m, budget=8)
+    assert stories.tokenizer.decode(list(tree.tokens[1:])).startswith('{"')
+    assert jump_forward(DraftTree.chain(5, []), m, budget=0).size == 1
+
+
+@pytest.mark.parametrize("kind,spec,message", [
+    ("json_schema", {"type": "strin"}, "strin"),
+    ("json_schema", "{not json", "not valid JSON"),
+    ("regex", "((", "unclosed group"),
+    ("grammar", "root ::= foo", "foo"),
+    ("choice", [], "list of 1 to"),
+    ("json_schema", {"type": "string", "pattern": "x" * 300_000}, "at most"),
+])
+def test_bad_constraints_are_refused_in_one_line(stories, kind, spec, message):
+    with pytest.raises(GrammarError) as e:
+        constraint_for(stories, kind, spec)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_hostile_regex_is_bounded(stories):
+    """A pattern whose automaton explodes is refused or compiled within the parser's fuel."""
+    t0 = time.perf_counter()
+    try:
+        constraint_for(stories, "regex", "(a|b)*a(a|b){40}")
+    except GrammarError:
+        pass
+    assert time.perf_counter() - t0 < 10
+
+
+def test_a_constraint_for_another_vocabulary_is_refused(stories, toy_target):
+    with pytest.raises(ValueError, match="vocabulary"):
+        Engine(toy_target, NoDrafter()).add_request([1, 2], SamplingParams(constraint=constraint_for(
+            stories, "json_object", None)))
+
+
+def test_a_grammar_spelling_an_added_token_commits_only_what_it_accepts(stories):
+    """The text of an added token (``<s>``) in a regex: the mask never offers a token the grammar
+    would then refuse; generation ends cleanly whatever the engine makes of it."""
+    c = constraint_for(stories, "regex", "<s>[a-z]{2}")
+    out, req = generate(stories, make_drafter("prompt-lookup", stories, {}), prompt_of(stories, "Once"),
+                        SamplingParams(max_new_tokens=10, constraint=c))
+    assert req.finished in ("eos", "length") and not req.grammar.failed
+
+
+def test_a_draft_past_the_grammars_end(stories):
+    """EOS drafted where the grammar is complete ends the path (llguidance would refuse to consume
+    it); nodes past it are never reachable, and the request's state is untouched."""
+    c = constraint_for(stories, "choice", ["yes"])
+    m, ids = c.matcher(), []
+    while not m.stopped:
+        ids.append(int(m.allowed().nonzero()[0]))
+        m.advance(ids[-1:])
+    m = c.matcher()
+    eos = stories.backend.info.eos_token_ids[0]
+    tree = DraftTree.chain(5, [*ids, eos, 7])
+    masks = node_masks(tree, m)
+    assert masks[len(ids) + 1].nonzero().flatten().tolist() == [eos] and bool(masks[-1].all())
+    assert prune(tree, m).tokens == (5, *ids, eos)
+    assert m.allowed().equal(c.matcher().allowed())
+
+
+def test_a_drafted_end_leaves_the_grammar_state_alone(stories):
+    """A chain ending in EOS gets no forced tokens, and the walk's rollbacks match its advances:
+    the request's state after shaping a draft is the state before."""
+    c = constraint_for(stories, "choice", ["yes"])
+    m, ids = c.matcher(), []
+    while not m.stopped:
+        ids.append(int(m.allowed().nonzero()[0]))
+        m.advance(ids[-1:])
+    m = c.matcher()
+    m.advance(ids[:1])
+    eos = stories.backend.info.eos_token_ids[0]
+    before = m.allowed()
+    tree = jump_forward(prune(DraftTree.chain(5, [*ids[1:], eos]), m), m, budget=4)
+    assert tree.tokens == (5, *ids[1:], eos)
+    node_masks(tree, m)
+    assert m.allowed().equal(before) and m.advance(ids[1:]) and m.stopped
