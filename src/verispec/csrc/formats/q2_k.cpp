@@ -128,7 +128,7 @@ struct K {
       for (int j = 0; j < 8; j++) {
         const int b = sb * 8 + j;
         const uint8_t* n2 = blk + SUB_AT + j * N2_BYTES;
-        prefetch(n2 + 2048, 1);
+        prefetch(n2 + PREFETCH_AHEAD, 1);
         const __m256i ra = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(blk + SCM_AT + 2 * j * PANEL + 8 * h)));
         const __m256i rb = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(blk + SCM_AT + (2 * j + 1) * PANEL + 8 * h)));
         const __m256i sa = _mm256_and_si256(ra, m4), sb2 = _mm256_and_si256(rb, m4);
@@ -169,7 +169,7 @@ struct K {
       for (int j = 0; j < 8; j++) {
         const int b = sb * 8 + j;
         const uint8_t* n2 = blk + SUB_AT + j * N2_BYTES;
-        prefetch(n2 + 2048, 2);
+        prefetch(n2 + PREFETCH_AHEAD, 2);
         const __m512i ra = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(blk + SCM_AT + 2 * j * PANEL)));
         const __m512i rb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(blk + SCM_AT + (2 * j + 1) * PANEL)));
         const __m512i sa = _mm512_and_si512(ra, m4), sb2 = _mm512_and_si512(rb, m4);

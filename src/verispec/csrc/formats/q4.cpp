@@ -113,7 +113,7 @@ struct K {
   static inline void half(const uint8_t* pw, int h, int cols, const QAct& a, int t0, __m256* acc) {
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)b * PB;
-      prefetch(blk + 2048, 1);
+      prefetch(blk + PREFETCH_AHEAD, 1);
       const __m256 dw = half8(blk + 16 * h), mw = half8(blk + HALF16_BYTES + 16 * h);
       __m256i w[8];
       n4_unpack(blk + 64, h, w);
@@ -133,7 +133,7 @@ struct K {
   static inline void both(const uint8_t* pw, int cols, const QAct& a, int t, __m256* acc) {
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)b * PB;
-      prefetch(blk + 2048, 5);
+      prefetch(blk + PREFETCH_AHEAD, 5);
       __m256i isum[2];
       dot_n4_both<8>(blk + 64, act_q(a, t, b), isum[0], isum[1]);
       const __m256 dx = _mm256_set1_ps(a.d[(size_t)t * a.nb + b]), sx = _mm256_set1_ps(a.s[(size_t)t * a.nb + b]);
@@ -156,7 +156,7 @@ struct K {
   static inline void panel(const uint8_t* pw, int cols, const QAct& a, int t0, __m512* acc) {
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)b * PB;
-      prefetch(blk + 2048, 5);
+      prefetch(blk + PREFETCH_AHEAD, 5);
       const __m512 dw = half16(blk), mw = half16(blk + HALF16_BYTES);
       __m512i w[8];
       n4_unpack(blk + 64, w);

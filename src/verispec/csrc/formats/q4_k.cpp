@@ -125,7 +125,7 @@ struct K {
       for (int j = 0; j < 8; j++) {
         const int b = sb * 8 + j;
         const uint8_t* sub = L::sub(blk, j);
-        prefetch(sub + 2048, 1);
+        prefetch(sub + PREFETCH_AHEAD, 1);
         const __m256 dsc = _mm256_mul_ps(d, u8x8(blk + SC_AT + j * PANEL + 8 * h));
         const __m256 nm = negate(_mm256_mul_ps(dmin, u8x8(blk + M_AT + j * PANEL + 8 * h)));
         __m256i w[8];
@@ -153,7 +153,7 @@ struct K {
       for (int j = 0; j < 8; j++) {
         const int b = sb * 8 + j;
         const uint8_t* sub = L::sub(blk, j);
-        prefetch(sub + 2048, 4);
+        prefetch(sub + PREFETCH_AHEAD, 4);
         __m256i isum[2];
         dot_n4_both<8>(sub, act_q(a, t, b), isum[0], isum[1]);
         const __m256 dx = _mm256_set1_ps(a.d[(size_t)t * a.nb + b]), sx = _mm256_set1_ps(a.s[(size_t)t * a.nb + b]);
@@ -184,7 +184,7 @@ struct K {
       for (int j = 0; j < 8; j++) {
         const int b = sb * 8 + j;
         const uint8_t* sub = L::sub(blk, j);
-        prefetch(sub + 2048, HIGH ? 5 : 4);
+        prefetch(sub + PREFETCH_AHEAD, HIGH ? 5 : 4);
         const __m512 dsc = _mm512_mul_ps(d, u8x16(blk + SC_AT + j * PANEL));
         const __m512 nm = negate(_mm512_mul_ps(dmin, u8x16(blk + M_AT + j * PANEL)));
         __m512i w[8];

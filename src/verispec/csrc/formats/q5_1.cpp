@@ -67,7 +67,7 @@ struct K {
   static inline void half(const uint8_t* pw, int h, int cols, const QAct& a, int t0, __m256* acc) {
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)b * PB;
-      prefetch(blk + 2048, 1);
+      prefetch(blk + PREFETCH_AHEAD, 1);
       const __m256 dw = half8(blk + 16 * h), mw = half8(blk + HALF16_BYTES + 16 * h);
       __m256i w[8];
       n4_unpack(blk + N4_AT, h, w);
@@ -95,7 +95,7 @@ struct K {
   static inline void panel(const uint8_t* pw, int cols, const QAct& a, int t0, __m512* acc) {
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)b * PB;
-      prefetch(blk + 2048, 6);
+      prefetch(blk + PREFETCH_AHEAD, 6);
       const __m512 dw = half16(blk), mw = half16(blk + HALF16_BYTES);
       __m512i w[8];
       n4_unpack(blk + N4_AT, w);

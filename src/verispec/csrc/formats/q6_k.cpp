@@ -91,7 +91,7 @@ struct K {
       for (int j = 0; j < 8; j++) {
         const int b = sb * 8 + j;
         const uint8_t* blk32 = sub(blk, j);
-        prefetch(blk32 + 2048, 1);
+        prefetch(blk32 + PREFETCH_AHEAD, 1);
         const __m256i sa = i8x8_epi32(blk + SC_AT + 2 * j * PANEL + 8 * h);
         const __m256i sb2 = i8x8_epi32(blk + SC_AT + (2 * j + 1) * PANEL + 8 * h);
         __m256i w[8];
@@ -122,7 +122,7 @@ struct K {
       for (int j = 0; j < 8; j++) {
         const int b = sb * 8 + j;
         const uint8_t* blk32 = sub(blk, j);
-        prefetch(blk32 + 2048, 6);
+        prefetch(blk32 + PREFETCH_AHEAD, 6);
         const int8_t* xq = act_q(a, t, b);
         const int32_t* xs = a.qsum16 + (size_t)t * 2 * a.nb + 2 * b;
         const __m256i off0 = _mm256_set1_epi32(32 * xs[0]), off1 = _mm256_set1_epi32(32 * xs[1]);
@@ -158,7 +158,7 @@ struct K {
       for (int j = 0; j < 8; j++) {
         const int b = sb * 8 + j;
         const uint8_t* blk32 = sub(blk, j);
-        prefetch(blk32 + 2048, 6);
+        prefetch(blk32 + PREFETCH_AHEAD, 6);
         const __m512i sa = i8x16_epi32(blk + SC_AT + 2 * j * PANEL), sb2 = i8x16_epi32(blk + SC_AT + (2 * j + 1) * PANEL);
         __m512i w[8];
         n4_unpack(blk32, w);

@@ -58,7 +58,7 @@ struct K {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)b * PB;
-      prefetch(blk + 2048, 1);
+      prefetch(blk + PREFETCH_AHEAD, 1);
       const __m256 dw = half8(blk + 16 * h);
       __m256i wa[8], ws[8];  // |w| and w (signed), for vpmaddubsw(|w|, sign(x, w))
       for (int g = 0; g < 8; g++) {
@@ -91,7 +91,7 @@ struct K {
   static inline void panel(const uint8_t* pw, int cols, const QAct& a, int t0, __m512* acc) {
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)b * PB;
-      prefetch(blk + 4096, 9);
+      prefetch(blk + PREFETCH_AHEAD, 9);
       const __m512 dw = half16(blk);
       __m512i w[8];
       for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void*)(blk + HALF16_BYTES + 64 * g));
