@@ -101,7 +101,7 @@ struct K {
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)(b / PER) * L::PB;
       const uint8_t* n4 = L::n4(blk, b % PER);
-      prefetch(n4 + PREFETCH_AHEAD, 1);
+      if (h == 0) prefetch(n4 + PREFETCH_AHEAD, 4);  // the block's every line, once per panel pass pair
       const __m256 d = half8(blk + 16 * h);
       const __m256 dsc = XS ? _mm256_mul_ps(d, _mm256_cvtepi32_ps(i8x8_epi32(blk + L::SC_AT + (b % PER) * PANEL + 8 * h))) : d;
       __m256i wa[8], ws[8];  // |w| and w (signed table values), for vpmaddubsw(|w|, sign(x, w))

@@ -128,7 +128,7 @@ struct K {
       for (int j = 0; j < 8; j++) {
         const int b = sb * 8 + j;
         const uint8_t* n2 = blk + SUB_AT + j * N2_BYTES;
-        prefetch(n2 + PREFETCH_AHEAD, 1);
+        if (h == 0) prefetch(n2 + PREFETCH_AHEAD, 2);  // the block's every line, once per panel pass pair
         const __m256i ra = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(blk + SCM_AT + 2 * j * PANEL + 8 * h)));
         const __m256i rb = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(blk + SCM_AT + (2 * j + 1) * PANEL + 8 * h)));
         const __m256i sa = _mm256_and_si256(ra, m4), sb2 = _mm256_and_si256(rb, m4);

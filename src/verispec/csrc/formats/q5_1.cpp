@@ -67,7 +67,7 @@ struct K {
   static inline void half(const uint8_t* pw, int h, int cols, const QAct& a, int t0, __m256* acc) {
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)b * PB;
-      prefetch(blk + PREFETCH_AHEAD, 1);
+      if (h == 0) prefetch(blk + PREFETCH_AHEAD, 6);  // the block's every line, once per panel pass pair
       const __m256 dw = half8(blk + 16 * h), mw = half8(blk + HALF16_BYTES + 16 * h);
       __m256i w[8];
       n4_unpack(blk + N4_AT, h, w);

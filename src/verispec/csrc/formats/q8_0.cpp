@@ -58,7 +58,7 @@ struct K {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)b * PB;
-      prefetch(blk + PREFETCH_AHEAD, 1);
+      if (h == 0) prefetch(blk + PREFETCH_AHEAD, 9);  // the block's every line, once per panel pass pair
       const __m256 dw = half8(blk + 16 * h);
       __m256i wa[8], ws[8];  // |w| and w (signed), for vpmaddubsw(|w|, sign(x, w))
       for (int g = 0; g < 8; g++) {
