@@ -113,7 +113,8 @@ struct K {
   static inline void half(const uint8_t* pw, int h, int cols, const QAct& a, int t0, __m256* acc) {
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)b * PB;
-      if (h == 0) prefetch(blk + PREFETCH_AHEAD, 5);  // the block's every line, once per panel pass pair
+      // the first half's pass fetches ahead; the second's (the panel is in cache) fetches the next panel
+      prefetch(blk + (h == 0 ? (size_t)PREFETCH_AHEAD : (size_t)cols / QK * PB), 5);
       const __m256 dw = half8(blk + 16 * h), mw = half8(blk + HALF16_BYTES + 16 * h);
       __m256i w[8];
       n4_unpack(blk + 64, h, w);

@@ -125,7 +125,8 @@ struct K {
       for (int j = 0; j < 8; j++) {
         const int b = sb * 8 + j;
         const uint8_t* sub = L::sub(blk, j);
-        if (h == 0) prefetch(sub + PREFETCH_AHEAD, HIGH ? 5 : 4);  // the block's every line, once per panel pass pair
+        // the first half's pass fetches ahead; the second's (the panel is in cache) fetches the next panel
+        prefetch(sub + (h == 0 ? (size_t)PREFETCH_AHEAD : (size_t)cols / QK_K * L::PB), HIGH ? 5 : 4);
         const __m256 dsc = _mm256_mul_ps(d, u8x8(blk + SC_AT + j * PANEL + 8 * h));
         const __m256 nm = negate(_mm256_mul_ps(dmin, u8x8(blk + M_AT + j * PANEL + 8 * h)));
         __m256i w[8];

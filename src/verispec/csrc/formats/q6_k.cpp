@@ -91,7 +91,8 @@ struct K {
       for (int j = 0; j < 8; j++) {
         const int b = sb * 8 + j;
         const uint8_t* blk32 = sub(blk, j);
-        if (h == 0) prefetch(blk32 + PREFETCH_AHEAD, 6);  // the block's every line, once per panel pass pair
+        // the first half's pass fetches ahead; the second's (the panel is in cache) fetches the next panel
+        prefetch(blk32 + (h == 0 ? (size_t)PREFETCH_AHEAD : (size_t)cols / QK_K * PB), 6);
         const __m256i sa = i8x8_epi32(blk + SC_AT + 2 * j * PANEL + 8 * h);
         const __m256i sb2 = i8x8_epi32(blk + SC_AT + (2 * j + 1) * PANEL + 8 * h);
         __m256i w[8];
