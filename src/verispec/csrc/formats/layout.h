@@ -28,8 +28,8 @@ constexpr int HALF16_BYTES = 2 * PANEL, N4_BYTES = 256, H1_BYTES = 64, H2_BYTES 
 
 // How far ahead of the block being multiplied the kernels prefetch its matrix: 8 KB. At 2 KB the
 // lines of a verify's compute-bound tile (T = 4..8 tokens) arrived after they were needed, so
-// its compute never overlapped the weight stream (Qwen2.5-Coder 1.5B, AVX-512 Zen 5, 2 threads:
-// t(4) 61 -> 40 ms, t(1) 36 -> 30 ms from 2 KB to 8 KB; 16 KB no better).
+// its compute never overlapped the weight stream (Qwen2.5-Coder 1.5B, AVX-512 Zen 5, 2 threads,
+// context 512: t(1) 32.2 -> 29.5 ms, t(4) 50.0 -> 36.4, t(8) 76.7 -> 59.3; 16 KB was no better).
 constexpr int PREFETCH_AHEAD = 8192;
 
 inline uint16_t get_u16(const uint8_t* p) {
