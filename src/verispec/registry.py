@@ -20,7 +20,7 @@ DrafterFactory = Callable[["LoadedModel", dict[str, Any]], Drafter]
 def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     from .models.catalog import CATALOG
     from .models.cpu_weights import REQUANTS
-    from .models.load import OtherTokenizer, load_draft_model
+    from .models.load import DraftShape, OtherTokenizer, load_draft_model
     from .weights import VOCAB_FREQ, has_shipped
 
     min_conf = float(opts.pop("min_confidence", 0.0))
@@ -41,14 +41,16 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     if quant != "file" and quant not in REQUANTS:
         raise ValueError(f"quant must be auto, file or {', '.join(REQUANTS)}, got {quant!r}")
     requant = None if quant == "file" else WeightFormat(quant)
+    shape = DraftShape(skip=layer_list(str(opts.pop("skip", ""))), window=int(opts.pop("window", 0)))
+    shape = None if shape == DraftShape() else shape
     stop = str(opts.pop("stop", "auto"))
     if stop not in ("auto", "cost", "fixed"):
         raise ValueError(f"stop must be auto, cost or fixed, got {stop!r}")
     try:
-        draft = load_draft_model(target, model, None if vocab == "full" else int(vocab), requant)
+        draft = load_draft_model(target, model, None if vocab == "full" else int(vocab), requant, shape)
     except OtherTokenizer as e:  # another vocabulary: it drafts through text, its file's weights, full head
-        if any(value not in ("auto", "full", "file") for value in asked.values()) or stop == "cost":
-            raise ValueError(f"{e}: it drafts through text, without vocab=N, quant or stop=cost "
+        if any(value not in ("auto", "full", "file") for value in asked.values()) or stop == "cost" or shape:
+            raise ValueError(f"{e}: it drafts through text, without vocab=N, quant, skip, window or stop=cost "
                              "(they need the target's tokenizer)") from None
         return _cross_tokenizer(target, model, min_conf, opts)
     if stop == "auto":  # a separate draft model sizes its drafts by cost; layer-skip and distilled drafts keep k
@@ -74,6 +76,19 @@ def _cross_tokenizer(target: "LoadedModel", model: str, min_conf: float, opts: d
     draft = load_any_draft(target, model)
     return CrossTokenizerDrafter(draft.backend, draft.tokenizer, target.tokenizer, target.backend.info.bos_token_id,
                                  max_draft=max_draft, min_confidence=min_conf)
+
+
+def layer_list(text: str) -> tuple[int, ...]:
+    """Layer ids of ``skip=``: numbers and ranges joined by '+' (``3+10-13`` = 3, 10, 11, 12, 13)."""
+    ids: list[int] = []
+    for part in filter(None, text.split("+")):
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError(f"skip must list layer numbers or ranges joined by '+' (3+10-13), got {text!r}")
+        if hi and int(hi) - int(lo) > 4096:
+            raise ValueError(f"skip range {part!r} is longer than any model")
+        ids.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(ids)
 
 
 DEFAULT_DRAFT_VOCAB = 32768  # FR-Spec head rows of a catalog draft (plus its control tokens)

@@ -139,7 +139,7 @@ _CHUNK_BYTES = 32 << 20  # large tensors are set in row blocks of at most this m
 
 
 def gguf_weights(info: GGUFInfo, cfg: dict, head_rows: torch.Tensor | None = None,
-                 requant: WeightFormat | None = None) -> dict:
+                 requant: WeightFormat | None = None, layer_ids: tuple[int, ...] | None = None) -> dict:
     """The weights of a GGUF file of a declared architecture (``architectures.ARCHITECTURES``) as
     its own blocks (no dequantization, no fp32 copy): every format of ``FORMATS`` (F32, F16, BF16,
     Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS).
@@ -150,12 +150,17 @@ def gguf_weights(info: GGUFInfo, cfg: dict, head_rows: torch.Tensor | None = Non
     NEOX RoPE). A fused QKV or gate/up (phi3) is one matrix already in the runtime's row order.
     ``head_rows``: the LM head keeps only those token ids' rows, in that order (a draft's
     reduced head, FR-Spec); the input embedding keeps every row. ``requant``: matrices wider
-    than that format are re-encoded to it as they are read (``requantize``: a draft model)."""
+    than that format are re-encoded to it as they are read (``requantize``: a draft model).
+    ``layer_ids``: only these layers of the file, in this order (a draft with layers skipped;
+    ``cfg`` then counts ``len(layer_ids)`` layers)."""
     library()  # FORMATS comes from the library
     args = LlamaArgs.from_hf_config(cfg)
     arch = ARCHITECTURES[cfg.get("gguf_architecture", "llama")]
     read = _MappedGGUF(info, requant, permute=arch.rope == "interleaved")
-    layers = [_layer(read, i, args, arch) for i in range(args.n_layers)]
+    ids = range(args.n_layers) if layer_ids is None else layer_ids
+    if len(ids) != args.n_layers:
+        raise ValueError(f"layer_ids lists {len(ids)} layers, the config {args.n_layers}")
+    layers = [_layer(read, i, args, arch) for i in ids]
     tied = "output.weight" not in info.tensors
     head_name = "token_embd.weight" if tied else "output.weight"
     if head_rows is not None:

@@ -231,20 +231,27 @@ _DEQUANT_WARNED: set[Path] = set()
 
 def _gguf_backend(source: ModelSource, info: GGUFInfo, cfg: dict, name: str, dtype: torch.dtype,
                   choice: RuntimeChoice, device: str, num_layers: int | None = None,
-                  head_rows: torch.Tensor | None = None, requant: WeightFormat | None = None) -> CausalLM:
+                  head_rows: torch.Tensor | None = None, requant: WeightFormat | None = None,
+                  shape: DraftShape | None = None) -> CausalLM:
     """A GGUF on the ``cpu`` or ``native`` runtime (``num_layers``: the first layers only;
-    ``requant``: matrices re-encoded at load, ``cpu_weights.requantize``)."""
+    ``requant``: matrices re-encoded at load, ``cpu_weights.requantize``; ``shape``: a draft's
+    skipped layers and attention window, compiled runtime only)."""
     if num_layers is not None:
         if not 1 <= num_layers <= cfg["num_hidden_layers"]:
             raise ValueError(f"num_layers must be in [1, {cfg['num_hidden_layers']}], got {num_layers}")
         cfg, name = {**cfg, "num_hidden_layers": num_layers}, f"{name}[:{num_layers}]"
+    layer_ids = None
+    if shape is not None and (shape.skip or shape.window):
+        if choice.backend != "cpu" or choice.weights is not None:
+            raise ValueError("a draft's skip= and window= need its GGUF's own blocks on the compiled runtime")
+        cfg, layer_ids = shape.apply(cfg)
     context = gguf_context(source, info, cfg)
     if choice.backend == "cpu":
         from .cpu import CpuLlama
         from .cpu_weights import gguf_weights
 
         if choice.weights is None:  # the file's own blocks (head_rows: only those LM-head rows)
-            weights = gguf_weights(info, cfg, head_rows=head_rows, requant=requant)
+            weights = gguf_weights(info, cfg, head_rows=head_rows, requant=requant, layer_ids=layer_ids)
             model = CpuLlama.from_weights(cfg, weights, context, name=name, head_rows=head_rows)
             model.gguf_path = source.path
             return model
@@ -328,8 +335,37 @@ def distilled_draft_dir(target: LoadedModel, weights: str = "shipped") -> Path:
                                                                                   default_cache_dir()))
 
 
+@dataclass(frozen=True)
+class DraftShape:
+    """A GGUF draft made cheaper at load, its output still only a proposal: ``skip``, layers of
+    the file left out (a self-speculative draft of the draft, after Zhang et al. 2024, "Draft &
+    Verify", arXiv 2309.08168); ``window``, every layer attending to its last ``window`` keys
+    only (0: all), so a long context does not make each draft token read the whole K/V cache."""
+
+    skip: tuple[int, ...] = ()
+    window: int = 0
+
+    def apply(self, cfg: dict) -> tuple[dict, tuple[int, ...] | None]:
+        """``cfg`` with the layers kept and the window; the file's ids of the layers kept (None: all)."""
+        n = cfg["num_hidden_layers"]
+        if any(not 0 <= i < n for i in self.skip) or len(set(self.skip)) != len(self.skip) or len(self.skip) >= n:
+            raise ValueError(f"skip must name distinct layers in [0, {n}) and keep one, got {list(self.skip)}")
+        if self.window < 0:
+            raise ValueError(f"window must be >= 0, got {self.window}")
+        keep = tuple(i for i in range(n) if i not in self.skip)
+        types = cfg.get("layer_types") or ["sliding_attention" if cfg.get("sliding_window") else "full_attention"] * n
+        out = {**cfg, "num_hidden_layers": len(keep), "layer_types": [types[i] for i in keep]}
+        if self.window:  # every layer slides: over the file's own window where that is shorter
+            own = cfg.get("sliding_window") or 0
+            out["layer_types"] = ["sliding_attention"] * len(keep)
+            out["sliding_window"] = min(self.window, own) if own else self.window
+            if own and any(t != "sliding_attention" for t in types):
+                raise ValueError("window= on a draft whose file mixes window sizes is not supported")
+        return out, (keep if self.skip else None)
+
+
 def load_draft_model(target: LoadedModel, spec: str, vocab: int | None = None,
-                     requant: WeightFormat | None = None) -> CausalLM:
+                     requant: WeightFormat | None = None, shape: DraftShape | None = None) -> CausalLM:
     """``shipped`` = the distilled draft shipped for the target (``verispec.weights``);
     ``truncated:N`` = the target's first N layers with its norm and head (an untrained
     layer-skip draft); a draft weights directory (``verispec train draft`` output); anything
@@ -339,7 +375,8 @@ def load_draft_model(target: LoadedModel, spec: str, vocab: int | None = None,
     tokens (``weights.frequent_tokens``); the draft reads ~8x fewer head bytes per token and
     the target still verifies every token, so output is unchanged. ``requant`` (the same
     drafts): its wider matrices re-encoded at load, e.g. ``q4_0`` (``cpu_weights.requantize``),
-    for a cheaper draft step, again with output unchanged."""
+    for a cheaper draft step, again with output unchanged; ``shape`` (the same drafts): layers
+    skipped and an attention window (``DraftShape``)."""
     from ..weights import shipped_weights
     from .draft_checkpoint import draft_vocab, is_draft_weights
 
@@ -361,8 +398,8 @@ def load_draft_model(target: LoadedModel, spec: str, vocab: int | None = None,
         choice = RuntimeChoice(kind, WeightFormat.Q8_0 if kind == "cpu" else target.pytorch_format,
                                target.pytorch_format)
         return _hf_dir_backend(hf_dir, f"draft-{target.name}", info.dtype, choice, str(info.device), head_rows=rows)
-    if vocab is not None or requant is not None:
-        return _load_gguf_draft(target, spec, vocab, requant)
+    if vocab is not None or requant is not None or shape is not None:
+        return _load_gguf_draft(target, spec, vocab, requant, shape)
     source = resolve_model(spec)
     _check_same_tokenizer(target, spec, load_tokenizer(source))  # refused before any weight is read
     return _load_beside(target, source).backend
@@ -390,7 +427,7 @@ def _check_same_tokenizer(target: LoadedModel, spec: str, tokenizer) -> None:
 
 
 def _load_gguf_draft(target: LoadedModel, spec: str, vocab: int | None,
-                     requant: WeightFormat | None) -> CausalLM:
+                     requant: WeightFormat | None, shape: DraftShape | None = None) -> CausalLM:
     """A GGUF draft on the compiled runtime with an FR-Spec head and/or requantized (load_draft_model)."""
     from ..weights import frequent_tokens
 
@@ -398,11 +435,15 @@ def _load_gguf_draft(target: LoadedModel, spec: str, vocab: int | None,
     tokenizer = load_tokenizer(source)
     _check_same_tokenizer(target, spec, tokenizer)  # first: another tokenizer drafts through text (registry)
     if source.kind != "gguf" or target.backend_kind != "cpu":
-        raise ValueError("vocab=N and quant=q4_0 need a GGUF draft on the compiled runtime (backend cpu); "
-                         "use vocab=full quant=file")
+        raise ValueError("vocab=N, quant=q4_0, skip= and window= need a GGUF draft on the compiled runtime "
+                         "(backend cpu); use vocab=full quant=file")
     info, cfg = open_gguf(source.gguf)
     rows = None if vocab is None else frequent_tokens(source.name, vocab, sorted(tokenizer.added_tokens_decoder))
     tags = ([] if rows is None else [f"vocab {len(rows)}"]) + ([] if requant is None else [requant])
+    if shape is not None and shape.skip:
+        tags.append(f"skip {','.join(map(str, shape.skip))}")
+    if shape is not None and shape.window:
+        tags.append(f"window {shape.window}")
     choice = RuntimeChoice("cpu", None, checkpoint_format(source))  # the file's own blocks
     return _gguf_backend(source, info, cfg, f"{source.name}[{', '.join(tags)}]", target.backend.info.dtype, choice,
-                         "cpu", head_rows=rows, requant=requant)
+                         "cpu", head_rows=rows, requant=requant, shape=shape)
