@@ -25,7 +25,7 @@ from verispec.drafters.prompt_lookup import PromptLookupDrafter
 from verispec.drafters.suffix_tree import SuffixDecodingDrafter
 from verispec.engine import Engine
 from verispec.engine.prefix_cache import PrefixCache, prefix_cache_support
-from verispec.models import cpu_abi
+from verispec.models import cpu_abi, cpu_cache
 from verispec.types import SamplingParams
 
 cpu = pytest.importorskip("verispec.models.cpu")
@@ -151,9 +151,9 @@ def load(tiny_dirs):
 
 
 def test_tile_spans_example():
-    assert cpu._tile_spans(60, 8) == [(0, 60, 64, 0), (1, 0, 4, 4)]
-    assert cpu._tile_spans(0, 16) == [(0, 0, 16, 0)]
-    assert cpu._tile_spans(32, 170) == [(0, 32, 64, 0), (1, 0, 64, 32), (2, 0, 64, 96), (3, 0, 10, 160)]
+    assert cpu_cache._tile_spans(60, 8) == [(0, 60, 64, 0), (1, 0, 4, 4)]
+    assert cpu_cache._tile_spans(0, 16) == [(0, 0, 16, 0)]
+    assert cpu_cache._tile_spans(32, 170) == [(0, 32, 64, 0), (1, 0, 64, 32), (2, 0, 64, 96), (3, 0, 10, 160)]
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2-bias"])

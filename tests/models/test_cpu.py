@@ -33,6 +33,7 @@ from tiny_models import (
 )
 from verispec.models import cpu_abi
 from verispec.models.base import ModelError
+from verispec.models.llama import LlamaArgs
 
 cpu = pytest.importorskip("verispec.models.cpu")
 if not cpu_abi.available():
@@ -374,17 +375,17 @@ def test_unsupported_shapes(tiny_dirs, tmp_path):
     cfg = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=128, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     LlamaForCausalLM(cfg).save_pretrained(tmp_path)
-    assert not cpu.supports(json.loads((tmp_path / "config.json").read_text()))
+    assert not cpu_abi.supports(LlamaArgs.from_hf_config(json.loads((tmp_path / "config.json").read_text())))
     with pytest.raises(ModelError, match="multiples of 32"):
         CpuLlama.from_hf_dir(tmp_path)
 
     stories = converted_hf_dir(resolve_model("stories260k"))
     stories_cfg = json.loads((stories / "config.json").read_text())
-    assert stories_cfg["intermediate_size"] % 32 != 0 and not cpu.supports(stories_cfg)
+    assert stories_cfg["intermediate_size"] % 32 != 0 and not cpu_abi.supports(LlamaArgs.from_hf_config(stories_cfg))
     with pytest.raises(ModelError, match="multiples of 32"):
         CpuLlama.from_hf_dir(stories)
 
-    assert cpu.supports(json.loads((tiny_dirs["llama"][0] / "config.json").read_text()))
+    assert cpu_abi.supports(LlamaArgs.from_hf_config(json.loads((tiny_dirs["llama"][0] / "config.json").read_text())))
     with pytest.raises(ModelError, match="config.json"):
         CpuLlama.from_hf_dir(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="unknown quant"):

@@ -10,7 +10,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from verispec.drafters.base import DraftContext, Observation
-from verispec.drafters.suffix_tree import SuffixDecodingDrafter, SuffixTrie, common_prefix_length
+from verispec.drafters.suffix_tree import SuffixDecodingDrafter, common_prefix_length
+from verispec.drafters.suffix_trie import SuffixTrie
 from verispec.sampling import make_generator
 from verispec.types import SamplingParams
 

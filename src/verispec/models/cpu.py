@@ -19,8 +19,9 @@ depend on the other tokens of the forward, their layout, the thread count, or th
 ISA: chosen at run time (``VERISPEC_ISA`` = auto, avx512, avx2 or scalar forces one).
 Threads: a persistent pool, ``torch.get_num_threads()`` at load unless ``threads`` is given.
 
-This module is the model (``CpuLlama``) and its K/V cache pool; the C interface is ``cpu_abi.py``,
-the preparation of weights (quantizing, a GGUF's blocks read in place) ``cpu_weights.py``.
+This module is the model (``CpuLlama``); the C interface (and the shapes it runs, ``supports``) is
+``cpu_abi.py``, the K/V cache pool ``cpu_cache.py``, the preparation of weights (quantizing, a GGUF's
+blocks read in place) ``cpu_weights.py``.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ import torch
 
 from verispec.memory import check_fits
 from verispec.models.base import Exactness, ModelError, ModelInfo, ModelOutput, check_hidden_layers
-from verispec.models.cache_pool import CachePool, PooledCache, PooledLM
+from verispec.models.cache_pool import PooledLM
 from verispec.models.cpu_abi import ERR_LEN, FORMATS, Batch, Config, DraftChain, Slot, i32, library, loaded, ptr, want_isa
+from verispec.models.cpu_cache import CpuCache, CpuCachePool
 from verispec.models.cpu_weights import (
     QUANTS,
     Linear,
@@ -48,89 +50,7 @@ from verispec.models.cpu_weights import (
 )
 from verispec.models.formats import WeightFormat
 from verispec.models.gguf_file import read_gguf
-from verispec.models.llama import SUPPORTED_MODEL_TYPES, LlamaArgs, read_safetensors, rope_tables
-
-
-SLOT_TILE = 64  # K cache slots per transposed tile (csrc/vs.h: KV_TILE)
-
-
-GROW_FROM = 4 * SLOT_TILE  # slots a growing cache pool starts with
-
-
-class CpuCachePool(CachePool):
-    """K/V of ``rows`` requests, in ``owner.kv_dtype``: k [layers, rows, kv_heads, slots/64, head_dim, 64] (64-slot
-    transposed tiles, so a token's scores read contiguous keys), v [layers, rows, kv_heads,
-    slots, head_dim]. ``torch.empty``: slots past a request's length are never read.
-
-    A pool sized by its caller (a server's batch) holds all ``max_length`` slots from the start;
-    one that ``grow``s (``CpuLlama.new_cache`` / ``new_cache_pool`` without a length: the
-    model's whole context, which a GGUF may declare as 2^24 tokens) starts small and at least
-    doubles as its requests reach further, so ``generate`` holds what the request needs. Each
-    allocation is checked against the memory available first (one line, not an allocator error)."""
-
-    def __init__(self, owner: CpuLlama, rows: int, max_length: int, grow: bool = False):
-        super().__init__(owner, rows, max_length)
-        self._limit = -(-max_length // SLOT_TILE) * SLOT_TILE  # the slots it may grow to
-        self.slots = 0
-        self.reserve(min(self._limit, GROW_FROM) if grow else self._limit)
-
-    def reserve(self, slots: int) -> None:
-        """Hold at least ``slots`` slots (at most ``max_length`` rounded up to a tile), keeping the K/V held."""
-        if slots <= self.slots:
-            return
-        new = min(self._limit, max(-(-slots // SLOT_TILE) * SLOT_TILE, 2 * self.slots))
-        a, dtype = self.owner.args, self.owner.kv_dtype
-        per_slot = 2 * a.n_layers * self.rows * a.n_kv_heads * a.head_dim * dtype.itemsize
-        check_fits(new * per_slot, f"the K/V cache of {self.rows} x {new:,} tokens", "ask for fewer tokens")
-        k = torch.empty(a.n_layers, self.rows, a.n_kv_heads, new // SLOT_TILE, a.head_dim, SLOT_TILE, dtype=dtype)
-        v = torch.empty(a.n_layers, self.rows, a.n_kv_heads, new, a.head_dim, dtype=dtype)
-        if self.slots:  # numpy copies, as in _read_slots
-            k.numpy()[:, :, :, :self.slots // SLOT_TILE] = self.k.numpy()
-            v.numpy()[:, :, :, :self.slots] = self.v.numpy()
-        self.k, self.v, self.slots = k, v, new
-
-    def _move_slots(self, row: int, src: list[int], dst_start: int) -> None:
-        idx = i32(src)
-        library().vs_cache_move(ctypes.byref(self.owner._cfg), self.k.data_ptr(), self.v.data_ptr(),
-                                self.rows, self.slots, row, ptr(idx), len(src), dst_start)
-
-    # prefix-cache copies go through numpy views: torch copies would wake torch's OpenMP
-    # threads, which then spin on the cores the runtime's own threads need (see forward_batch)
-    def _read_slots(self, row: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> k [layers, kv_heads, head_dim, n] (the tiles' slot-minor order), v [layers, kv_heads, n, head_dim]."""
-        k, v = self.k.numpy(), self.v.numpy()
-        tiles = [k[:, row, :, t, :, lo:hi] for t, lo, hi, _ in _tile_spans(start, n)]
-        return (torch.from_numpy(np.concatenate(tiles, axis=-1)),
-                torch.from_numpy(v[:, row, :, start:start + n].copy()))  # a copy even where the slice is contiguous
-
-    def _write_slots(self, row: int, start: int, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
-        k_in, v_in = (t.numpy() for t in kv)
-        self.reserve(start + v_in.shape[2])
-        k, v = self.k.numpy(), self.v.numpy()
-        for t, lo, hi, at in _tile_spans(start, v_in.shape[2]):
-            k[:, row, :, t, :, lo:hi] = k_in[..., at:at + hi - lo]
-        v[:, row, :, start:start + v_in.shape[2]] = v_in
-
-
-def _tile_spans(start: int, n: int) -> list[tuple[int, int, int, int]]:
-    """Slots ``start .. start+n-1`` as (tile, first, end, offset in the range) per 64-slot tile.
-
-    Example: _tile_spans(60, 8) -> [(0, 60, 64, 0), (1, 0, 4, 4)].
-    """
-    spans, s = [], start
-    while s < start + n:
-        t, lo = divmod(s, SLOT_TILE)
-        hi = min(SLOT_TILE, lo + start + n - s)
-        spans.append((t, lo, hi, s - start))
-        s += hi - lo
-    return spans
-
-
-class CpuCache(PooledCache):
-    """A request's view on one row of a ``CpuCachePool``."""
-
-
-CpuCachePool.cache_class = CpuCache
+from verispec.models.llama import LlamaArgs, read_safetensors, rope_tables
 
 
 def _check_rope_fits(args: LlamaArgs, positions: int) -> None:
@@ -506,22 +426,6 @@ class CpuLlama(PooledLM):
         """Shapes and caches here; token ids, positions and the tree's shape (each token sees
         itself and only earlier tokens) are checked by ``vs_forward`` before it writes anything."""
         self._check_batch(ids, pos, caches, tree, n_real)
-
-
-# what ``supports`` asks of a shape (csrc/c_api.cpp: vs_model_new), in words
-SHAPES = "hidden size, FFN size and heads x head size multiples of 32, at most 64 query heads per K/V head"
-
-
-def supports(cfg: dict) -> bool:
-    """Can the compiled runtime run this HF config? (Llama family, or a GGUF of a declared architecture; ``SHAPES``.)"""
-    try:
-        a = LlamaArgs.from_hf_config(cfg)
-    except (ModelError, KeyError, ValueError):
-        return False
-    family = cfg.get("model_type") in SUPPORTED_MODEL_TYPES or cfg.get("gguf_architecture") is not None
-    return (family and a.dim % 32 == 0 and a.intermediate_size % 32 == 0
-            and (a.n_heads * a.head_dim) % 32 == 0 and a.n_heads % a.n_kv_heads == 0 and a.group <= 64)
-
 
 
 CpuLlama.pool_class = CpuCachePool

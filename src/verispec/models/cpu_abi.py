@@ -1,7 +1,8 @@
 """The compiled CPU runtime's C interface (``csrc/c_api.cpp``, ``csrc/vs.h``) as Python sees it:
 loading ``verispec._vscpu`` with ctypes, the structs passed to it (``Config``, ``Batch``), the
 check that the build matches this verispec (ABI version, struct sizes, tensor slots, formats),
-and the runtime's weight-format table (``FORMATS``: block sizes, read from the library).
+the runtime's weight-format table (``FORMATS``: block sizes, read from the library), and the model
+shapes ``vs_model_new`` accepts (``supports``).
 
 Nothing here holds a model: ``cpu.py`` (``CpuLlama``) does, through these functions;
 ``cpu_weights.py`` prepares the weights it is given.
@@ -15,11 +16,15 @@ import importlib.util
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from verispec.models.formats import WeightFormat
+
+if TYPE_CHECKING:
+    from verispec.models.llama import LlamaArgs
 
 PANEL_ROWS = 16  # rows per weight panel (csrc/vs.h: PANEL)
 ABI_VERSION = 4  # csrc/vs.h: ABI_VERSION
@@ -218,3 +223,14 @@ def loaded() -> ctypes.CDLL | None:
     """The library if it is loaded, else None (never built, or already gone at interpreter exit):
     what freeing a model's handle needs, without loading anything."""
     return _LIB
+
+
+# what ``supports`` asks of a shape (csrc/c_api.cpp: vs_model_new), in words
+SHAPES = "hidden size, FFN size and heads x head size multiples of 32, at most 64 query heads per K/V head"
+
+
+def supports(a: LlamaArgs) -> bool:
+    """Can the compiled runtime run a model of these dimensions (a Llama-family config or a GGUF of a
+    declared architecture, read by ``LlamaArgs.from_hf_config``)? ``SHAPES`` says what it asks."""
+    return (a.dim % 32 == 0 and a.intermediate_size % 32 == 0 and (a.n_heads * a.head_dim) % 32 == 0
+            and a.n_heads % a.n_kv_heads == 0 and a.n_heads <= 64 * a.n_kv_heads)

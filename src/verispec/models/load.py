@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +26,9 @@ from .gguf_tokenizer import load_gguf_tokenizer
 from .hf_dir import hf_dir_config, load_target_embedding
 from .resolve import ModelSource, resolve_model
 from .tokenizer import hf_dir_tokenizer, load_tokenizer
+
+if TYPE_CHECKING:
+    from .llama import LlamaArgs
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 Prompt = str | list[dict[str, str]]
@@ -133,30 +136,31 @@ def choose_backend(cfg: dict | None, dtype: torch.dtype, device: str, gguf: bool
     Only a runtime that is not built or a shape it does not run falls back from ``cpu``; for
     a GGUF (whose blocks the compiled runtime reads) each says so, in one line on stderr. A
     malformed file never gets here: ``open_gguf`` refuses it first."""
-    from . import cpu, cpu_abi
+    from . import cpu_abi
 
-    llama_family = cfg is not None and _native_supports(cfg)
-    if dtype == torch.float32 and torch.device(device).type == "cpu" and llama_family:
-        if cpu.supports(cfg):
+    args = _llama_args(cfg)
+    if dtype == torch.float32 and torch.device(device).type == "cpu" and args is not None:
+        if cpu_abi.supports(args):
             if cpu_abi.available():  # if not built, available() says so (once)
                 return "cpu"
         elif gguf:
             import warnings
 
-            warnings.warn(f"the compiled runtime does not run this model's shape ({cpu.SHAPES}); running the "
+            warnings.warn(f"the compiled runtime does not run this model's shape ({cpu_abi.SHAPES}); running the "
                           "PyTorch runtime instead, 30-100x slower on CPU", RuntimeWarning, stacklevel=2)
-    return "native" if gguf or llama_family else "hf"
+    return "native" if gguf or args is not None else "hf"
 
 
-def _native_supports(cfg: dict) -> bool:
-    """Is this HF config a Llama-family model the native runtime runs?"""
+def _llama_args(cfg: dict | None) -> LlamaArgs | None:
+    """The dimensions of a Llama-family model the native runtime runs; None for another (or unreadable) config."""
     from .llama import LlamaArgs
 
+    if cfg is None:
+        return None
     try:
-        LlamaArgs.from_hf_config(cfg)
+        return LlamaArgs.from_hf_config(cfg)
     except (ModelError, KeyError, ValueError):
-        return False
-    return True
+        return None
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32",
