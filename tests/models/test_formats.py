@@ -101,6 +101,20 @@ def test_every_isa_gives_the_scalar_bits(fmt):
 
 
 @pytest.mark.parametrize("fmt", QUANTIZED)
+def test_every_token_count_gives_the_scalar_bits(fmt):
+    """T = 1..9 tokens (every tile width of every ISA's matmul and its remainders) and rows = 37 (a
+    last panel with a partial half): every ISA equals the scalar reference bitwise."""
+    rows, cols = 37, 512
+    w = weights(fmt, rows, cols, seed=5)
+    x = activations(9, cols, seed=6)
+    ref = run_matmul(fmt, w, rows, cols, x, "scalar")  # a token's outputs do not depend on the others
+    for isa in ISAS:
+        for T in range(1, 10):
+            got = run_matmul(fmt, w, rows, cols, x[:T], isa)
+            assert np.array_equal(got.view(np.uint32), ref[:T].view(np.uint32)), f"{isa}, T = {T} differs from scalar"
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED)
 def test_matmul_matches_the_dequantized_matrix(fmt):
     """|W x - runtime| <= sum_k |W_k| * (its activation block's max |x|) / 254 (int8 rounding of
     x is at most half a step of max/127) + 1e-5 relative float rounding, per output."""

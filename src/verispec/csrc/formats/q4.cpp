@@ -129,19 +129,25 @@ struct K {
       }
     }
   }
-  // one token, both halves in one pass (half<1>'s operations for each half, in its order)
-  static constexpr bool ONE_PASS = true;
-  static inline void both(const uint8_t* pw, int cols, const QAct& a, int t, __m256* acc) {
+  // TT tokens, both halves in one pass over the panel (half<TT>'s operations for each half, in its order)
+  static constexpr int BOTH_TOKENS = 4;
+  template <int TT>
+  static inline void both(const uint8_t* pw, int cols, const QAct& a, int t0, __m256* acc) {
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)b * PB;
       prefetch(blk + PREFETCH_AHEAD, 5);
-      __m256i isum[2];
-      dot_n4_both<8>(blk + 64, act_q(a, t, b), isum[0], isum[1]);
-      const __m256 dx = _mm256_set1_ps(a.d[(size_t)t * a.nb + b]), sx = _mm256_set1_ps(a.s[(size_t)t * a.nb + b]);
-      for (int h = 0; h < 2; h++) {
-        const __m256 dw = half8(blk + 16 * h), mw = half8(blk + HALF16_BYTES + 16 * h);
-        acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[h]), acc[h]);
-        acc[h] = _mm256_fmadd_ps(mw, sx, acc[h]);
+      const int8_t* xq[TT];
+      for (int t = 0; t < TT; t++) xq[t] = act_q(a, t0 + t, b);
+      __m256i isum[TT][2];
+      dot_n4_both<8, TT>(blk + 64, xq, isum);
+      const __m256 dw[2] = {half8(blk), half8(blk + 16)}, mw[2] = {half8(blk + HALF16_BYTES), half8(blk + HALF16_BYTES + 16)};
+      for (int t = 0; t < TT; t++) {
+        const size_t row = (size_t)(t0 + t);
+        const __m256 dx = _mm256_set1_ps(a.d[row * a.nb + b]), sx = _mm256_set1_ps(a.s[row * a.nb + b]);
+        for (int h = 0; h < 2; h++) {
+          acc[2 * t + h] = _mm256_fmadd_ps(_mm256_mul_ps(dw[h], dx), _mm256_cvtepi32_ps(isum[t][h]), acc[2 * t + h]);
+          acc[2 * t + h] = _mm256_fmadd_ps(mw[h], sx, acc[2 * t + h]);
+        }
       }
     }
   }

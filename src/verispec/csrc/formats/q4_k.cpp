@@ -144,9 +144,11 @@ struct K {
       }
     }
   }
-  // one token, both halves in one pass (half<1>'s operations for each half, in its order); Q4_K only
-  static constexpr bool ONE_PASS = !HIGH;
-  static inline void both(const uint8_t* pw, int cols, const QAct& a, int t, __m256* acc) {
+  // TT tokens, both halves in one pass over the panel (half<TT>'s operations for each half, in its
+  // order); Q4_K only (Q5_K's fifth bit would need 8 more registers)
+  static constexpr int BOTH_TOKENS = HIGH ? 0 : 4;
+  template <int TT>
+  static inline void both(const uint8_t* pw, int cols, const QAct& a, int t0, __m256* acc) {
     using L = Layout<HIGH>;
     for (int sb = 0; sb < cols / QK_K; sb++) {
       const uint8_t* blk = pw + (size_t)sb * L::PB;
@@ -155,14 +157,22 @@ struct K {
         const int b = sb * 8 + j;
         const uint8_t* sub = L::sub(blk, j);
         prefetch(sub + PREFETCH_AHEAD, 4);
-        __m256i isum[2];
-        dot_n4_both<8>(sub, act_q(a, t, b), isum[0], isum[1]);
-        const __m256 dx = _mm256_set1_ps(a.d[(size_t)t * a.nb + b]), sx = _mm256_set1_ps(a.s[(size_t)t * a.nb + b]);
+        const int8_t* xq[TT];
+        for (int t = 0; t < TT; t++) xq[t] = act_q(a, t0 + t, b);
+        __m256i isum[TT][2];
+        dot_n4_both<8, TT>(sub, xq, isum);
+        __m256 dsc[2], nm[2];
         for (int h = 0; h < 2; h++) {
-          const __m256 dsc = _mm256_mul_ps(d[h], u8x8(blk + SC_AT + j * PANEL + 8 * h));
-          const __m256 nm = negate(_mm256_mul_ps(dmin[h], u8x8(blk + M_AT + j * PANEL + 8 * h)));
-          acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dsc, dx), _mm256_cvtepi32_ps(isum[h]), acc[h]);
-          acc[h] = _mm256_fmadd_ps(nm, sx, acc[h]);
+          dsc[h] = _mm256_mul_ps(d[h], u8x8(blk + SC_AT + j * PANEL + 8 * h));
+          nm[h] = negate(_mm256_mul_ps(dmin[h], u8x8(blk + M_AT + j * PANEL + 8 * h)));
+        }
+        for (int t = 0; t < TT; t++) {
+          const size_t row = (size_t)(t0 + t);
+          const __m256 dx = _mm256_set1_ps(a.d[row * a.nb + b]), sx = _mm256_set1_ps(a.s[row * a.nb + b]);
+          for (int h = 0; h < 2; h++) {
+            acc[2 * t + h] = _mm256_fmadd_ps(_mm256_mul_ps(dsc[h], dx), _mm256_cvtepi32_ps(isum[t][h]), acc[2 * t + h]);
+            acc[2 * t + h] = _mm256_fmadd_ps(nm[h], sx, acc[2 * t + h]);
+          }
         }
       }
     }
