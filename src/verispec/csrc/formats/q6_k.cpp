@@ -158,14 +158,15 @@ struct K {
         }
         #pragma GCC unroll 4
         for (int g = 0; g < 8; g += 2) {
-          const __m256i w[2][2] = {{group(blk32, g, 0), group(blk32, g, 1)}, {group(blk32, g + 1, 0), group(blk32, g + 1, 1)}};
-          #pragma GCC unroll 4
-          for (int t = 0; t < TT; t++) {
-            const __m256i x0 = bcast4(xq[t] + 4 * g), x1 = bcast4(xq[t] + 4 * g + 4);
-            for (int h = 0; h < 2; h++) {
+          for (int h = 0; h < 2; h++) {
+            const __m256i w0 = group(blk32, g, h), w1 = group(blk32, g + 1, h);
+            #pragma GCC unroll 4
+            for (int t = 0; t < TT; t++) {
               // int16 pair sums: 2 of <= 2 * 63 * 127 per lane stay below 32767: exact
-              const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0][h], x0), _mm256_maddubs_epi16(w[1][h], x1));
+              const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast4(xq[t] + 4 * g)),
+                                                   _mm256_maddubs_epi16(w1, bcast4(xq[t] + 4 * g + 4)));
               isum[t][h] = _mm256_add_epi32(isum[t][h], _mm256_madd_epi16(s16, scale[h][g >> 2]));
+              in_register(isum[t][h]);
             }
           }
         }
