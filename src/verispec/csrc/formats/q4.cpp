@@ -109,27 +109,7 @@ VS_BEGIN_AVX2
 namespace avx2 {
 #include "simd_avx2.h"
 struct K {
-  template <int TT>
-  static inline void half(const uint8_t* pw, int h, int cols, const QAct& a, int t0, __m256* acc) {
-    for (int b = 0; b < cols / QK; b++) {
-      const uint8_t* blk = pw + (size_t)b * PB;
-      // the first half's pass fetches ahead; the second's (the panel is in cache) fetches the next panel
-      prefetch(blk + (h == 0 ? (size_t)PREFETCH_AHEAD : (size_t)cols / QK * PB), 5);
-      const __m256 dw = half8(blk + 16 * h), mw = half8(blk + HALF16_BYTES + 16 * h);
-      __m256i w[8];
-      n4_unpack(blk + 64, h, w);
-      #pragma GCC unroll 8
-      for (int t = 0; t < TT; t++) {
-        const size_t row = (size_t)(t0 + t);
-        // 8 pair sums of <= 2 * 15 * 127 per int16 lane stay below 32767: exact
-        const __m256i isum = dot_groups<0, 8, 8>(w, act_q(a, (int)row, b));
-        const __m256 dx = _mm256_set1_ps(a.d[row * a.nb + b]), sx = _mm256_set1_ps(a.s[row * a.nb + b]);
-        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum), acc[t]);
-        acc[t] = _mm256_fmadd_ps(mw, sx, acc[t]);
-      }
-    }
-  }
-  // TT tokens, both halves in one pass over the panel (half<TT>'s operations for each half, in its order)
+  // TT tokens, both halves in one pass over the panel (each output's operations Ref::dot's, in its order)
   static constexpr int BOTH_TOKENS = 4;
   template <int TT>
   static inline void both(const uint8_t* pw, int cols, const QAct& a, int t0, __m256* acc) {

@@ -83,39 +83,8 @@ VS_BEGIN_AVX2
 namespace avx2 {
 #include "simd_avx2.h"
 struct K {
-  template <int TT>
-  static inline void half(const uint8_t* pw, int h, int cols, const QAct& a, int t0, __m256* acc) {
-    for (int sb = 0; sb < cols / QK_K; sb++) {
-      const uint8_t* blk = pw + (size_t)sb * PB;
-      const __m256 d = half8(blk + 16 * h);
-      for (int j = 0; j < 8; j++) {
-        const int b = sb * 8 + j;
-        const uint8_t* blk32 = sub(blk, j);
-        // the first half's pass fetches ahead; the second's (the panel is in cache) fetches the next panel
-        prefetch(blk32 + (h == 0 ? (size_t)PREFETCH_AHEAD : (size_t)cols / QK_K * PB), 6);
-        const __m256i sa = i8x8_epi32(blk + SC_AT + 2 * j * PANEL + 8 * h);
-        const __m256i sb2 = i8x8_epi32(blk + SC_AT + (2 * j + 1) * PANEL + 8 * h);
-        __m256i w[8];
-        n4_unpack(blk32, h, w);
-        h2_add(blk32 + N4_BYTES, h, w);
-        #pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) {
-          const size_t row = (size_t)(t0 + t);
-          const int8_t* xq = act_q(a, (int)row, b);
-          // int16 pair sums: 2 of <= 2 * 63 * 127 per lane stay below 32767: exact
-          const __m256i lo = dot_groups<0, 4, 2>(w, xq), hi = dot_groups<4, 4, 2>(w, xq);
-          const int32_t* xs = a.qsum16 + row * 2 * a.nb + 2 * b;
-          const __m256i isum =
-              _mm256_add_epi32(_mm256_mullo_epi32(sa, _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * xs[0]))),
-                               _mm256_mullo_epi32(sb2, _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * xs[1]))));
-          const __m256 dx = _mm256_set1_ps(a.d[row * a.nb + b]);
-          acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc[t]);
-        }
-      }
-    }
-  }
   // Group g (columns 4g..4g+3) of half h of a 32-block as u8 0..63: its N4 nibble and H2 bits
-  // (n4_unpack + h2_add's value of w[g]).
+  // (q_at's values).
   static inline __m256i group(const uint8_t* blk32, int g, int h) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), b45 = _mm256_set1_epi8(0x30);
     const int c = g & 3;
@@ -130,8 +99,8 @@ struct K {
 
   // TT tokens, both halves of each 32-block in one pass over the panel: two groups of both halves
   // unpacked at a time serve every token, and the sub-block scale is applied by vpmaddwd to each
-  // pair of groups, so the integer is sa * lo + sb * hi - 32 * (sa * xs0 + sb * xs1) = half<TT>'s
-  // isum (exact: |sa * lo| < 2^24); then half<TT>'s one fmaf per output.
+  // pair of groups, so the integer is sa * lo + sb * hi - 32 * (sa * xs0 + sb * xs1) = Ref::dot's
+  // isum (exact: |sa * lo| < 2^24); then Ref::dot's one fmaf per output.
   static constexpr int BOTH_TOKENS = 4;
   template <int TT>
   static inline void both(const uint8_t* pw, int cols, const QAct& a, int t0, __m256* acc) {

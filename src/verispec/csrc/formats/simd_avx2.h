@@ -75,7 +75,10 @@ static inline __m256i dot_groups(const __m256i* w, const int8_t* xq) {
   __m256i isum = _mm256_setzero_si256();
   for (int g = G0; g < G0 + N; g += PER16) {
     __m256i s16 = _mm256_maddubs_epi16(w[g], bcast4(xq + 4 * g));
-    for (int i = 1; i < PER16; i++) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[g + i], bcast4(xq + 4 * (g + i))));
+    for (int i = 1; i < PER16; i++) {
+      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[g + i], bcast4(xq + 4 * (g + i))));
+      in_register(s16);
+    }
     isum = _mm256_add_epi32(isum, _mm256_madd_epi16(s16, ones));
   }
   return isum;
@@ -122,7 +125,7 @@ static inline void dot_n4_both(const uint8_t* n4, const int8_t* const* xq, __m25
 
 // A format kernel K with BOTH_TOKENS = n > 0 has K::both<TT>(panel, cols, a, t0, acc) for
 // TT <= n: TT tokens from t0, both halves of the panel in one pass over its bytes, acc[2t + h]
-// (half<TT>'s operations for each half and token, in its order); matmul() then tiles the
+// (each output's operations the format's scalar reference's, in its order); matmul() then tiles the
 // tokens n at a time. Otherwise tile<K, TT> runs K::half<TT> once per half, 4 tokens a tile.
 template <class K, class = void>
 struct BothTokens : std::integral_constant<int, 0> {};
@@ -153,14 +156,14 @@ static inline void tile(const Matrix& w, int p, const QAct& a, int t0, float* ou
     K::template both<TT>(pw, w.cols, a, t0, acc);
     for (int t = 0; t < TT; t++)
       for (int h = 0; h < 2 && p * PANEL + 8 * h < w.rows; h++) store_half(w, p, h, acc[2 * t + h], out + (size_t)(t0 + t) * ldo);
-    return;
-  }
-  for (int h = 0; h < 2; h++) {
-    if (p * PANEL + 8 * h >= w.rows) break;
-    __m256 acc[TT];
-    for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
-    K::template half<TT>(pw, h, w.cols, a, t0, acc);
-    for (int t = 0; t < TT; t++) store_half(w, p, h, acc[t], out + (size_t)(t0 + t) * ldo);
+  } else {
+    for (int h = 0; h < 2; h++) {
+      if (p * PANEL + 8 * h >= w.rows) break;
+      __m256 acc[TT];
+      for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
+      K::template half<TT>(pw, h, w.cols, a, t0, acc);
+      for (int t = 0; t < TT; t++) store_half(w, p, h, acc[t], out + (size_t)(t0 + t) * ldo);
+    }
   }
 }
 
