@@ -90,10 +90,11 @@ static inline __m256i dot_groups(const __m256i* w, const int8_t* xq) {
 // halves. isum[t][h] is the integer of n4_unpack(h) + dot_groups<0, 8, PER16> for token t (an
 // integer sum whose partial sums never overflow: any order gives the same value). With
 // PER16 = 8 and TT <= 4, the 2 * TT int16 sums, 4 weights and 2 activations fit 16 registers.
+// With an H1 plane h1 (5-bit formats), each weight gets its bit 4 from it (h1_add's values).
 template <int PER16, int TT>
-static inline void dot_n4_both(const uint8_t* n4, const int8_t* const* xq, __m256i (*isum)[2]) {
+static inline void dot_n4_both(const uint8_t* n4, const int8_t* const* xq, __m256i (*isum)[2], const uint8_t* h1 = nullptr) {
   static_assert(PER16 % 2 == 0 && 8 % PER16 == 0, "two groups (a chunk's low and high nibbles) per step");
-  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
   __m256i s[TT][2];
   for (int t = 0; t < TT; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
   #pragma GCC unroll 4
@@ -101,8 +102,15 @@ static inline void dot_n4_both(const uint8_t* n4, const int8_t* const* xq, __m25
     const __m256i r0 = _mm256_loadu_si256((const __m256i*)(n4 + 64 * c));
     const __m256i r1 = _mm256_loadu_si256((const __m256i*)(n4 + 64 * c + 32));
     // [h]: columns 4c.. (low nibbles) and 16 + 4c.. (high nibbles) of half h
-    const __m256i lo[2] = {_mm256_and_si256(r0, m4), _mm256_and_si256(r1, m4)};
-    const __m256i hi[2] = {_mm256_and_si256(_mm256_srli_epi16(r0, 4), m4), _mm256_and_si256(_mm256_srli_epi16(r1, 4), m4)};
+    __m256i lo[2] = {_mm256_and_si256(r0, m4), _mm256_and_si256(r1, m4)};
+    __m256i hi[2] = {_mm256_and_si256(_mm256_srli_epi16(r0, 4), m4), _mm256_and_si256(_mm256_srli_epi16(r1, 4), m4)};
+    if (h1) {  // bit c of an H1 byte -> bit 4 of column 4c + t, bit 4 + c -> bit 4 of column 16 + 4c + t
+      for (int h = 0; h < 2; h++) {
+        const __m256i x = _mm256_loadu_si256((const __m256i*)(h1 + 32 * h));
+        lo[h] = _mm256_or_si256(lo[h], _mm256_and_si256(_mm256_slli_epi16(x, 4 - c), b4));
+        hi[h] = _mm256_or_si256(hi[h], _mm256_and_si256(_mm256_srli_epi16(x, c), b4));
+      }
+    }
     #pragma GCC unroll 4
     for (int t = 0; t < TT; t++) {
       const __m256i xl = bcast4(xq[t] + 4 * c), xh = bcast4(xq[t] + 16 + 4 * c);
