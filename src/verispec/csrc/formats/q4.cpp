@@ -109,39 +109,25 @@ VS_BEGIN_AVX2
 namespace avx2 {
 #include "simd_avx2.h"
 struct K {
+  // TT tokens, both halves in one pass over the panel (each output's operations Ref::dot's, in its order)
+  static constexpr int BOTH_TOKENS = 4;
   template <int TT>
-  static inline void half(const uint8_t* pw, int h, int cols, const QAct& a, int t0, __m256* acc) {
-    for (int b = 0; b < cols / QK; b++) {
-      const uint8_t* blk = pw + (size_t)b * PB;
-      // the first half's pass fetches ahead; the second's (the panel is in cache) fetches the next panel
-      prefetch(blk + (h == 0 ? (size_t)PREFETCH_AHEAD : (size_t)cols / QK * PB), 5);
-      const __m256 dw = half8(blk + 16 * h), mw = half8(blk + HALF16_BYTES + 16 * h);
-      __m256i w[8];
-      n4_unpack(blk + 64, h, w);
-      #pragma GCC unroll 8
-      for (int t = 0; t < TT; t++) {
-        const size_t row = (size_t)(t0 + t);
-        // 8 pair sums of <= 2 * 15 * 127 per int16 lane stay below 32767: exact
-        const __m256i isum = dot_groups<0, 8, 8>(w, act_q(a, (int)row, b));
-        const __m256 dx = _mm256_set1_ps(a.d[row * a.nb + b]), sx = _mm256_set1_ps(a.s[row * a.nb + b]);
-        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum), acc[t]);
-        acc[t] = _mm256_fmadd_ps(mw, sx, acc[t]);
-      }
-    }
-  }
-  // one token, both halves in one pass (half<1>'s operations for each half, in its order)
-  static constexpr bool ONE_PASS = true;
-  static inline void both(const uint8_t* pw, int cols, const QAct& a, int t, __m256* acc) {
+  static inline void both(const uint8_t* pw, int cols, const QAct& a, int t0, __m256* acc) {
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)b * PB;
       prefetch(blk + PREFETCH_AHEAD, 5);
-      __m256i isum[2];
-      dot_n4_both<8>(blk + 64, act_q(a, t, b), isum[0], isum[1]);
-      const __m256 dx = _mm256_set1_ps(a.d[(size_t)t * a.nb + b]), sx = _mm256_set1_ps(a.s[(size_t)t * a.nb + b]);
-      for (int h = 0; h < 2; h++) {
-        const __m256 dw = half8(blk + 16 * h), mw = half8(blk + HALF16_BYTES + 16 * h);
-        acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[h]), acc[h]);
-        acc[h] = _mm256_fmadd_ps(mw, sx, acc[h]);
+      const int8_t* xq[TT];
+      for (int t = 0; t < TT; t++) xq[t] = act_q(a, t0 + t, b);
+      __m256i isum[TT][2];
+      dot_n4_both<8, TT>(blk + 64, xq, isum);
+      const __m256 dw[2] = {half8(blk), half8(blk + 16)}, mw[2] = {half8(blk + HALF16_BYTES), half8(blk + HALF16_BYTES + 16)};
+      for (int t = 0; t < TT; t++) {
+        const size_t row = (size_t)(t0 + t);
+        const __m256 dx = _mm256_set1_ps(a.d[row * a.nb + b]), sx = _mm256_set1_ps(a.s[row * a.nb + b]);
+        for (int h = 0; h < 2; h++) {
+          acc[2 * t + h] = _mm256_fmadd_ps(_mm256_mul_ps(dw[h], dx), _mm256_cvtepi32_ps(isum[t][h]), acc[2 * t + h]);
+          acc[2 * t + h] = _mm256_fmadd_ps(mw[h], sx, acc[2 * t + h]);
+        }
       }
     }
   }

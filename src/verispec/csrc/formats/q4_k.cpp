@@ -116,37 +116,10 @@ namespace avx2 {
 #include "simd_avx2.h"
 template <bool HIGH>
 struct K {
+  // TT tokens, both halves in one pass over the panel (each output's operations Ref::dot's, in its order)
+  static constexpr int BOTH_TOKENS = 4;
   template <int TT>
-  static inline void half(const uint8_t* pw, int h, int cols, const QAct& a, int t0, __m256* acc) {
-    using L = Layout<HIGH>;
-    for (int sb = 0; sb < cols / QK_K; sb++) {
-      const uint8_t* blk = pw + (size_t)sb * L::PB;
-      const __m256 d = half8(blk + 16 * h), dmin = half8(blk + HALF16_BYTES + 16 * h);
-      for (int j = 0; j < 8; j++) {
-        const int b = sb * 8 + j;
-        const uint8_t* sub = L::sub(blk, j);
-        // the first half's pass fetches ahead; the second's (the panel is in cache) fetches the next panel
-        prefetch(sub + (h == 0 ? (size_t)PREFETCH_AHEAD : (size_t)cols / QK_K * L::PB), HIGH ? 5 : 4);
-        const __m256 dsc = _mm256_mul_ps(d, u8x8(blk + SC_AT + j * PANEL + 8 * h));
-        const __m256 nm = negate(_mm256_mul_ps(dmin, u8x8(blk + M_AT + j * PANEL + 8 * h)));
-        __m256i w[8];
-        n4_unpack(sub, h, w);
-        if (HIGH) h1_add(sub + N4_BYTES, h, w);
-        #pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) {
-          const size_t row = (size_t)(t0 + t);
-          // int16 pair sums: 8 of <= 2 * 15 * 127 (Q4_K), 4 of <= 2 * 31 * 127 (Q5_K): exact
-          const __m256i isum = dot_groups<0, 8, HIGH ? 4 : 8>(w, act_q(a, (int)row, b));
-          const __m256 dx = _mm256_set1_ps(a.d[row * a.nb + b]), sx = _mm256_set1_ps(a.s[row * a.nb + b]);
-          acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dsc, dx), _mm256_cvtepi32_ps(isum), acc[t]);
-          acc[t] = _mm256_fmadd_ps(nm, sx, acc[t]);
-        }
-      }
-    }
-  }
-  // one token, both halves in one pass (half<1>'s operations for each half, in its order); Q4_K only
-  static constexpr bool ONE_PASS = !HIGH;
-  static inline void both(const uint8_t* pw, int cols, const QAct& a, int t, __m256* acc) {
+  static inline void both(const uint8_t* pw, int cols, const QAct& a, int t0, __m256* acc) {
     using L = Layout<HIGH>;
     for (int sb = 0; sb < cols / QK_K; sb++) {
       const uint8_t* blk = pw + (size_t)sb * L::PB;
@@ -154,15 +127,24 @@ struct K {
       for (int j = 0; j < 8; j++) {
         const int b = sb * 8 + j;
         const uint8_t* sub = L::sub(blk, j);
-        prefetch(sub + PREFETCH_AHEAD, 4);
-        __m256i isum[2];
-        dot_n4_both<8>(sub, act_q(a, t, b), isum[0], isum[1]);
-        const __m256 dx = _mm256_set1_ps(a.d[(size_t)t * a.nb + b]), sx = _mm256_set1_ps(a.s[(size_t)t * a.nb + b]);
+        prefetch(sub + PREFETCH_AHEAD, HIGH ? 5 : 4);
+        const int8_t* xq[TT];
+        for (int t = 0; t < TT; t++) xq[t] = act_q(a, t0 + t, b);
+        __m256i isum[TT][2];
+        // int16 pair sums: 8 of <= 2 * 15 * 127 (Q4_K), 4 of <= 2 * 31 * 127 (Q5_K): exact
+        dot_n4_both<HIGH ? 4 : 8, TT>(sub, xq, isum, HIGH ? sub + N4_BYTES : nullptr);
+        __m256 dsc[2], nm[2];
         for (int h = 0; h < 2; h++) {
-          const __m256 dsc = _mm256_mul_ps(d[h], u8x8(blk + SC_AT + j * PANEL + 8 * h));
-          const __m256 nm = negate(_mm256_mul_ps(dmin[h], u8x8(blk + M_AT + j * PANEL + 8 * h)));
-          acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dsc, dx), _mm256_cvtepi32_ps(isum[h]), acc[h]);
-          acc[h] = _mm256_fmadd_ps(nm, sx, acc[h]);
+          dsc[h] = _mm256_mul_ps(d[h], u8x8(blk + SC_AT + j * PANEL + 8 * h));
+          nm[h] = negate(_mm256_mul_ps(dmin[h], u8x8(blk + M_AT + j * PANEL + 8 * h)));
+        }
+        for (int t = 0; t < TT; t++) {
+          const size_t row = (size_t)(t0 + t);
+          const __m256 dx = _mm256_set1_ps(a.d[row * a.nb + b]), sx = _mm256_set1_ps(a.s[row * a.nb + b]);
+          for (int h = 0; h < 2; h++) {
+            acc[2 * t + h] = _mm256_fmadd_ps(_mm256_mul_ps(dsc[h], dx), _mm256_cvtepi32_ps(isum[t][h]), acc[2 * t + h]);
+            acc[2 * t + h] = _mm256_fmadd_ps(nm[h], sx, acc[2 * t + h]);
+          }
         }
       }
     }

@@ -85,25 +85,29 @@ namespace avx2 {
 #include "simd_avx2.h"
 template <bool MIN>
 struct K {
+  // TT tokens, both halves in one pass over the panel (each output's operations Ref::dot's, in its order)
+  static constexpr int BOTH_TOKENS = 4;
   template <int TT>
-  static inline void half(const uint8_t* pw, int h, int cols, const QAct& a, int t0, __m256* acc) {
+  static inline void both(const uint8_t* pw, int cols, const QAct& a, int t0, __m256* acc) {
     using L = Layout<MIN>;
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)b * L::PB;
-      if (h == 0) prefetch(blk + PREFETCH_AHEAD, 6);  // the block's every line, once per panel pass pair
-      const __m256 dw = half8(blk + 16 * h), mw = MIN ? half8(blk + HALF16_BYTES + 16 * h) : _mm256_setzero_ps();
-      __m256i w[8];
-      n4_unpack(blk + L::N4_AT, h, w);
-      h1_add(blk + L::H1_AT, h, w);
-      #pragma GCC unroll 8
+      prefetch(blk + PREFETCH_AHEAD, 6);
+      const int8_t* xq[TT];
+      for (int t = 0; t < TT; t++) xq[t] = act_q(a, t0 + t, b);
+      __m256i isum[TT][2];
+      // 4 pair sums of <= 2 * 31 * 127 per int16 lane stay below 32767: exact
+      dot_n4_both<4, TT>(blk + L::N4_AT, xq, isum, blk + L::H1_AT);
+      const __m256 dw[2] = {half8(blk), half8(blk + 16)};
       for (int t = 0; t < TT; t++) {
         const size_t row = (size_t)(t0 + t);
-        // 4 pair sums of <= 2 * 31 * 127 per int16 lane stay below 32767: exact
-        __m256i isum = dot_groups<0, 8, 4>(w, act_q(a, (int)row, b));
-        if (!MIN) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(16 * a.qsum[row * a.nb + b]));
         const __m256 dx = _mm256_set1_ps(a.d[row * a.nb + b]);
-        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum), acc[t]);
-        if (MIN) acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[row * a.nb + b]), acc[t]);
+        for (int h = 0; h < 2; h++) {
+          __m256i i = isum[t][h];
+          if (!MIN) i = _mm256_sub_epi32(i, _mm256_set1_epi32(16 * a.qsum[row * a.nb + b]));
+          acc[2 * t + h] = _mm256_fmadd_ps(_mm256_mul_ps(dw[h], dx), _mm256_cvtepi32_ps(i), acc[2 * t + h]);
+          if (MIN) acc[2 * t + h] = _mm256_fmadd_ps(half8(blk + HALF16_BYTES + 16 * h), _mm256_set1_ps(a.s[row * a.nb + b]), acc[2 * t + h]);
+        }
       }
     }
   }

@@ -83,62 +83,71 @@ VS_BEGIN_AVX2
 namespace avx2 {
 #include "simd_avx2.h"
 struct K {
-  template <int TT>
-  static inline void half(const uint8_t* pw, int h, int cols, const QAct& a, int t0, __m256* acc) {
-    for (int sb = 0; sb < cols / QK_K; sb++) {
-      const uint8_t* blk = pw + (size_t)sb * PB;
-      const __m256 d = half8(blk + 16 * h);
-      for (int j = 0; j < 8; j++) {
-        const int b = sb * 8 + j;
-        const uint8_t* blk32 = sub(blk, j);
-        // the first half's pass fetches ahead; the second's (the panel is in cache) fetches the next panel
-        prefetch(blk32 + (h == 0 ? (size_t)PREFETCH_AHEAD : (size_t)cols / QK_K * PB), 6);
-        const __m256i sa = i8x8_epi32(blk + SC_AT + 2 * j * PANEL + 8 * h);
-        const __m256i sb2 = i8x8_epi32(blk + SC_AT + (2 * j + 1) * PANEL + 8 * h);
-        __m256i w[8];
-        n4_unpack(blk32, h, w);
-        h2_add(blk32 + N4_BYTES, h, w);
-        #pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) {
-          const size_t row = (size_t)(t0 + t);
-          const int8_t* xq = act_q(a, (int)row, b);
-          // int16 pair sums: 2 of <= 2 * 63 * 127 per lane stay below 32767: exact
-          const __m256i lo = dot_groups<0, 4, 2>(w, xq), hi = dot_groups<4, 4, 2>(w, xq);
-          const int32_t* xs = a.qsum16 + row * 2 * a.nb + 2 * b;
-          const __m256i isum =
-              _mm256_add_epi32(_mm256_mullo_epi32(sa, _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * xs[0]))),
-                               _mm256_mullo_epi32(sb2, _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * xs[1]))));
-          const __m256 dx = _mm256_set1_ps(a.d[row * a.nb + b]);
-          acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc[t]);
-        }
-      }
-    }
+  // Group g (columns 4g..4g+3) of half h of a 32-block as u8 0..63: its N4 nibble and H2 bits
+  // (q_at's values).
+  static inline __m256i group(const uint8_t* blk32, int g, int h) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), b45 = _mm256_set1_epi8(0x30);
+    const int c = g & 3;
+    const __m256i raw = _mm256_loadu_si256((const __m256i*)(blk32 + 64 * c + 32 * h));
+    const __m256i x = _mm256_loadu_si256((const __m256i*)(blk32 + N4_BYTES + 64 * (g >> 2) + 32 * h));
+    const __m256i nib = _mm256_and_si256(g < 4 ? raw : _mm256_srli_epi16(raw, 4), m4);
+    const __m256i high = c == 0 ? _mm256_slli_epi16(x, 4) : c == 1 ? _mm256_slli_epi16(x, 2) : c == 2 ? x : _mm256_srli_epi16(x, 2);
+    return _mm256_or_si256(nib, _mm256_and_si256(high, b45));
   }
-  // one token, both halves of each 32-block in one pass over the panel (half<1>'s operations
-  // for each half, in its order)
-  static constexpr bool ONE_PASS = true;
-  static inline void both(const uint8_t* pw, int cols, const QAct& a, int t, __m256* acc) {
+  // each int16 of lane r = the int8 scale of row r (vpmaddwd's multiplier for both pair sums)
+  static inline __m256i pair(__m256i s32) { return _mm256_blend_epi16(s32, _mm256_slli_epi32(s32, 16), 0xAA); }
+
+  // TT tokens, both halves of each 32-block in one pass over the panel: two groups of both halves
+  // unpacked at a time serve every token, and the sub-block scale is applied by vpmaddwd to each
+  // pair of groups, so the integer is sa * lo + sb * hi - 32 * (sa * xs0 + sb * xs1) = Ref::dot's
+  // isum (exact: |sa * lo| < 2^24); then Ref::dot's one fmaf per output.
+  static constexpr int BOTH_TOKENS = 4;
+  template <int TT>
+  static inline void both(const uint8_t* pw, int cols, const QAct& a, int t0, __m256* acc) {
     for (int sb = 0; sb < cols / QK_K; sb++) {
       const uint8_t* blk = pw + (size_t)sb * PB;
+      const __m256 d[2] = {half8(blk), half8(blk + 16)};
       for (int j = 0; j < 8; j++) {
         const int b = sb * 8 + j;
         const uint8_t* blk32 = sub(blk, j);
         prefetch(blk32 + PREFETCH_AHEAD, 6);
-        const int8_t* xq = act_q(a, t, b);
-        const int32_t* xs = a.qsum16 + (size_t)t * 2 * a.nb + 2 * b;
-        const __m256i off0 = _mm256_set1_epi32(32 * xs[0]), off1 = _mm256_set1_epi32(32 * xs[1]);
-        const __m256 dx = _mm256_set1_ps(a.d[(size_t)t * a.nb + b]);
+        __m256i scale[2][2], sasb[2];  // [h][columns 0..15 / 16..31]; sasb: int16 pair (sa, sb) of each row
         for (int h = 0; h < 2; h++) {
-          const __m256 d = half8(blk + 16 * h);
           const __m256i sa = i8x8_epi32(blk + SC_AT + 2 * j * PANEL + 8 * h);
           const __m256i sb2 = i8x8_epi32(blk + SC_AT + (2 * j + 1) * PANEL + 8 * h);
-          __m256i w[8];
-          n4_unpack(blk32, h, w);
-          h2_add(blk32 + N4_BYTES, h, w);
-          const __m256i lo = dot_groups<0, 4, 2>(w, xq), hi = dot_groups<4, 4, 2>(w, xq);
-          const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(sa, _mm256_sub_epi32(lo, off0)),
-                                                _mm256_mullo_epi32(sb2, _mm256_sub_epi32(hi, off1)));
-          acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc[h]);
+          scale[h][0] = pair(sa);
+          scale[h][1] = pair(sb2);
+          sasb[h] = _mm256_blend_epi16(sa, _mm256_slli_epi32(sb2, 16), 0xAA);
+        }
+        const int8_t* xq[TT];
+        __m256i isum[TT][2];
+        for (int t = 0; t < TT; t++) {
+          xq[t] = act_q(a, t0 + t, b);
+          isum[t][0] = isum[t][1] = _mm256_setzero_si256();
+        }
+        #pragma GCC unroll 4
+        for (int g = 0; g < 8; g += 2) {
+          for (int h = 0; h < 2; h++) {
+            const __m256i w0 = group(blk32, g, h), w1 = group(blk32, g + 1, h);
+            #pragma GCC unroll 4
+            for (int t = 0; t < TT; t++) {
+              // int16 pair sums: 2 of <= 2 * 63 * 127 per lane stay below 32767: exact
+              const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast4(xq[t] + 4 * g)),
+                                                   _mm256_maddubs_epi16(w1, bcast4(xq[t] + 4 * g + 4)));
+              isum[t][h] = _mm256_add_epi32(isum[t][h], _mm256_madd_epi16(s16, scale[h][g >> 2]));
+              in_register(isum[t][h]);
+            }
+          }
+        }
+        for (int t = 0; t < TT; t++) {
+          const size_t row = (size_t)(t0 + t);
+          const int32_t* xs = a.qsum16 + row * 2 * a.nb + 2 * b;  // |xs| <= 16 * 127: an int16 each
+          const __m256i xs01 = _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)xs[0] | (uint32_t)(uint16_t)xs[1] << 16));
+          const __m256 dx = _mm256_set1_ps(a.d[row * a.nb + b]);
+          for (int h = 0; h < 2; h++) {
+            const __m256i isum_h = _mm256_sub_epi32(isum[t][h], _mm256_slli_epi32(_mm256_madd_epi16(sasb[h], xs01), 5));
+            acc[2 * t + h] = _mm256_fmadd_ps(_mm256_mul_ps(d[h], dx), _mm256_cvtepi32_ps(isum_h), acc[2 * t + h]);
+          }
         }
       }
     }

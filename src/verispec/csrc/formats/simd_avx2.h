@@ -16,6 +16,10 @@ static inline __m256i bcast4(const int8_t* p) {
   std::memcpy(&v, p, 4);
   return _mm256_set1_epi32(v);
 }
+// An optimization barrier on one register: GCC's reassociation would otherwise rewrite a running
+// sum of vpmaddubsw products into a tree over all of them, keeping every product live (spilled
+// to the stack: 76 extra moves per Q4_K block of 4 tokens). The sum's value is the same.
+static inline void in_register(__m256i& x) { asm("" : "+x"(x)); }
 static inline void prefetch(const uint8_t* p, int lines) {
   for (int i = 0; i < lines; i++) _mm_prefetch((const char*)p + 64 * i, _MM_HINT_T0);
 }
@@ -71,43 +75,70 @@ static inline __m256i dot_groups(const __m256i* w, const int8_t* xq) {
   __m256i isum = _mm256_setzero_si256();
   for (int g = G0; g < G0 + N; g += PER16) {
     __m256i s16 = _mm256_maddubs_epi16(w[g], bcast4(xq + 4 * g));
-    for (int i = 1; i < PER16; i++) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[g + i], bcast4(xq + 4 * (g + i))));
+    for (int i = 1; i < PER16; i++) {
+      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[g + i], bcast4(xq + 4 * (g + i))));
+      in_register(s16);
+    }
     isum = _mm256_add_epi32(isum, _mm256_madd_epi16(s16, ones));
   }
   return isum;
 }
 
-// One token's block dots for BOTH halves of an N4 block (16 rows x 32 columns) in one pass
-// over its bytes, each activation group broadcast once for the two: the decode step's (T = 1)
-// form of n4_unpack + dot_groups<0, 8, PER16> for h = 0 and h = 1. Integer sums: the same values.
-template <int PER16>
-static inline void dot_n4_both(const uint8_t* n4, const int8_t* xq, __m256i& isum0, __m256i& isum1) {
+// TT tokens' block dots for BOTH halves of an N4 block (16 rows x 32 columns) in one pass over
+// its bytes: each 64-byte chunk is unpacked once into four registers (two halves x low/high
+// nibbles) that serve every token, and each activation group is broadcast once for the two
+// halves. isum[t][h] is the integer of n4_unpack(h) + dot_groups<0, 8, PER16> for token t (an
+// integer sum whose partial sums never overflow: any order gives the same value). With
+// PER16 = 8 and TT <= 4, the 2 * TT int16 sums, 4 weights and 2 activations fit 16 registers.
+// With an H1 plane h1 (5-bit formats), each weight gets its bit 4 from it (h1_add's values).
+template <int PER16, int TT>
+static inline void dot_n4_both(const uint8_t* n4, const int8_t* const* xq, __m256i (*isum)[2], const uint8_t* h1 = nullptr) {
   static_assert(PER16 % 2 == 0 && 8 % PER16 == 0, "two groups (a chunk's low and high nibbles) per step");
-  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-  isum0 = isum1 = _mm256_setzero_si256();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
+  __m256i s[TT][2];
+  for (int t = 0; t < TT; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
+  #pragma GCC unroll 4
   for (int c = 0; c < 4; c++) {
-    const __m256i xl = bcast4(xq + 4 * c), xh = bcast4(xq + 16 + 4 * c);  // columns 4c.. and 16 + 4c..
     const __m256i r0 = _mm256_loadu_si256((const __m256i*)(n4 + 64 * c));
     const __m256i r1 = _mm256_loadu_si256((const __m256i*)(n4 + 64 * c + 32));
-    s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_and_si256(r0, m4), xl));
-    s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(r1, m4), xl));
-    s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(r0, 4), m4), xh));
-    s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(r1, 4), m4), xh));
+    // [h]: columns 4c.. (low nibbles) and 16 + 4c.. (high nibbles) of half h
+    __m256i lo[2] = {_mm256_and_si256(r0, m4), _mm256_and_si256(r1, m4)};
+    __m256i hi[2] = {_mm256_and_si256(_mm256_srli_epi16(r0, 4), m4), _mm256_and_si256(_mm256_srli_epi16(r1, 4), m4)};
+    if (h1) {  // bit c of an H1 byte -> bit 4 of column 4c + t, bit 4 + c -> bit 4 of column 16 + 4c + t
+      for (int h = 0; h < 2; h++) {
+        const __m256i x = _mm256_loadu_si256((const __m256i*)(h1 + 32 * h));
+        lo[h] = _mm256_or_si256(lo[h], _mm256_and_si256(_mm256_slli_epi16(x, 4 - c), b4));
+        hi[h] = _mm256_or_si256(hi[h], _mm256_and_si256(_mm256_srli_epi16(x, c), b4));
+      }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < TT; t++) {
+      const __m256i xl = bcast4(xq[t] + 4 * c), xh = bcast4(xq[t] + 16 + 4 * c);
+      for (int h = 0; h < 2; h++) {
+        s[t][h] = _mm256_add_epi16(s[t][h], _mm256_maddubs_epi16(lo[h], xl));
+        s[t][h] = _mm256_add_epi16(s[t][h], _mm256_maddubs_epi16(hi[h], xh));
+        in_register(s[t][h]);
+      }
+    }
     if ((2 * c + 2) % PER16 == 0) {  // widen before an int16 sum could overflow
-      isum0 = _mm256_add_epi32(isum0, _mm256_madd_epi16(s0, ones));
-      isum1 = _mm256_add_epi32(isum1, _mm256_madd_epi16(s1, ones));
-      s0 = s1 = _mm256_setzero_si256();
+      for (int t = 0; t < TT; t++)
+        for (int h = 0; h < 2; h++) {
+          const __m256i wide = _mm256_madd_epi16(s[t][h], ones);
+          isum[t][h] = 2 * c + 2 == PER16 ? wide : _mm256_add_epi32(isum[t][h], wide);
+          s[t][h] = _mm256_setzero_si256();
+        }
     }
   }
 }
 
-// A format kernel K with ONE_PASS = true has K::both(panel, cols, a, t, acc[2]): one token, both
-// halves in one pass (the tile of a decode step); otherwise tile<K, 1> runs K::half<1> per half.
+// A format kernel K with BOTH_TOKENS = n > 0 has K::both<TT>(panel, cols, a, t0, acc) for
+// TT <= n: TT tokens from t0, both halves of the panel in one pass over its bytes, acc[2t + h]
+// (each output's operations the format's scalar reference's, in its order); matmul() then tiles the
+// tokens n at a time. Otherwise tile<K, TT> runs K::half<TT> once per half, 4 tokens a tile.
 template <class K, class = void>
-struct OnePass : std::false_type {};
+struct BothTokens : std::integral_constant<int, 0> {};
 template <class K>
-struct OnePass<K, std::void_t<decltype(K::ONE_PASS)>> : std::bool_constant<K::ONE_PASS> {};
+struct BothTokens<K, std::void_t<decltype(K::BOTH_TOKENS)>> : std::integral_constant<int, K::BOTH_TOKENS> {};
 
 // out rows 8h..8h+7 of panel p for token t: acc (+ bias), the last panel's missing rows left out
 static inline void store_half(const Matrix& w, int p, int h, __m256 acc, float* o) {
@@ -123,30 +154,35 @@ static inline void store_half(const Matrix& w, int p, int h, __m256 acc, float* 
 }
 
 // The driver: K::half<TT>(panel, h, cols, a, t0, acc) accumulates TT tokens from t0 for
-// rows 8h..8h+7 of the panel (or K::both, one token).
+// rows 8h..8h+7 of the panel (or K::both<TT>, both halves).
 template <class K, int TT>
 static inline void tile(const Matrix& w, int p, const QAct& a, int t0, float* out, int ldo) {
   const uint8_t* pw = w.data + (size_t)p * w.panel_bytes;
-  if constexpr (TT == 1 && OnePass<K>::value) {
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    K::both(pw, w.cols, a, t0, acc);
-    for (int h = 0; h < 2 && p * PANEL + 8 * h < w.rows; h++) store_half(w, p, h, acc[h], out + (size_t)t0 * ldo);
-    return;
-  }
-  for (int h = 0; h < 2; h++) {
-    if (p * PANEL + 8 * h >= w.rows) break;
-    __m256 acc[TT];
-    for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
-    K::template half<TT>(pw, h, w.cols, a, t0, acc);
-    for (int t = 0; t < TT; t++) store_half(w, p, h, acc[t], out + (size_t)(t0 + t) * ldo);
+  if constexpr (TT <= BothTokens<K>::value) {
+    __m256 acc[2 * TT];
+    for (int i = 0; i < 2 * TT; i++) acc[i] = _mm256_setzero_ps();
+    K::template both<TT>(pw, w.cols, a, t0, acc);
+    for (int t = 0; t < TT; t++)
+      for (int h = 0; h < 2 && p * PANEL + 8 * h < w.rows; h++) store_half(w, p, h, acc[2 * t + h], out + (size_t)(t0 + t) * ldo);
+  } else {
+    for (int h = 0; h < 2; h++) {
+      if (p * PANEL + 8 * h >= w.rows) break;
+      __m256 acc[TT];
+      for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
+      K::template half<TT>(pw, h, w.cols, a, t0, acc);
+      for (int t = 0; t < TT; t++) store_half(w, p, h, acc[t], out + (size_t)(t0 + t) * ldo);
+    }
   }
 }
 
 template <class K>
 static void matmul(const Matrix& w, int p0, int p1, const QAct& a, int T, float* out, int ldo) {
+  // tokens per tile: K::both's register budget, else 4 (8 weight and 4 accumulator registers of 16)
+  constexpr int N = BothTokens<K>::value >= 2 ? BothTokens<K>::value : 4;
+  static_assert(N <= 4, "the remainder's cases below");
   for (int p = p0; p < p1; p++) {
-    int t = 0;  // tiles of at most 4 tokens: 8 weight and 4 accumulator registers of 16
-    for (; t + 4 <= T; t += 4) tile<K, 4>(w, p, a, t, out, ldo);
+    int t = 0;
+    for (; t + N <= T; t += N) tile<K, N>(w, p, a, t, out, ldo);
     switch (T - t) {
       case 3: tile<K, 3>(w, p, a, t, out, ldo); break;
       case 2: tile<K, 2>(w, p, a, t, out, ldo); break;
