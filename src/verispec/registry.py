@@ -155,9 +155,13 @@ def _cost_key(target: "LoadedModel") -> str:
     """What a measured cost curve depends on: model, runtime (and its ISA), weights, threads."""
     import torch
 
+    from .models.cpu_abi import build_id
+
     info = target.backend.info
     isa = target.backend.isa  # the compiled runtime's kernels differ per ISA
-    return f"{target.name}-{target.backend_kind}{isa}-{target.backend.quant}-{info.dtype}-{info.device}-t{torch.get_num_threads()}"
+    build = f"-b{build_id()}" if target.backend_kind == "cpu" else ""  # new kernels: measured again
+    return (f"{target.name}-{target.backend_kind}{isa}-{target.backend.quant}-{info.dtype}-{info.device}"
+            f"-t{torch.get_num_threads()}{build}")
 
 
 def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
@@ -185,6 +189,7 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     cost = draft_cost = None
     if budget == "measured" and sizing == "self":
         cost = sub[1].cost.curve  # the same t(n) the draft model sizes by
+        draft_cost = {n: n * sub[1].cost.draft for n in cost}  # n draft forwards of c each
     elif budget == "measured":  # t(n) of the target and c(n) of the learned drafter, measured once
         key = _cost_key(target)
         cost = cached_cost_curve(target.backend, key)

@@ -60,16 +60,37 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return process_logits(logits, params).softmax(-1)
 
 
+SAMPLE_BLOCK = 512  # tokens per block of sample's two-level inverse CDF
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """Draw one token from a [V] distribution with a request's own generator. A distribution
-    that is not one (NaN, inf or negative entries, or no mass: what non-finite logits give after
-    softmax) raises NonFiniteLogits; torch.multinomial checks it anyway, so this costs nothing."""
-    try:
-        return int(torch.multinomial(probs, 1, generator=generator).item())
-    except RuntimeError:
-        if bool(torch.isfinite(probs).all()) and bool((probs >= 0).all()) and float(probs.sum()) > 0:
-            raise
-        raise NonFiniteLogits(NON_FINITE) from None
+    """Draw one token from a [V] distribution with a request's own generator: the inverse CDF at
+    one U(0, 1) draw, the cumulative sums in float64 (the law is ``probs``' up to float64
+    rounding). Two levels: block sums of SAMPLE_BLOCK tokens locate the block, then the block's
+    own running sum the token, so a draw reads the vector once (torch.multinomial draws one
+    exponential per token: ~2 ms over a 152k vocabulary, a tenth of a decode step).
+    A distribution that is not one (NaN, inf or negative entries, or no mass: what non-finite
+    logits give after softmax) raises NonFiniteLogits."""
+    p = probs.reshape(-1)
+    n, B = p.numel(), SAMPLE_BLOCK
+    full = n // B
+    blocks = p[:full * B].view(full, B).sum(1, dtype=torch.float64)
+    if n % B:
+        blocks = torch.cat([blocks, p[full * B:].sum(dtype=torch.float64)[None]])
+    cum = blocks.cumsum(0)
+    total = float(cum[-1]) if n else 0.0
+    if not (math.isfinite(total) and total > 0) or float(p.min()) < 0:
+        raise NonFiniteLogits(NON_FINITE)
+    u = torch.rand((), generator=generator, dtype=torch.float64, device=generator.device)
+    point = u.to(p.device) * total
+    b = min(int(torch.searchsorted(cum, point, right=True)), len(cum) - 1)
+    seg = p[b * B:(b + 1) * B].to(torch.float64).cumsum(0)
+    if b:
+        seg += cum[b - 1]
+    i = int(torch.searchsorted(seg, point, right=True))
+    if i == len(seg):  # rounding put the point past the block's own running sum: its last token with mass
+        i = int(torch.nonzero(p[b * B:(b + 1) * B]).max())
+    return b * B + i
 
 
 def uniform(generator: torch.Generator) -> float:

@@ -15,7 +15,7 @@ import torch
 from helpers import TemperedSelfDraft, assert_target_law, run, stories_eagle3
 from verispec.drafters import hybrid as hybrid_module
 from verispec.drafters.base import DraftContext, NoDrafter, features_of
-from verispec.drafters.draft_model import DraftModelDrafter
+from verispec.drafters.draft_model import DraftCost, DraftModelDrafter
 from verispec.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
 from verispec.drafters.hybrid import HybridDrafter, fuse, truncate
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
@@ -147,6 +147,41 @@ def test_cost_curves_decide_who_proposes(toy_target, plain, cost, learned_cost, 
     assert {s for s, n in h.steps.items() if n} == expect
     if "learned" in expect:  # the tracker learned the self-draft is always right: full budget
         assert h.drafted["learned"] > 4 * h.steps["learned"]
+
+
+STEEP = {n: 1.0 + 0.4 * n for n in (1, 2, 4, 8)}  # every verified token costs 0.4 of a step (AVX2-like)
+
+
+class CountingDraft(DraftModelDrafter):
+    """A draft model counting the steps it was asked to propose for."""
+
+    asked = 0
+
+    def propose_batch(self, ctxs):
+        self.asked += len(ctxs)
+        return super().propose_batch(ctxs)
+
+
+@pytest.mark.parametrize("which", ["self-draft", "other-draft"])
+def test_a_self_sizing_draft_model_is_asked_only_while_it_pays(toy_target, toy_draft, which):
+    """A draft model sizing its own drafts (the registry's auto): on a steep verify curve a draft
+    that is always right is asked every step, while one the target rejects is asked only until
+    its tracked acceptance says it loses to plain decoding, then once in PROBE_EVERY steps."""
+    c = 0.1
+    learned = CountingDraft(toy_target if which == "self-draft" else toy_draft, cost=DraftCost(c, STEEP))
+    h = HybridDrafter(suffix(), learned, min_score=1e9, cost=STEEP, learned_cost={n: n * c for n in STEEP},
+                      learned_sizing="self")
+    assert h.learned_enabled
+    long = SamplingParams(max_new_tokens=120, ignore_eos=True)
+    for prompt in PROMPTS:
+        assert run(toy_target, h, prompt, long, k=8)[0] == run(toy_target, NoDrafter(), prompt, long)[0]
+    steps = sum(h.steps.values())
+    if which == "self-draft":
+        # every step but, perhaps, a request's last (one token left: no room for a draft)
+        assert learned.asked >= steps - len(PROMPTS) and h.accepted["learned"] == h.drafted["learned"] > 0
+    else:
+        assert h.accepted["learned"] < 0.3 * h.drafted["learned"]  # the target rejects this draft
+        assert 0 < learned.asked <= 8 + steps / hybrid_module.PROBE_EVERY < steps / 2
 
 
 # ---- EAGLE-3 as the learned drafter ------------------------------------------------------------

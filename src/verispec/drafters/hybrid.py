@@ -32,6 +32,10 @@ score, against 19 of 20 after matches of 12 or more (a function being copied).
 ``learned_sizing="self"`` is for a learned drafter that sizes its own drafts from the cost
 curves (the draft model's cost rule): when retrieval is not a candidate it gets the full
 budget, and retrieval proposes whenever it passes the gates and pays (its ``best_size`` > 0).
+With ``learned_cost`` (its c(n)) the learned drafter is asked only while its tracked acceptance
+says it beats plain decoding at some size, and probed once in PROBE_EVERY steps otherwise: on a
+machine whose verify curve is steep (AVX2 without VNNI) a draft model must not spend a step's
+worth of drafting and verification for fewer tokens than plain decoding gives.
 This rule (``min_match=6``) was chosen by offline greedy simulation on those prompts
 (``scripts/simulate_hybrid.py``): it drafts like the draft model alone on new code and beats
 SuffixDecoding alone on rewrites by ~8%, where the rate rule below lost to both.
@@ -112,6 +116,10 @@ class _Plan:
     learned_budget: int  # the learned drafter's budget (0: not asked)
 
 
+PROBE_EVERY = 16  # a self-sizing learned drafter judged not to pay is still asked once in this many steps
+MIN_EVIDENCE = 4  # ... and is always asked until this many of its proposals were verified
+
+
 @dataclass
 class _Proposal:
     """What one request's last proposal was, for the acceptance trackers."""
@@ -121,6 +129,7 @@ class _Proposal:
     learned_depth: int = 0
     prefilled: bool = False  # the prefill observation has been seen
     learned_started: bool = False  # the learned drafter has started this request
+    since_learned: int = 0  # steps since the learned drafter last proposed (self sizing: its probes)
 
 
 class HybridDrafter(DeclaresFeatures):
@@ -252,9 +261,27 @@ class HybridDrafter(DeclaresFeatures):
         if not self.learned_enabled:
             return r_n, r_rate, 0, 0.0
         if self.learned_sizing == "self":  # retrieval when it pays, else the learned drafter sizes itself
-            return (r_n, r_rate, 0, 0.0) if r_n else (0, 1.0, ctx.budget, 1.0)
+            if r_n:
+                return r_n, r_rate, 0, 0.0
+            return (0, 1.0, ctx.budget, 1.0) if self._self_sizer_pays(ctx) else (0, 1.0, 0, 0.0)
         l_n, l_rate = best_size(self._learned_acc.node_values(ctx.budget), self.cost, self.learned_cost)
         return r_n, r_rate, l_n, l_rate
+
+    def _self_sizer_pays(self, ctx: DraftContext) -> bool:
+        """Whether a self-sizing learned drafter is worth asking this step: its tracked per-depth
+        acceptance beats plain decoding at some size (``learned_cost``: its c(n)), or it has not
+        proposed for PROBE_EVERY steps (a probe, so a tracker that once said no can change its
+        mind), or the tracker has seen fewer than MIN_EVIDENCE of its proposals. Without
+        ``learned_cost`` it is always asked (the draft model's own cost rule)."""
+        if self.learned_cost is None or self._learned_acc.trials(1) < MIN_EVIDENCE:
+            return True
+        state = self._requests.get(ctx.request_id)
+        values = self._learned_acc.node_values(ctx.budget)
+        if best_size(values, self.cost, self.learned_cost)[0] > 0 or state.since_learned >= PROBE_EVERY:
+            state.since_learned = 0
+            return True
+        state.since_learned += 1
+        return False
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         return self.propose_batch([ctx])[0]

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import functools
+import hashlib
 import importlib.util
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -163,6 +166,16 @@ class RuntimeFormat:
 
 
 FORMATS: dict[WeightFormat, RuntimeFormat] = {}  # filled from the library at load
+
+
+@functools.cache
+def build_id() -> str:
+    """The compiled runtime's identity: a hash of its shared library's bytes. What was measured
+    with one build's kernels (a cost curve) is not reused with another's."""
+    spec = importlib.util.find_spec("verispec._vscpu")
+    if spec is None or not spec.origin:
+        return "unbuilt"
+    return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()[:12]
 
 
 def library() -> ctypes.CDLL:

@@ -92,6 +92,10 @@ class DepthAcceptance:
         d = min(depth, self.max_depth)
         return (self._accepted[d] + self.prior * self.mean) / (self._trials[d] + self.prior)
 
+    def trials(self, depth: int) -> int:
+        """How many verified proposals reached ``depth`` (the evidence behind ``rate(depth)``)."""
+        return self._trials[min(depth, self.max_depth)]
+
     def node_values(self, n: int) -> list[float]:
         """Values of a chain of n nodes: the product of the rates down to each depth."""
         out, reach = [], 1.0
