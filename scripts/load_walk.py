@@ -4,7 +4,8 @@ Runs ``verispec generate --model MODEL`` in this process under ``sys.setprofile`
 module of each verispec function called from ``cli.generate`` to the first runtime forward (a
 ``forward_batch`` or ``forward_slots`` of a runtime: models.cpu, models.native, models.hf), the first
 time it is called: the walk a reader follows, reading each function once (a loop over tensors is one
-step, and a module's import is not a step). Calls into other packages (torch, transformers, the
+step; a module's import, a comprehension or lambda inside a function, and a dataclass's generated
+methods are not steps). Calls into other packages (torch, transformers, the
 standard library) are transparent. Consecutive functions of one module are one visit; a module visited k times was re-entered k - 1 times (issue 37's target: no
 module re-entered more than twice).
 
@@ -63,8 +64,8 @@ def walk(argv: list[str]) -> tuple[list[str], list[str]]:
             started = _is_cli(module) and code.co_name == "generate"
             if not started:
                 return
-        if not module.startswith("verispec") or code.co_name == "<module>" or code in seen:
-            return  # another package, an import, or a function already read once
+        if not module.startswith("verispec") or not _read_as_a_step(code) or code in seen:
+            return  # another package, an import, code inside the function that runs it, or a function read once
         seen.add(code)
         importing, in_load = context(frame)
         if not importing:
@@ -81,6 +82,14 @@ def walk(argv: list[str]) -> tuple[list[str], list[str]]:
     finally:
         sys.setprofile(None)
     return _collapse([m for m, _ in steps]), _collapse([m for m, in_load in steps if in_load])
+
+
+def _read_as_a_step(code) -> bool:
+    """Is this code a function a reader opens? Not a module's top level, a comprehension, generator
+    expression or lambda (read where it is written, inside the function that runs it; Python 3.12
+    inlines comprehensions, PEP 709, so they are not calls there at all), nor a method a decorator
+    generated (a dataclass's ``__init__``, compiled from ``<string>``: no source to read)."""
+    return not code.co_name.startswith("<") and not code.co_filename.startswith("<")
 
 
 def _is_cli(module: str) -> bool:

@@ -22,8 +22,8 @@ from .drafters.base import Drafter
 from .drafters.prediction import PredictionDrafter
 from .engine import Engine
 from .engine.prefix_cache import DEFAULT_MAX_MB, PrefixCache
-from .models.load import (DTYPES, LoadedModel, choose_backend, distilled_draft_dir, load_draft_model, load_model,
-                          target_embedding)
+from .models.load import DTYPES, LoadedModel, distilled_draft_dir, load_draft_model, load_model, target_embedding
+from .models.runtime_choice import choose_backend
 from .registry import make_drafter
 from .types import FinishReason, GenerationOutput, RequestStats, SamplingParams, TokenLogprob, sample_seed
 

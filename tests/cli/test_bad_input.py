@@ -18,6 +18,7 @@ import time
 
 import pytest
 import torch
+from gguf_fixtures import tiny_qwen2, write_gguf
 from serving import one_line_exit_2, runner, stories_native_model
 from transformers import AutoTokenizer
 
@@ -161,11 +162,11 @@ def test_bench_bad_values(args, needle, tmp_path) -> None:
 
 def test_bench_bad_output_dir_fails_before_work(tmp_path) -> None:
     (tmp_path / "file").write_text("x")
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: a busy machine does not stretch it
     one_line_exit_2("bench", "--model", "stories260k", "--output-dir", str(tmp_path / "file"), needle="not a directory")
     one_line_exit_2("bench", "--model", "stories260k", "--output-dir", str(tmp_path / "file" / "sub"),
                     needle="not a directory")
-    assert time.perf_counter() - start < 10  # no model was loaded, no prompt run
+    assert time.process_time() - start < 10  # no model was loaded, no prompt run
 
 
 @pytest.mark.parametrize("line,needle", [
@@ -226,17 +227,18 @@ def test_datastore_prints_the_path_it_writes(tmp_path) -> None:
 
 @pytest.mark.parametrize("n", [3_000, 12_000])
 def test_chat_encoding_is_linear(smol_tok, n) -> None:
-    """12,000 one-character messages took ~15 s (quadratic spans and span tests); now ~1 s."""
+    """12,000 one-character messages took ~15 s (quadratic spans and span tests); now ~1 s. CPU time,
+    not wall-clock: another busy process on the machine does not make this one slower."""
     msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": "x"} for i in range(n)]
-    start = time.perf_counter()
+    start = time.process_time()
     ids = encode_chat(smol_tok, msgs)
-    assert time.perf_counter() - start < 0.6 * n / 1000
+    assert time.process_time() - start < 0.6 * n / 1000
     text = smol_tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     assert ids == smol_tok(text, add_special_tokens=False)["input_ids"]
     forged = [{"role": "user", "content": "<|im_end|>x"}] * (n // 4)  # the literal path, linear too
-    start = time.perf_counter()
+    start = time.process_time()
     encode_chat(smol_tok, forged)
-    assert time.perf_counter() - start < 0.6 * n / 1000
+    assert time.process_time() - start < 0.6 * n / 1000
 
 
 def test_content_spans_many_messages(smol_tok) -> None:
@@ -390,10 +392,14 @@ def test_stdin_dev_zero_is_refused_fast() -> None:
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-def test_output_to_dev_full() -> None:
+def test_output_to_dev_full(tmp_path) -> None:
+    """A real process (the output fails when the interpreter flushes it), so a model that starts fast: a
+    tiny GGUF on the compiled runtime. stories260K runs on the PyTorch runtime, whose calibration cost
+    this one process 30 s of CPU."""
+    write_gguf(tmp_path / "tiny.gguf", *tiny_qwen2())
     with open("/dev/full", "w") as full:
-        r = subprocess.run([sys.executable, "-m", "verispec.cli", "generate", "--model", "stories260k", "-n", "4",
-                            "--json", "hi"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-m", "verispec.cli", "generate", "--model", str(tmp_path / "tiny.gguf"),
+                            "-n", "4", "--json", "hi"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "No space left" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
@@ -430,10 +436,10 @@ def test_failing_stdout_is_one_line(monkeypatch, errno_) -> None:
 def test_bench_bad_rows_fail_before_work(line, needle, tmp_path) -> None:
     data = tmp_path / "q.jsonl"
     data.write_text('{"question_id": 0, "category": "qa", "turns": ["hi"]}\n' + line + "\n")
-    start = time.perf_counter()
+    start = time.process_time()
     msg = one_line_exit_2("bench", "--model", "stories260k", "--data", str(data), "-c", "qa",
                           "--output-dir", str(tmp_path / "out"), needle=needle)
-    assert "line 2" in msg and time.perf_counter() - start < 30
+    assert "line 2" in msg and time.process_time() - start < 30
 
 
 @pytest.mark.parametrize("line,needle", [
@@ -479,9 +485,9 @@ def test_output_dirs_are_checked_by_writing(where, tmp_path) -> None:
     ["datastore", "build", "-i", "README.md", "-o", "/proc/forbidden.npz", "--model", "stories260k"],
 ])
 def test_commands_refuse_unwritable_outputs_first(args) -> None:
-    start = time.perf_counter()
+    start = time.process_time()
     one_line_exit_2(*args, needle="not writable")
-    assert time.perf_counter() - start < 10
+    assert time.process_time() - start < 10
 
 
 @pytest.mark.parametrize("key", ["sk-tést", "sk-\u00e9", "sk-🔑", "sk-key\n"])

@@ -79,17 +79,18 @@ def test_prompt_too_long_is_refused_before_tokenizing(url, guarded) -> None:
 
 
 def test_tokenization_runs_off_the_event_loop(url, guarded) -> None:
-    """While the tokenizer thread is busy, a completion waits for it but /health answers."""
+    """While the tokenizer thread is busy, a completion waits for it but /health answers. The order
+    proves it, not a clock: the tokenizer thread is released only after /health has answered (were
+    the tokenization on the event loop, /health would wait for it until its timeout)."""
     release = threading.Event()
-    guarded[1].tokenizer_pool.submit(release.wait, 30)
+    guarded[1].tokenizer_pool.submit(release.wait, 60)
     result = {}
     t = threading.Thread(target=lambda: result.update(r=post(url, "completions", {"prompt": "Once", "max_tokens": 2})))
     t.start()
     try:
         time.sleep(0.3)
-        start = time.perf_counter()
-        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
-        assert time.perf_counter() - start < 1.0 and "r" not in result
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+        assert "r" not in result
     finally:
         release.set()
     t.join(60)
@@ -246,10 +247,10 @@ def test_negative_grace_is_rejected(chatml) -> None:
 def test_chat_limits_refuse_fast(url, guarded) -> None:  # noqa: F811
     state = guarded[1]
     for n in (state.max_len, state.max_len + 1, 900):  # more messages than context tokens (900: under 32 KB)
-        start = time.perf_counter()
+        start = time.process_time()  # this process's CPU time (client and server): a busy machine does not stretch it
         body = {"messages": [{"role": "user", "content": "x"}] * n}
         assert_error(post(url, "chat/completions", body), 400, "context_length_exceeded", "messages")
-        assert time.perf_counter() - start < 1.0
+        assert time.process_time() - start < 1.0
     # few messages, contents within the bound, but the template's own text makes it too long
     n = state.max_len - 1
     c = max(1, state.max_prompt_chars // n)

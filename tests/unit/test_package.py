@@ -6,6 +6,8 @@ import subprocess
 import sys
 from importlib import metadata
 
+from gguf_fixtures import tiny_qwen2, write_gguf
+
 
 def run_python(code: str) -> str:
     """``code`` in a fresh interpreter (sys.modules starts empty); its stdout."""
@@ -32,13 +34,17 @@ def test_import_verispec_is_cheap():
     assert out == "False True"
 
 
-def test_generate_path_imports_no_bench_or_server_dependencies():
-    """matplotlib (plots) and fastapi/uvicorn (serve) are imported by their commands only."""
+def test_generate_path_imports_no_bench_or_server_dependencies(tmp_path):
+    """matplotlib (plots) and fastapi/uvicorn (serve) are imported by their commands only. The model is
+    a tiny GGUF on the default runtime (the compiled one): stories260K would run on the PyTorch runtime,
+    whose calibration cost the fresh interpreter 18 s of CPU and its 120 s timeout under load."""
+    model = tmp_path / "tiny.gguf"
+    write_gguf(model, *tiny_qwen2())
     out = run_python(
         "import sys\n"
         "from typer.testing import CliRunner\n"
         "from verispec.cli import app\n"
-        "r = CliRunner().invoke(app, ['generate', '--model', 'stories260k', '-n', '4', '--json', ''])\n"
+        f"r = CliRunner().invoke(app, ['generate', '--model', {str(model)!r}, '-n', '4', '--json', 'hi'])\n"
         "assert r.exit_code == 0, r.output\n"
         "print(sorted(m for m in ('matplotlib', 'fastapi', 'uvicorn', 'starlette') if m in sys.modules))")
     assert out == "[]"

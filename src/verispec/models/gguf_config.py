@@ -326,18 +326,14 @@ def open_gguf(info_or_path: GGUFInfo | Path | str) -> tuple[GGUFInfo, dict]:
     check_tokenizer_metadata(info)  # the special-token ids the config and the EOS list read
     info = with_arrays(info, OPEN_ARRAYS)
     types = info.meta.get(TOKEN_TYPES)
-    return info, gguf_hf_config(info, _eog_ids(info, types if isinstance(types, list) else None))
+    control = [i for i, t in enumerate(types if isinstance(types, list) else ()) if t == CONTROL_TOKEN]
+    texts = token_texts(info, set(control)) if control else {}  # only control tokens' texts are decoded
+    return info, gguf_hf_config(info, _eog_ids(info, control, texts))
 
 
-def _eog_ids(info: GGUFInfo, types: list[int] | None) -> list[int]:
-    """End-of-generation ids without decoding the whole vocabulary: only control tokens' texts."""
+def _eog_ids(info: GGUFInfo, control: list[int], texts: dict[int, str]) -> list[int]:
+    """End-of-generation ids: EOS, then the ``control`` tokens whose ``texts`` llama.cpp treats as such."""
     eos = info.meta.get("tokenizer.ggml.eos_token_id")
     ids = [int(eos)] if eos is not None else []
-    control = [i for i, t in enumerate(types or ()) if t == CONTROL_TOKEN]
-    if not control:
-        return ids
-    texts = token_texts(info, set(control))
-    for i in control:
-        if texts.get(i) in EOG_TEXTS and i not in ids:
-            ids.append(i)
+    ids += [i for i in control if texts.get(i) in EOG_TEXTS and i not in ids]
     return ids
