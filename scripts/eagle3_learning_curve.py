@@ -5,7 +5,7 @@ Training data: teacher-forced features of the target (its compiled runtime, the 
 CPython's own standard library (``Lib/``, no tests, no site-packages): tuning material, never Spec-Bench.
 The labels are the target's own next-token distributions at every position (soft labels, as
 ``train/eagle3.py``), but the text is the library's, not the target's greedy output: a stated proxy for
-on-policy data, ~2x cheaper per token than generating it. Files are split by a hash of their path; every
+on-policy data, cheaper per token than generating it. Files are split by a hash of their path; every
 training token is seen once (a one-pass curve: constant learning rate after warm-up, the head evaluated
 at each token milestone of the same run).
 
