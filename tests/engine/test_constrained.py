@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from dataclasses import replace
 
 import jsonschema
 import pytest
@@ -16,11 +17,12 @@ import pytest
 from helpers import TemperedSelfDraft
 from verispec.constraints import GrammarError, constraint_for
 from verispec.constraints.speculation import jump_forward, node_masks, prune
-from verispec.drafters.base import NoDrafter
+from verispec.drafters.base import DraftContext, NoDrafter
 from verispec.engine import Engine
 from verispec.models.load import load_model
 from verispec.registry import make_drafter
 from verispec.tree import DraftTree
+from verispec.sampling import make_generator
 from verispec.types import SamplingParams
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "friends"],
@@ -207,3 +209,44 @@ def test_a_drafted_end_leaves_the_grammar_state_alone(stories):
     assert tree.tokens == (5, *ids[1:], eos)
     node_masks(tree, m)
     assert m.allowed().equal(before) and m.advance(ids[1:]) and m.stopped
+
+
+def test_a_draft_model_drafts_inside_the_grammar(stories, schema):
+    """Masked drafts: where the draft model's own argmax leaves the grammar at once (story text
+    where the schema wants '{"name": "'), its constrained chain stays inside it for the whole
+    budget, alone and batched alike, and the request's grammar state is the same afterwards."""
+    drafter = make_drafter("draft", stories, {"model": "truncated:2"})
+    prompts = [prompt_of(stories, "Lily said:"), prompt_of(stories, "Once upon a time")]
+    matchers = [schema.matcher() for _ in prompts]
+    ctxs = [DraftContext(f"r{i}", p, 8, SamplingParams(), make_generator(0, 1), grammar=m)
+            for i, (p, m) in enumerate(zip(prompts, matchers))]
+    for ctx in ctxs:
+        drafter.start(ctx.request_id, ctx.tokens)
+    before = [m.allowed() for m in matchers]
+    free = drafter.propose(replace(ctxs[0], grammar=None)).tokens[1:]
+    assert matchers[0].valid_prefix(list(free)) == 0  # unconstrained, the grammar would cut it all
+    alone = [drafter.propose(ctx) for ctx in ctxs]
+    together = drafter.propose_batch(ctxs)
+    for m, b, tree, batched in zip(matchers, before, alone, together):
+        drafts = list(tree.tokens[1:])
+        assert len(drafts) == 8 and m.valid_prefix(drafts) == 8
+        assert batched.tokens == tree.tokens
+        assert m.allowed().equal(b)
+    assert stories.tokenizer.decode(list(alone[0].tokens[1:])).startswith('{"name": "')
+
+
+def test_a_sampled_draft_models_q_is_the_masked_law(stories, schema):
+    """Sampled drafts under a constraint come from the draft's masked distribution, and that q is
+    what verification gets: zero on every token the grammar forbids at that depth."""
+    drafter = make_drafter("draft", stories, {"model": "truncated:2"})
+    prompt, m = prompt_of(stories, "Lily said:"), schema.matcher()
+    drafter.start("s", prompt)
+    ctx = DraftContext("s", prompt, 6, SamplingParams(temperature=1.0, seed=3), make_generator(3, 1), grammar=m)
+    tree = drafter.propose(ctx)
+    assert tree.draft_probs is not None and m.valid_prefix(list(tree.tokens[1:])) == tree.num_drafted
+    for depth, token in enumerate(tree.tokens[1:]):
+        allowed = m.allowed()
+        q = tree.draft_probs[depth + 1]
+        assert float(q[~allowed].sum()) == 0.0 and float(q[allowed].sum()) == pytest.approx(1.0, abs=1e-5)
+        m.advance([token])
+    m.rollback(tree.num_drafted)

@@ -13,6 +13,13 @@ exact where the rejected draft carries no probability of its own: greedy verific
 point-mass drafts (a point mass q at x with p(x) = 0 leaves the residual p unchanged). A draft
 sampled from a draft model's q is kept: rejecting it is part of the law of the residual.
 
+A draft model can do better than being cut: ``GrammarDraft`` masks each of its draft steps'
+logits with the grammar state after the chain drafted so far (a scratch walk of the request's
+matcher, rolled back when the chain is done), so its argmax (or its sample from the masked q)
+never leaves the grammar. That is exact too: drafts are only proposals, and the target is masked
+at verification all the same; only what is proposed changes (the draft's constrained guess
+instead of its unconstrained one, which the grammar would have cut).
+
 ``jump_forward`` drafts the tokens the grammar forces after a chain (a schema's keys and
 punctuation; SGLang's "jump-forward decoding", Zheng et al. 2024, arXiv 2312.07104) for free:
 the target still verifies them, so output never changes, and they are accepted whenever the
@@ -91,6 +98,39 @@ def prune(tree: DraftTree, matcher: Matcher) -> DraftTree:
     parents = tuple(-1 if i == 0 else index[tree.parents[i]] for i in kept)
     probs = None if tree.draft_probs is None else tree.draft_probs[kept]
     return DraftTree(tuple(tree.tokens[i] for i in kept), parents, probs)
+
+
+class GrammarDraft:
+    """One draft chain's walk of a request's grammar (``DraftModelDrafter`` under a constraint):
+    ``mask`` a draft step's logits with the state after the chain so far, ``push`` each drafted
+    token, ``close`` (always, ``try``/``finally``) to roll the matcher back to the committed state."""
+
+    def __init__(self, matcher: Matcher):
+        self.matcher, self.advanced = matcher, 0
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """[V'] draft logits with every token the grammar forbids next at -inf (a draft vocabulary
+        V' other than the target's: tokens past the target's are forbidden); None when nothing
+        the draft can propose is allowed (an FR-Spec head without the tokens the grammar wants)."""
+        allowed = self.matcher.allowed().to(logits.device)
+        n = min(len(allowed), len(logits))
+        out = torch.full_like(logits, float("-inf"))
+        out[:n] = torch.where(allowed[:n], logits[:n], _MINUS_INF.to(logits.device, logits.dtype))
+        return out if bool(torch.isfinite(out).any()) else None
+
+    def push(self, token: int) -> bool:
+        """Consume a drafted token (one ``mask`` allowed); False when the chain must end there
+        (EOS, or the grammar is complete and only EOS may follow)."""
+        if self.matcher.ends_at(token):
+            return False
+        if not self.matcher.advance([token]):
+            raise RuntimeError(f"the grammar engine refused token {token} its own mask allowed")
+        self.advanced += 1
+        return not self.matcher.stopped
+
+    def close(self) -> None:
+        self.matcher.rollback(self.advanced)
+        self.advanced = 0
 
 
 def jump_forward(tree: DraftTree, matcher: Matcher, budget: int) -> DraftTree:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
 from ..tree import DraftTree
 from ..types import SamplingParams
+
+if TYPE_CHECKING:
+    from ..constraints import Matcher
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,9 @@ class DraftContext:
     params: SamplingParams
     generator: torch.Generator  # the drafter's own per-request generator
     prediction: tuple[int, ...] = ()  # the request's predicted output (Predicted Outputs), if any
+    # a constrained request's grammar state after ``tokens``: a drafter may advance it to keep its drafts inside the
+    # grammar, and must roll it back to this state before ``propose`` returns (draft_model.py)
+    grammar: Matcher | None = None
 
 
 @dataclass(frozen=True)

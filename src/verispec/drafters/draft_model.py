@@ -1,6 +1,7 @@
 """Draft-model drafting (Leviathan et al. 2023; Chen et al. 2023): a small causal LM that
 shares the target's tokenizer proposes a chain autoregressively, with its own KV cache
-that is rolled back to the committed prefix before every proposal."""
+that is rolled back to the committed prefix before every proposal. Under a constraint its
+drafts stay inside the grammar (each draft step's logits masked: ``constraints.speculation.GrammarDraft``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import ClassVar
 
 import torch
 
+from ..constraints.speculation import GrammarDraft
 from ..models.base import CausalLM, KVCache, model_bytes
 from ..memory import cache_pool_bytes
 from ..models.cache_pool import CachePool, PooledCache
@@ -65,6 +67,7 @@ class _Chain:
     qs: list[torch.Tensor] = field(default_factory=list)
     accept_all: float = 1.0  # P(every draft so far accepted)
     expected: float = 1.0  # tokens the step yields, expected
+    grammar: GrammarDraft | None = None  # a constrained request's grammar, walked along the chain
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -99,6 +102,13 @@ class DraftModelDrafter(DeclaresFeatures):
     On a backend that declares ``chain_drafting`` (the compiled runtime) a greedy chain is
     drafted in one call, stop rule included (``one_call=False``: by this class's Python loop,
     the same chains).
+
+    A constrained request (``ctx.grammar``) drafts through the Python loop, each draft step's
+    logits masked with the grammar state after the chain so far (``GrammarDraft``), so the
+    chain never leaves the grammar: the argmax (or a sample of q) over the allowed tokens, q
+    the masked distribution, and the stop rules read the masked probabilities. The one-call
+    chain cannot consult a grammar. Output is unchanged (drafts only propose; the target is
+    masked at verification), but no draft is cut for leaving the grammar.
 
     Its caches hold the draft's whole context unless a server sizes them to its own
     (``reserve``): a draft model's context (32,768 tokens for Qwen2.5's) far exceeds what a
@@ -180,11 +190,15 @@ class DraftModelDrafter(DeclaresFeatures):
     def propose(self, ctx: DraftContext) -> DraftTree:
         state = self._states.get(ctx.request_id)
         chain = self._begin(state, ctx)
-        if self._chains and ctx.params.greedy:
+        if self._chains and ctx.params.greedy and chain.grammar is None:
             return self._chain_in_one_call(state, chain)
-        logits = self._feed([state], [self._catch_up(state, ctx)])[0]
-        while (token := self._next(chain, logits)) is not None:
-            logits = self._feed([state], [[token]])[0]
+        try:
+            logits = self._feed([state], [self._catch_up(state, ctx)])[0]
+            while (token := self._next(chain, logits)) is not None:
+                logits = self._feed([state], [[token]])[0]
+        finally:
+            if chain.grammar is not None:
+                chain.grammar.close()
         return self._tree(chain)
 
     def _chain_in_one_call(self, state: _DraftState, chain: _Chain) -> DraftTree:
@@ -207,13 +221,18 @@ class DraftModelDrafter(DeclaresFeatures):
             trees[i] = self.propose(ctxs[i])
         rows = [states[i] for i in together]
         chains = [self._begin(st, ctxs[i]) for st, i in zip(rows, together)]
-        logits = self._feed(rows, [self._catch_up(st, ctxs[i]) for st, i in zip(rows, together)])
-        live = list(range(len(rows)))  # indices into rows / chains still drafting
-        while live:
-            feeds = [(j, self._next(chains[j], logits[n])) for n, j in enumerate(live)]
-            live = [j for j, token in feeds if token is not None]
-            if live:
-                logits = self._feed([rows[j] for j in live], [[token] for _, token in feeds if token is not None])
+        try:
+            logits = self._feed(rows, [self._catch_up(st, ctxs[i]) for st, i in zip(rows, together)])
+            live = list(range(len(rows)))  # indices into rows / chains still drafting
+            while live:
+                feeds = [(j, self._next(chains[j], logits[n])) for n, j in enumerate(live)]
+                live = [j for j, token in feeds if token is not None]
+                if live:
+                    logits = self._feed([rows[j] for j in live], [[token] for _, token in feeds if token is not None])
+        finally:
+            for chain in chains:
+                if chain.grammar is not None:
+                    chain.grammar.close()
         for i, chain in zip(together, chains):
             trees[i] = self._tree(chain)
         return trees  # type: ignore[return-value]
@@ -224,7 +243,8 @@ class DraftModelDrafter(DeclaresFeatures):
         keep = min(common_prefix_length(state.fed, ctx.tokens), len(ctx.tokens) - 1)
         state.cache.truncate(keep)
         del state.fed[keep:]
-        return _Chain(ctx, min(ctx.budget, self.max_length - len(ctx.tokens)))
+        return _Chain(ctx, min(ctx.budget, self.max_length - len(ctx.tokens)),
+                      grammar=None if ctx.grammar is None else GrammarDraft(ctx.grammar))
 
     @staticmethod
     def _catch_up(state: _DraftState, ctx: DraftContext) -> list[int]:
@@ -255,6 +275,8 @@ class DraftModelDrafter(DeclaresFeatures):
         i, ctx = len(chain.drafts), chain.ctx
         if i >= chain.budget:
             return None
+        if chain.grammar is not None and (logits := chain.grammar.mask(logits)) is None:
+            return None  # nothing the draft can propose is allowed here
         q = target_probs(logits[None], ctx.params)[0] if not ctx.params.greedy else None
         token = sample(q, ctx.generator) if q is not None else int(logits.argmax())
         if self.min_confidence and logits.float().softmax(-1).max() < self.min_confidence:
@@ -268,6 +290,8 @@ class DraftModelDrafter(DeclaresFeatures):
         chain.drafts.append(token)
         if q is not None:
             chain.qs.append(q)
+        if chain.grammar is not None and not chain.grammar.push(token):
+            return None  # the chain ended the answer
         if i + 1 >= chain.budget:
             return None
         if self.cost is not None and not self.cost.pays_another(i, chain.expected, chain.accept_all * conf):

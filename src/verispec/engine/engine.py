@@ -320,7 +320,8 @@ class Engine:
                 budget = min(budget, cap)
         if budget <= 0:
             return None
-        return DraftContext(req.request_id, req.tokens, budget, req.params, req.draft_generator, req.prediction)
+        return DraftContext(req.request_id, req.tokens, budget, req.params, req.draft_generator, req.prediction,
+                            req.grammar)
 
     def forward_tree(self, req: Request, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One target forward over all tree nodes; returns [N, V] logits and [N, H] hidden."""
