@@ -250,3 +250,19 @@ def test_a_sampled_draft_models_q_is_the_masked_law(stories, schema):
         assert float(q[~allowed].sum()) == 0.0 and float(q[allowed].sum()) == pytest.approx(1.0, abs=1e-5)
         m.advance([token])
     m.rollback(tree.num_drafted)
+
+
+def test_forced_tokens_join_a_draft_chain_without_a_draft_forward(stories, schema, monkeypatch):
+    """The keys and punctuation a schema forces are drafted by the grammar, not by draft forwards:
+    a chain that starts with them pays one draft forward per token the draft model chose."""
+    drafter = make_drafter("draft", stories, {"model": "truncated:2"})
+    prompt, m = prompt_of(stories, "Lily said:"), schema.matcher()
+    drafter.start("r", prompt)
+    calls = []
+    forward = drafter.model.forward
+    monkeypatch.setattr(drafter.model, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    forced = m.forced()
+    tree = drafter.propose(DraftContext("r", prompt, 12, SamplingParams(), make_generator(0, 1), grammar=m))
+    assert len(forced) >= 2 and list(tree.tokens[1:len(forced) + 1]) == forced
+    assert tree.num_drafted == 12 and m.valid_prefix(list(tree.tokens[1:])) == 12
+    assert len(calls) <= 12 - len(forced)

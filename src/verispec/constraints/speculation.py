@@ -128,6 +128,10 @@ class GrammarDraft:
         self.advanced += 1
         return not self.matcher.stopped
 
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces after the chain so far (a schema's keys, punctuation)."""
+        return [] if self.matcher.stopped else self.matcher.forced()
+
     def close(self) -> None:
         self.matcher.rollback(self.advanced)
         self.advanced = 0

@@ -37,17 +37,19 @@ class DraftCost:
         (n0, t0), (n1, t1) = points[-2], points[-1]
         return t1 + (t1 - t0) * (n - n1) / (n1 - n0)
 
-    def keeps(self, i: int, expected: float, p: float) -> bool:
-        """With i tokens kept (E = ``expected`` tokens a step) and i + 1 draft forwards paid,
-        does token i + 1, reached with probability ``p``, raise tokens per unit time?"""
-        paid = (i + 1) * self.draft
+    def keeps(self, i: int, expected: float, p: float, forwards: int | None = None) -> bool:
+        """With i tokens kept (E = ``expected`` tokens a step) and ``forwards`` draft forwards
+        paid (i + 1 unless told: tokens a grammar forces cost none), does token i + 1, reached
+        with probability ``p``, raise tokens per unit time?"""
+        paid = (i + 1 if forwards is None else forwards) * self.draft
         return (expected + p) / (paid + self.verify(i + 1)) >= expected / (paid + self.verify(i))
 
-    def pays_another(self, i: int, expected: float, p: float) -> bool:
-        """With i + 1 tokens kept, is one more draft forward worth paying for, the next token
-        guessed to be reached with probability ``p``?"""
-        now = expected / ((i + 1) * self.draft + self.verify(i + 1))
-        return (expected + p) / ((i + 2) * self.draft + self.verify(i + 2)) >= now
+    def pays_another(self, i: int, expected: float, p: float, forwards: int | None = None) -> bool:
+        """With i + 1 tokens kept (``forwards`` draft forwards paid, i + 1 unless told), is one
+        more draft forward worth paying for, the next token guessed to be reached with probability ``p``?"""
+        paid = (i + 1 if forwards is None else forwards) * self.draft
+        now = expected / (paid + self.verify(i + 1))
+        return (expected + p) / (paid + self.draft + self.verify(i + 2)) >= now
 
 
 @dataclass
@@ -68,6 +70,8 @@ class _Chain:
     accept_all: float = 1.0  # P(every draft so far accepted)
     expected: float = 1.0  # tokens the step yields, expected
     grammar: GrammarDraft | None = None  # a constrained request's grammar, walked along the chain
+    forwards: int = 0  # draft forwards whose logits gave a draft (tokens the grammar forces need none)
+    ended: bool = False  # a draft ended the answer (EOS, or the grammar is complete)
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -106,7 +110,10 @@ class DraftModelDrafter(DeclaresFeatures):
     A constrained request (``ctx.grammar``) drafts through the Python loop, each draft step's
     logits masked with the grammar state after the chain so far (``GrammarDraft``), so the
     chain never leaves the grammar: the argmax (or a sample of q) over the allowed tokens, q
-    the masked distribution, and the stop rules read the masked probabilities. The one-call
+    the masked distribution, and the stop rules read the masked probabilities. Tokens the
+    grammar forces (a schema's keys and punctuation) join the chain without a draft forward
+    of their own (fed with the next one; a sampled chain's q is a point mass there), kept while
+    the cost rule says their verification pays (free to draft, not to verify). The one-call
     chain cannot consult a grammar. Output is unchanged (drafts only propose; the target is
     masked at verification), but no draft is cut for leaving the grammar.
 
@@ -193,9 +200,9 @@ class DraftModelDrafter(DeclaresFeatures):
         if self._chains and ctx.params.greedy and chain.grammar is None:
             return self._chain_in_one_call(state, chain)
         try:
-            logits = self._feed([state], [self._catch_up(state, ctx)])[0]
-            while (token := self._next(chain, logits)) is not None:
-                logits = self._feed([state], [[token]])[0]
+            logits = self._feed([state], [self._catch_up(state, ctx) + self._forced(chain)])[0]
+            while not chain.ended and (feed := self._next(chain, logits)) is not None:
+                logits = self._feed([state], [feed])[0]
         finally:
             if chain.grammar is not None:
                 chain.grammar.close()
@@ -222,13 +229,14 @@ class DraftModelDrafter(DeclaresFeatures):
         rows = [states[i] for i in together]
         chains = [self._begin(st, ctxs[i]) for st, i in zip(rows, together)]
         try:
-            logits = self._feed(rows, [self._catch_up(st, ctxs[i]) for st, i in zip(rows, together)])
-            live = list(range(len(rows)))  # indices into rows / chains still drafting
+            logits = self._feed(rows, [self._catch_up(st, ctxs[i]) + self._forced(chain)
+                                       for st, i, chain in zip(rows, together, chains)])
+            live = [j for j, chain in enumerate(chains) if not chain.ended]  # indices into rows / chains still drafting
             while live:
                 feeds = [(j, self._next(chains[j], logits[n])) for n, j in enumerate(live)]
-                live = [j for j, token in feeds if token is not None]
+                live = [j for j, feed in feeds if feed is not None]
                 if live:
-                    logits = self._feed([rows[j] for j in live], [[token] for _, token in feeds if token is not None])
+                    logits = self._feed([rows[j] for j in live], [feed for _, feed in feeds if feed is not None])
         finally:
             for chain in chains:
                 if chain.grammar is not None:
@@ -269,9 +277,10 @@ class DraftModelDrafter(DeclaresFeatures):
             st.fed.extend(t)
         return list(logits)
 
-    def _next(self, chain: _Chain, logits: torch.Tensor) -> int | None:
+    def _next(self, chain: _Chain, logits: torch.Tensor) -> list[int] | None:
         """Draft the next token from the draft's ``logits`` after the chain so far; returns the
-        token to feed for another draft forward, or None when the chain is complete."""
+        tokens to feed for another draft forward (that token, then any the grammar forces after
+        it), or None when the chain is complete."""
         i, ctx = len(chain.drafts), chain.ctx
         if i >= chain.budget:
             return None
@@ -284,19 +293,46 @@ class DraftModelDrafter(DeclaresFeatures):
         if self.cost is not None:  # keep token i + 1 only if it raises tokens per unit time
             conf = float(q[token]) if q is not None else float(logits.float().softmax(-1)[token])
             keep_p = chain.accept_all * conf
-            if not self.cost.keeps(i, chain.expected, keep_p):
+            if not self.cost.keeps(i, chain.expected, keep_p, chain.forwards + 1):
                 return None
             chain.accept_all, chain.expected = keep_p, chain.expected + keep_p
         chain.drafts.append(token)
+        chain.forwards += 1
         if q is not None:
             chain.qs.append(q)
         if chain.grammar is not None and not chain.grammar.push(token):
             return None  # the chain ended the answer
-        if i + 1 >= chain.budget:
+        feed = [token, *self._forced(chain)]
+        if chain.ended or len(chain.drafts) >= chain.budget:
             return None
-        if self.cost is not None and not self.cost.pays_another(i, chain.expected, chain.accept_all * conf):
+        if self.cost is not None and not self.cost.pays_another(len(chain.drafts) - 1, chain.expected,
+                                                                chain.accept_all * conf, chain.forwards):
             return None
-        return token
+        return feed
+
+    def _forced(self, chain: _Chain) -> list[int]:
+        """Append the tokens the grammar forces after the chain so far (none without a grammar),
+        while the budget and the cost rule keep them: no draft forward is paid for them, their
+        verification is (each reached with the chain's probability)."""
+        if chain.grammar is None:
+            return []
+        out = []
+        for token in chain.grammar.forced():
+            i = len(chain.drafts)
+            if i >= chain.budget or (self.cost is not None
+                                     and not self.cost.keeps(i, chain.expected, chain.accept_all, chain.forwards)):
+                break
+            if self.cost is not None:
+                chain.expected += chain.accept_all
+            chain.drafts.append(token)
+            out.append(token)
+            if not chain.ctx.params.greedy:  # the point mass it was drawn from
+                chain.qs.append(torch.zeros(self.model.info.vocab_size, device=self.model.info.device))
+                chain.qs[-1][token] = 1.0
+            if not chain.grammar.push(token):
+                chain.ended = True
+                break
+        return out
 
     @staticmethod
     def _tree(chain: _Chain) -> DraftTree:
