@@ -16,7 +16,7 @@ import pytest
 
 from helpers import TemperedSelfDraft
 from verispec.constraints import GrammarError, constraint_for
-from verispec.constraints.speculation import jump_forward, node_masks, prune
+from verispec.constraints.speculation import JumpForward, jump_forward, node_masks, prune
 from verispec.drafters.base import DraftContext, NoDrafter
 from verispec.engine import Engine
 from verispec.models.load import load_model
@@ -266,3 +266,38 @@ def test_forced_tokens_join_a_draft_chain_without_a_draft_forward(stories, schem
     assert len(forced) >= 2 and list(tree.tokens[1:len(forced) + 1]) == forced
     assert tree.num_drafted == 12 and m.valid_prefix(list(tree.tokens[1:])) == 12
     assert len(calls) <= 12 - len(forced)
+
+
+def test_forced_tokens_are_sized_by_the_cost_curve(stories, schema):
+    """Free to draft is not free to verify: with a flat cost curve every forced token is drafted,
+    with one where each verified token costs a whole step none pays, and in between the size
+    follows how often the chain before them and the forced tokens themselves were accepted."""
+    forced = schema.matcher().forced()
+    assert len(forced) >= 4
+    flat, steep = {n: 1.0 for n in (1, 2, 4, 8, 16)}, {n: 1.0 + n for n in (1, 2, 4, 8, 16)}
+    assert jump_forward(DraftTree.chain(5, []), schema.matcher(), 16, JumpForward(flat)).num_drafted == len(forced)
+    assert jump_forward(DraftTree.chain(5, []), schema.matcher(), 16, JumpForward(steep)).num_drafted == 0
+    mid = {n: 1.0 + 0.2 * n for n in (1, 2, 4, 8, 16)}
+    sizing = JumpForward(mid)
+    before = sizing.size(0, 8)
+    for _ in range(20):  # forced tokens always accepted: more of them pay
+        sizing.shaped(0, 8)
+        sizing.observe(8)
+    assert sizing.size(0, 8) > before
+    assert sizing.size(3, 8) >= sizing.size(6, 8)  # a longer chain before them is less likely to be all accepted
+    sizing.observe(3)  # a step with nothing shaped teaches nothing
+    assert sizing.size(0, 8) == sizing.size(0, 8)
+
+
+@pytest.mark.parametrize("curve", ["flat", "steep"])
+def test_greedy_with_cost_sized_forced_tokens_equals_constrained_plain(stories, schema, curve):
+    params = SamplingParams(max_new_tokens=120, constraint=schema)
+    prompt = prompt_of(stories, "Lily said: {\"name\": \"Lily\", \"age\": 3}")
+    plain, plain_req = generate(stories, NoDrafter(), prompt, params, draft_limit=0)
+    engine = Engine(stories.backend, make_drafter("prompt-lookup", stories, {}), 8)
+    engine.verify_cost = {n: 1.0 if curve == "flat" else 1.0 + n for n in (1, 2, 4, 8)}
+    req = engine.add_request(prompt, params)
+    while not req.finished:
+        engine.step(req)
+    assert req.generated == plain and req.finished == plain_req.finished == "eos"
+    assert req.stats.target_forwards <= plain_req.stats.target_forwards

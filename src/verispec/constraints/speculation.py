@@ -23,13 +23,16 @@ instead of its unconstrained one, which the grammar would have cut).
 ``jump_forward`` drafts the tokens the grammar forces after a chain (a schema's keys and
 punctuation; SGLang's "jump-forward decoding", Zheng et al. 2024, arXiv 2312.07104) for free:
 the target still verifies them, so output never changes, and they are accepted whenever the
-target agrees with the grammar's tokenization.
+target agrees with the grammar's tokenization. Free to draft is not free to verify: where the
+target's cost curve is known, ``JumpForward`` sizes them like any draft (the size with the most
+tokens per unit of target time), else they fill the draft budget.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..policies.draft_budget import DepthAcceptance, interpolate
 from ..tree import DraftTree
 from .matcher import Matcher, has_bit, unpack_bitmask
 
@@ -137,25 +140,74 @@ class GrammarDraft:
         self.advanced = 0
 
 
-def jump_forward(tree: DraftTree, matcher: Matcher, budget: int) -> DraftTree:
-    """A point-mass chain extended by up to ``budget`` tokens the grammar forces after it."""
-    if budget <= 0 or not tree.is_chain or tree.draft_probs is not None:
+class JumpForward:
+    """One request's forced-token draft sizes from the target's cost curve ``cost`` (t(n), in
+    decode steps; ``policies.draft_budget``): after a chain of n drafted tokens, k forced tokens
+    are appended where k maximizes ``(E(n + k) + 1) / t(n + k)`` (k = 0 wins ties). A forced token
+    is accepted only if the whole chain before it is, and then unless the target prefers another
+    tokenization of the forced text; both are tracked per depth over the request's steps
+    (``DepthAcceptance``: the drafter's chains with the usual even prior, the forced tokens with
+    a prior mean of 0.9), so node values are P(chain accepted) x P(forced tokens 1..j accepted)."""
+
+    def __init__(self, cost: dict[int, float]):
+        self.cost = cost
+        self.chain = DepthAcceptance()
+        self.forced = DepthAcceptance(mean=0.9)
+        self._shaped: tuple[int, int] | None = None  # (chain tokens, forced tokens) of the draft being verified
+
+    def size(self, drafted: int, available: int) -> int:
+        """How many of ``available`` forced tokens to append to a chain of ``drafted`` tokens."""
+        reach = self.chain.node_values(drafted)
+        after = reach[-1] if reach else 1.0
+        expected = sum(reach)
+        best, rate = 0, (expected + 1.0) / interpolate(self.cost, drafted)
+        for k, value in enumerate(self.forced.node_values(available), start=1):
+            expected += after * value
+            if (expected + 1.0) / interpolate(self.cost, drafted + k) > rate + 1e-12:
+                best, rate = k, (expected + 1.0) / interpolate(self.cost, drafted + k)
+        return best
+
+    def shaped(self, drafted: int, forced: int) -> None:
+        """The draft sent for verification: a chain of ``drafted`` tokens, then ``forced`` ones."""
+        self._shaped = (drafted, forced)
+
+    def observe(self, accepted: int) -> None:
+        """Its verification accepted ``accepted`` drafted tokens (a step without a shaped chain: nothing)."""
+        if self._shaped is None:
+            return
+        (n, k), self._shaped = self._shaped, None
+        if n:
+            self.chain.update(n, min(accepted, n))
+        if k and accepted >= n:
+            self.forced.update(k, accepted - n)
+
+
+def jump_forward(tree: DraftTree, matcher: Matcher, budget: int, sizing: JumpForward | None = None) -> DraftTree:
+    """A point-mass chain extended by up to ``budget`` tokens the grammar forces after it, as many
+    as ``sizing`` finds worth verifying where given."""
+    if not tree.is_chain or tree.draft_probs is not None:
         return tree
     drafts = list(tree.tokens[1:])
-    if any(matcher.ends_at(t) for t in drafts):  # the chain already ends the answer
-        return tree
-    if not matcher.advance(drafts):
-        raise RuntimeError("jump_forward needs a chain the grammar allows (prune it first)")
-    try:
-        forced = matcher.forced()[:budget]
-    finally:
-        matcher.rollback(len(drafts))
+    if budget <= 0 or any(matcher.ends_at(t) for t in drafts):  # no room, or the chain already ends the answer
+        forced = []
+    else:
+        if not matcher.advance(drafts):
+            raise RuntimeError("jump_forward needs a chain the grammar allows (prune it first)")
+        try:
+            forced = matcher.forced()[:budget]
+        finally:
+            matcher.rollback(len(drafts))
+    if sizing is not None:
+        forced = forced[:sizing.size(len(drafts), len(forced))] if forced else forced
+        sizing.shaped(len(drafts), len(forced))
     return DraftTree.chain(tree.tokens[0], drafts + forced) if forced else tree
 
 
-def shape_draft(tree: DraftTree, matcher: Matcher, greedy: bool, budget: int) -> DraftTree:
+def shape_draft(tree: DraftTree, matcher: Matcher, greedy: bool, budget: int,
+                sizing: JumpForward | None = None) -> DraftTree:
     """The draft a constrained request verifies: forbidden drafts cut where that is exact
-    (``prune``), then forced tokens appended within the draft ``budget`` (``jump_forward``)."""
+    (``prune``), then forced tokens appended within the draft ``budget`` (``jump_forward``),
+    sized by ``sizing`` where given."""
     if greedy or tree.draft_probs is None:
         tree = prune(tree, matcher)
-    return jump_forward(tree, matcher, budget - tree.num_drafted)
+    return jump_forward(tree, matcher, budget - tree.num_drafted, sizing)
