@@ -301,3 +301,18 @@ def test_greedy_with_cost_sized_forced_tokens_equals_constrained_plain(stories, 
         engine.step(req)
     assert req.generated == plain and req.finished == plain_req.finished == "eos"
     assert req.stats.target_forwards <= plain_req.stats.target_forwards
+
+
+def test_a_hybrids_retrieval_draft_the_grammar_forbids_leaves_the_step_to_the_draft_model(stories, schema):
+    """The suffix draft (story text repeated in the prompt) is forbidden where the schema wants
+    '{"name": "': under the grammar the hybrid sizes what the grammar leaves of it (nothing), so
+    the draft model, masked, proposes instead of a draft the engine would cut to nothing."""
+    hybrid = make_drafter("hybrid", stories, {"learned": "draft", "learned_model": "truncated:2", "budget": "fixed"})
+    prompt = prompt_of(stories, "Lily said hello to the cat. Lily said hello to the cat. Lily said")
+    m = schema.matcher()
+    hybrid.start("r", prompt[:-1])  # the suffix drafter takes the prompt's last token as the step's root
+    ctx = DraftContext("r", prompt, 6, SamplingParams(), make_generator(0, 1), grammar=m)
+    free = hybrid.propose(replace(ctx, grammar=None))
+    assert free.num_drafted > 0 and m.valid_prefix(list(free.tokens[1:])) == 0
+    tree = hybrid.propose(ctx)
+    assert tree.num_drafted == 6 and m.valid_prefix(list(tree.tokens[1:])) == 6

@@ -82,25 +82,29 @@ def mask_logits(logits: torch.Tensor, tree: DraftTree, matcher: Matcher) -> torc
     return torch.where(allowed, logits.float(), _MINUS_INF.to(logits.device))
 
 
-def prune(tree: DraftTree, matcher: Matcher) -> DraftTree:
-    """``tree`` without the drafts the grammar forbids (and their subtrees); only for trees
-    whose drafts are point masses (``draft_probs is None``) or greedy verification."""
-    if tree.size == 1:
-        return tree
+def reachable(tree: DraftTree, matcher: Matcher) -> list[bool]:
+    """Per node: does the grammar allow every token on its path? (The matcher's state is unchanged.)"""
     if tree.is_chain:
         keep = matcher.valid_prefix(list(tree.tokens[1:]))
-        if keep == tree.num_drafted:
-            return tree
-        probs = None if tree.draft_probs is None else tree.draft_probs[1:keep + 1]
-        return DraftTree.chain(tree.tokens[0], list(tree.tokens[1:keep + 1]), probs)
-    _, reachable = _walk(tree, matcher)
-    if all(reachable):
+        return [True] * (keep + 1) + [False] * (tree.num_drafted - keep)
+    return _walk(tree, matcher)[1]
+
+
+def keep_nodes(tree: DraftTree, keep: list[bool]) -> DraftTree:
+    """The nodes of ``tree`` marked in ``keep`` (every kept node's parent kept), in their order."""
+    if all(keep):
         return tree
-    kept = [i for i in range(tree.size) if reachable[i]]
+    kept = [i for i in range(tree.size) if keep[i]]
     index = {old: new for new, old in enumerate(kept)}
     parents = tuple(-1 if i == 0 else index[tree.parents[i]] for i in kept)
     probs = None if tree.draft_probs is None else tree.draft_probs[kept]
     return DraftTree(tuple(tree.tokens[i] for i in kept), parents, probs)
+
+
+def prune(tree: DraftTree, matcher: Matcher) -> DraftTree:
+    """``tree`` without the drafts the grammar forbids (and their subtrees); only for trees
+    whose drafts are point masses (``draft_probs is None``) or greedy verification."""
+    return tree if tree.size == 1 else keep_nodes(tree, reachable(tree, matcher))
 
 
 class GrammarDraft:
