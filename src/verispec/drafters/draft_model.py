@@ -168,6 +168,10 @@ class DraftModelDrafter(DeclaresFeatures):
         pass  # the cache is re-synchronised lazily in propose()
 
     @property
+    def verify_cost(self) -> dict[int, float] | None:  # type: ignore[override]
+        return None if self.cost is None else self.cost.curve
+
+    @property
     def pool(self) -> CachePool | None:
         """The K/V pool of the requests drafted together (None until ``reserve`` or the first request)."""
         return self._pool

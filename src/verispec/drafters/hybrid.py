@@ -154,6 +154,7 @@ class HybridDrafter(DeclaresFeatures):
             raise ValueError(f"the retrieval drafter {retrieval.name} must be model-free")
         self.retrieval, self.learned, self.mode, self.min_score = retrieval, learned, mode, min_score
         self.cost, self.learned_cost = cost, learned_cost
+        self.verify_cost = cost
         # a learned drafter that loses to plain decoding even if every node were accepted
         # is left out entirely (no hidden states, no calls): it could never propose
         largest = max(cost or {0: 1.0})  # the largest measured size

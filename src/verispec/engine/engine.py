@@ -76,7 +76,7 @@ class Engine:
         if self.prefix_cache is not None:
             self.prefix_cache.bind(target)
         # the target's t(n) that sizes a constrained request's forced-token drafts (None: they fill the budget)
-        self.verify_cost = verify_cost_of(drafter)
+        self.verify_cost = drafter.verify_cost
         self._ids = itertools.count()
         self._warned_drafter = False  # a drafter's non-finite logits are reported once (``_drafts``)
 
@@ -390,16 +390,6 @@ class Engine:
                 yield self.step(req)
         finally:
             self.finish(req, req.finished or "stop")
-
-
-def verify_cost_of(drafter: Drafter) -> dict[int, float] | None:
-    """The target's measured cost curve t(n) that ``drafter`` sizes its drafts by, if it has one (a
-    hybrid's ``cost``, a draft model's ``DraftCost.curve``, EAGLE's or Medusa's measured budget;
-    through a wrapper's ``inner``, Predicted Outputs'): nothing is measured here."""
-    drafter = getattr(drafter, "inner", drafter)
-    cost = getattr(drafter, "cost", None)
-    cost = getattr(cost, "curve", cost)
-    return cost if isinstance(cost, dict) else None
 
 
 def _logprobs(req: Request, logits: torch.Tensor, tokens: list[int], rows: list[int]) -> list[TokenLogprob] | None:
