@@ -9,18 +9,20 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from dataclasses import replace
 
 import jsonschema
 import pytest
 
 from helpers import TemperedSelfDraft
 from verispec.constraints import GrammarError, constraint_for
-from verispec.constraints.speculation import jump_forward, node_masks, prune
-from verispec.drafters.base import NoDrafter
+from verispec.constraints.speculation import JumpForward, jump_forward, node_masks, prune
+from verispec.drafters.base import DraftContext, NoDrafter
 from verispec.engine import Engine
 from verispec.models.load import load_model
 from verispec.registry import make_drafter
 from verispec.tree import DraftTree
+from verispec.sampling import make_generator
 from verispec.types import SamplingParams
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "friends"],
@@ -208,3 +210,110 @@ def test_a_drafted_end_leaves_the_grammar_state_alone(stories):
     assert tree.tokens == (5, *ids[1:], eos)
     node_masks(tree, m)
     assert m.allowed().equal(before) and m.advance(ids[1:]) and m.stopped
+
+
+def test_a_draft_model_drafts_inside_the_grammar(stories, schema):
+    """Masked drafts: where the draft model's own argmax leaves the grammar at once (story text
+    where the schema wants '{"name": "'), its constrained chain stays inside it for the whole
+    budget, alone and batched alike, and the request's grammar state is the same afterwards."""
+    drafter = make_drafter("draft", stories, {"model": "truncated:2"})
+    prompts = [prompt_of(stories, "Lily said:"), prompt_of(stories, "Once upon a time")]
+    matchers = [schema.matcher() for _ in prompts]
+    ctxs = [DraftContext(f"r{i}", p, 8, SamplingParams(), make_generator(0, 1), grammar=m)
+            for i, (p, m) in enumerate(zip(prompts, matchers))]
+    for ctx in ctxs:
+        drafter.start(ctx.request_id, ctx.tokens)
+    before = [m.allowed() for m in matchers]
+    free = drafter.propose(replace(ctxs[0], grammar=None)).tokens[1:]
+    assert matchers[0].valid_prefix(list(free)) == 0  # unconstrained, the grammar would cut it all
+    alone = [drafter.propose(ctx) for ctx in ctxs]
+    together = drafter.propose_batch(ctxs)
+    for m, b, tree, batched in zip(matchers, before, alone, together):
+        drafts = list(tree.tokens[1:])
+        assert len(drafts) == 8 and m.valid_prefix(drafts) == 8
+        assert batched.tokens == tree.tokens
+        assert m.allowed().equal(b)
+    assert stories.tokenizer.decode(list(alone[0].tokens[1:])).startswith('{"name": "')
+
+
+def test_a_sampled_draft_models_q_is_the_masked_law(stories, schema):
+    """Sampled drafts under a constraint come from the draft's masked distribution, and that q is
+    what verification gets: zero on every token the grammar forbids at that depth."""
+    drafter = make_drafter("draft", stories, {"model": "truncated:2"})
+    prompt, m = prompt_of(stories, "Lily said:"), schema.matcher()
+    drafter.start("s", prompt)
+    ctx = DraftContext("s", prompt, 6, SamplingParams(temperature=1.0, seed=3), make_generator(3, 1), grammar=m)
+    tree = drafter.propose(ctx)
+    assert tree.draft_probs is not None and m.valid_prefix(list(tree.tokens[1:])) == tree.num_drafted
+    for depth, token in enumerate(tree.tokens[1:]):
+        allowed = m.allowed()
+        q = tree.draft_probs[depth + 1]
+        assert float(q[~allowed].sum()) == 0.0 and float(q[allowed].sum()) == pytest.approx(1.0, abs=1e-5)
+        m.advance([token])
+    m.rollback(tree.num_drafted)
+
+
+def test_forced_tokens_join_a_draft_chain_without_a_draft_forward(stories, schema, monkeypatch):
+    """The keys and punctuation a schema forces are drafted by the grammar, not by draft forwards:
+    a chain that starts with them pays one draft forward per token the draft model chose."""
+    drafter = make_drafter("draft", stories, {"model": "truncated:2"})
+    prompt, m = prompt_of(stories, "Lily said:"), schema.matcher()
+    drafter.start("r", prompt)
+    calls = []
+    forward = drafter.model.forward
+    monkeypatch.setattr(drafter.model, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    forced = m.forced()
+    tree = drafter.propose(DraftContext("r", prompt, 12, SamplingParams(), make_generator(0, 1), grammar=m))
+    assert len(forced) >= 2 and list(tree.tokens[1:len(forced) + 1]) == forced
+    assert tree.num_drafted == 12 and m.valid_prefix(list(tree.tokens[1:])) == 12
+    assert len(calls) <= 12 - len(forced)
+
+
+def test_forced_tokens_are_sized_by_the_cost_curve(stories, schema):
+    """Free to draft is not free to verify: with a flat cost curve every forced token is drafted,
+    with one where each verified token costs a whole step none pays, and in between the size
+    follows how often the chain before them and the forced tokens themselves were accepted."""
+    forced = schema.matcher().forced()
+    assert len(forced) >= 4
+    flat, steep = {n: 1.0 for n in (1, 2, 4, 8, 16)}, {n: 1.0 + n for n in (1, 2, 4, 8, 16)}
+    assert jump_forward(DraftTree.chain(5, []), schema.matcher(), 16, JumpForward(flat)).num_drafted == len(forced)
+    assert jump_forward(DraftTree.chain(5, []), schema.matcher(), 16, JumpForward(steep)).num_drafted == 0
+    mid = {n: 1.0 + 0.2 * n for n in (1, 2, 4, 8, 16)}
+    sizing = JumpForward(mid)
+    before = sizing.size(0, 8)
+    for _ in range(20):  # forced tokens always accepted: more of them pay
+        sizing.shaped(0, 8)
+        sizing.observe(8)
+    assert sizing.size(0, 8) > before
+    assert sizing.size(3, 8) >= sizing.size(6, 8)  # a longer chain before them is less likely to be all accepted
+    sizing.observe(3)  # a step with nothing shaped teaches nothing
+    assert sizing.size(0, 8) == sizing.size(0, 8)
+
+
+@pytest.mark.parametrize("curve", ["flat", "steep"])
+def test_greedy_with_cost_sized_forced_tokens_equals_constrained_plain(stories, schema, curve):
+    params = SamplingParams(max_new_tokens=120, constraint=schema)
+    prompt = prompt_of(stories, "Lily said: {\"name\": \"Lily\", \"age\": 3}")
+    plain, plain_req = generate(stories, NoDrafter(), prompt, params, draft_limit=0)
+    engine = Engine(stories.backend, make_drafter("prompt-lookup", stories, {}), 8)
+    engine.verify_cost = {n: 1.0 if curve == "flat" else 1.0 + n for n in (1, 2, 4, 8)}
+    req = engine.add_request(prompt, params)
+    while not req.finished:
+        engine.step(req)
+    assert req.generated == plain and req.finished == plain_req.finished == "eos"
+    assert req.stats.target_forwards <= plain_req.stats.target_forwards
+
+
+def test_a_hybrids_retrieval_draft_the_grammar_forbids_leaves_the_step_to_the_draft_model(stories, schema):
+    """The suffix draft (story text repeated in the prompt) is forbidden where the schema wants
+    '{"name": "': under the grammar the hybrid sizes what the grammar leaves of it (nothing), so
+    the draft model, masked, proposes instead of a draft the engine would cut to nothing."""
+    hybrid = make_drafter("hybrid", stories, {"learned": "draft", "learned_model": "truncated:2", "budget": "fixed"})
+    prompt = prompt_of(stories, "Lily said hello to the cat. Lily said hello to the cat. Lily said")
+    m = schema.matcher()
+    hybrid.start("r", prompt[:-1])  # the suffix drafter takes the prompt's last token as the step's root
+    ctx = DraftContext("r", prompt, 6, SamplingParams(), make_generator(0, 1), grammar=m)
+    free = hybrid.propose(replace(ctx, grammar=None))
+    assert free.num_drafted > 0 and m.valid_prefix(list(free.tokens[1:])) == 0
+    tree = hybrid.propose(ctx)
+    assert tree.num_drafted == 6 and m.valid_prefix(list(tree.tokens[1:])) == 6

@@ -13,16 +13,26 @@ exact where the rejected draft carries no probability of its own: greedy verific
 point-mass drafts (a point mass q at x with p(x) = 0 leaves the residual p unchanged). A draft
 sampled from a draft model's q is kept: rejecting it is part of the law of the residual.
 
+A draft model can do better than being cut: ``GrammarDraft`` masks each of its draft steps'
+logits with the grammar state after the chain drafted so far (a scratch walk of the request's
+matcher, rolled back when the chain is done), so its argmax (or its sample from the masked q)
+never leaves the grammar. That is exact too: drafts are only proposals, and the target is masked
+at verification all the same; only what is proposed changes (the draft's constrained guess
+instead of its unconstrained one, which the grammar would have cut).
+
 ``jump_forward`` drafts the tokens the grammar forces after a chain (a schema's keys and
 punctuation; SGLang's "jump-forward decoding", Zheng et al. 2024, arXiv 2312.07104) for free:
 the target still verifies them, so output never changes, and they are accepted whenever the
-target agrees with the grammar's tokenization.
+target agrees with the grammar's tokenization. Free to draft is not free to verify: where the
+target's cost curve is known, ``JumpForward`` sizes them like any draft (the size with the most
+tokens per unit of target time), else they fill the draft budget.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..policies.draft_budget import DepthAcceptance, interpolate
 from ..tree import DraftTree
 from .matcher import Matcher, has_bit, unpack_bitmask
 
@@ -72,46 +82,136 @@ def mask_logits(logits: torch.Tensor, tree: DraftTree, matcher: Matcher) -> torc
     return torch.where(allowed, logits.float(), _MINUS_INF.to(logits.device))
 
 
-def prune(tree: DraftTree, matcher: Matcher) -> DraftTree:
-    """``tree`` without the drafts the grammar forbids (and their subtrees); only for trees
-    whose drafts are point masses (``draft_probs is None``) or greedy verification."""
-    if tree.size == 1:
-        return tree
+def reachable(tree: DraftTree, matcher: Matcher) -> list[bool]:
+    """Per node: does the grammar allow every token on its path? (The matcher's state is unchanged.)"""
     if tree.is_chain:
         keep = matcher.valid_prefix(list(tree.tokens[1:]))
-        if keep == tree.num_drafted:
-            return tree
-        probs = None if tree.draft_probs is None else tree.draft_probs[1:keep + 1]
-        return DraftTree.chain(tree.tokens[0], list(tree.tokens[1:keep + 1]), probs)
-    _, reachable = _walk(tree, matcher)
-    if all(reachable):
+        return [True] * (keep + 1) + [False] * (tree.num_drafted - keep)
+    return _walk(tree, matcher)[1]
+
+
+def keep_nodes(tree: DraftTree, keep: list[bool]) -> DraftTree:
+    """The nodes of ``tree`` marked in ``keep`` (every kept node's parent kept), in their order."""
+    if all(keep):
         return tree
-    kept = [i for i in range(tree.size) if reachable[i]]
+    kept = [i for i in range(tree.size) if keep[i]]
     index = {old: new for new, old in enumerate(kept)}
     parents = tuple(-1 if i == 0 else index[tree.parents[i]] for i in kept)
     probs = None if tree.draft_probs is None else tree.draft_probs[kept]
     return DraftTree(tuple(tree.tokens[i] for i in kept), parents, probs)
 
 
-def jump_forward(tree: DraftTree, matcher: Matcher, budget: int) -> DraftTree:
-    """A point-mass chain extended by up to ``budget`` tokens the grammar forces after it."""
-    if budget <= 0 or not tree.is_chain or tree.draft_probs is not None:
+def prune(tree: DraftTree, matcher: Matcher) -> DraftTree:
+    """``tree`` without the drafts the grammar forbids (and their subtrees); only for trees
+    whose drafts are point masses (``draft_probs is None``) or greedy verification."""
+    return tree if tree.size == 1 else keep_nodes(tree, reachable(tree, matcher))
+
+
+class GrammarDraft:
+    """One draft chain's walk of a request's grammar (``DraftModelDrafter`` under a constraint):
+    ``mask`` a draft step's logits with the state after the chain so far, ``push`` each drafted
+    token, ``close`` (always, ``try``/``finally``) to roll the matcher back to the committed state."""
+
+    def __init__(self, matcher: Matcher):
+        self.matcher, self.advanced = matcher, 0
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """[V'] draft logits with every token the grammar forbids next at -inf (a draft vocabulary
+        V' other than the target's: tokens past the target's are forbidden); None when nothing
+        the draft can propose is allowed (an FR-Spec head without the tokens the grammar wants)."""
+        allowed = self.matcher.allowed().to(logits.device)
+        n = min(len(allowed), len(logits))
+        out = torch.full_like(logits, float("-inf"))
+        out[:n] = torch.where(allowed[:n], logits[:n], _MINUS_INF.to(logits.device, logits.dtype))
+        return out if bool(torch.isfinite(out).any()) else None
+
+    def push(self, token: int) -> bool:
+        """Consume a drafted token (one ``mask`` allowed); False when the chain must end there
+        (EOS, or the grammar is complete and only EOS may follow)."""
+        if self.matcher.ends_at(token):
+            return False
+        if not self.matcher.advance([token]):
+            raise RuntimeError(f"the grammar engine refused token {token} its own mask allowed")
+        self.advanced += 1
+        return not self.matcher.stopped
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces after the chain so far (a schema's keys, punctuation)."""
+        return [] if self.matcher.stopped else self.matcher.forced()
+
+    def close(self) -> None:
+        self.matcher.rollback(self.advanced)
+        self.advanced = 0
+
+
+class JumpForward:
+    """One request's forced-token draft sizes from the target's cost curve ``cost`` (t(n), in
+    decode steps; ``policies.draft_budget``): after a chain of n drafted tokens, k forced tokens
+    are appended where k maximizes ``(E(n + k) + 1) / t(n + k)`` (k = 0 wins ties). A forced token
+    is accepted only if the whole chain before it is, and then unless the target prefers another
+    tokenization of the forced text; both are tracked per depth over the request's steps
+    (``DepthAcceptance``: the drafter's chains with the usual even prior, the forced tokens with
+    a prior mean of 0.9), so node values are P(chain accepted) x P(forced tokens 1..j accepted)."""
+
+    def __init__(self, cost: dict[int, float]):
+        self.cost = cost
+        self.chain = DepthAcceptance()
+        self.forced = DepthAcceptance(mean=0.9)
+        self._shaped: tuple[int, int] | None = None  # (chain tokens, forced tokens) of the draft being verified
+
+    def size(self, drafted: int, available: int) -> int:
+        """How many of ``available`` forced tokens to append to a chain of ``drafted`` tokens."""
+        reach = self.chain.node_values(drafted)
+        after = reach[-1] if reach else 1.0
+        expected = sum(reach)
+        best, rate = 0, (expected + 1.0) / interpolate(self.cost, drafted)
+        for k, value in enumerate(self.forced.node_values(available), start=1):
+            expected += after * value
+            if (expected + 1.0) / interpolate(self.cost, drafted + k) > rate + 1e-12:
+                best, rate = k, (expected + 1.0) / interpolate(self.cost, drafted + k)
+        return best
+
+    def shaped(self, drafted: int, forced: int) -> None:
+        """The draft sent for verification: a chain of ``drafted`` tokens, then ``forced`` ones."""
+        self._shaped = (drafted, forced)
+
+    def observe(self, accepted: int) -> None:
+        """Its verification accepted ``accepted`` drafted tokens (a step without a shaped chain: nothing)."""
+        if self._shaped is None:
+            return
+        (n, k), self._shaped = self._shaped, None
+        if n:
+            self.chain.update(n, min(accepted, n))
+        if k and accepted >= n:
+            self.forced.update(k, accepted - n)
+
+
+def jump_forward(tree: DraftTree, matcher: Matcher, budget: int, sizing: JumpForward | None = None) -> DraftTree:
+    """A point-mass chain extended by up to ``budget`` tokens the grammar forces after it, as many
+    as ``sizing`` finds worth verifying where given."""
+    if not tree.is_chain or tree.draft_probs is not None:
         return tree
     drafts = list(tree.tokens[1:])
-    if any(matcher.ends_at(t) for t in drafts):  # the chain already ends the answer
-        return tree
-    if not matcher.advance(drafts):
-        raise RuntimeError("jump_forward needs a chain the grammar allows (prune it first)")
-    try:
-        forced = matcher.forced()[:budget]
-    finally:
-        matcher.rollback(len(drafts))
+    if budget <= 0 or any(matcher.ends_at(t) for t in drafts):  # no room, or the chain already ends the answer
+        forced = []
+    else:
+        if not matcher.advance(drafts):
+            raise RuntimeError("jump_forward needs a chain the grammar allows (prune it first)")
+        try:
+            forced = matcher.forced()[:budget]
+        finally:
+            matcher.rollback(len(drafts))
+    if sizing is not None:
+        forced = forced[:sizing.size(len(drafts), len(forced))] if forced else forced
+        sizing.shaped(len(drafts), len(forced))
     return DraftTree.chain(tree.tokens[0], drafts + forced) if forced else tree
 
 
-def shape_draft(tree: DraftTree, matcher: Matcher, greedy: bool, budget: int) -> DraftTree:
+def shape_draft(tree: DraftTree, matcher: Matcher, greedy: bool, budget: int,
+                sizing: JumpForward | None = None) -> DraftTree:
     """The draft a constrained request verifies: forbidden drafts cut where that is exact
-    (``prune``), then forced tokens appended within the draft ``budget`` (``jump_forward``)."""
+    (``prune``), then forced tokens appended within the draft ``budget`` (``jump_forward``),
+    sized by ``sizing`` where given."""
     if greedy or tree.draft_probs is None:
         tree = prune(tree, matcher)
-    return jump_forward(tree, matcher, budget - tree.num_drafted)
+    return jump_forward(tree, matcher, budget - tree.num_drafted, sizing)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
 from ..tree import DraftTree
 from ..types import SamplingParams
+
+if TYPE_CHECKING:
+    from ..constraints import Matcher
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,9 @@ class DraftContext:
     params: SamplingParams
     generator: torch.Generator  # the drafter's own per-request generator
     prediction: tuple[int, ...] = ()  # the request's predicted output (Predicted Outputs), if any
+    # a constrained request's grammar state after ``tokens``: a drafter may advance it to keep its drafts inside the
+    # grammar, and must roll it back to this state before ``propose`` returns (draft_model.py)
+    grammar: Matcher | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,9 @@ def features_of(drafter: Drafter) -> Features:
 class Drafter(Protocol):
     name: ClassVar[str]
     features: Features  # what it reads from the target's forwards besides logits (and so observes the prefill)
+    # the target's measured cost curve t(n) it sizes its drafts by, if any: the engine sizes a constrained
+    # request's forced-token drafts by it too (constraints.speculation.JumpForward); None: they fill the budget
+    verify_cost: dict[int, float] | None
 
     def start(self, request_id: str, prompt_ids: list[int]) -> None: ...
 
@@ -147,11 +156,12 @@ class Drafter(Protocol):
 
 class DeclaresFeatures:
     """Base of the drafters: the ``Drafter`` declarations most of them make, reading no
-    ``features`` (``NO_FEATURES``), keeping no state sized by the context (``context_bytes``
-    0), learning nothing across requests (``reset`` is a no-op) and proposing for a batch
-    request by request (``propose_batch``)."""
+    ``features`` (``NO_FEATURES``), sizing by no ``verify_cost``, keeping no state sized by the
+    context (``context_bytes`` 0), learning nothing across requests (``reset`` is a no-op) and
+    proposing for a batch request by request (``propose_batch``)."""
 
     features: Features = NO_FEATURES
+    verify_cost: dict[int, float] | None = None
 
     def context_bytes(self, max_length: int, rows: int) -> int:
         return 0  # no state sized by the context

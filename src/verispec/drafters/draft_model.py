@@ -1,6 +1,7 @@
 """Draft-model drafting (Leviathan et al. 2023; Chen et al. 2023): a small causal LM that
 shares the target's tokenizer proposes a chain autoregressively, with its own KV cache
-that is rolled back to the committed prefix before every proposal."""
+that is rolled back to the committed prefix before every proposal. Under a constraint its
+drafts stay inside the grammar (each draft step's logits masked: ``constraints.speculation.GrammarDraft``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import ClassVar
 
 import torch
 
+from ..constraints.speculation import GrammarDraft
 from ..models.base import CausalLM, KVCache, model_bytes
 from ..memory import cache_pool_bytes
 from ..models.cache_pool import CachePool, PooledCache
@@ -35,17 +37,19 @@ class DraftCost:
         (n0, t0), (n1, t1) = points[-2], points[-1]
         return t1 + (t1 - t0) * (n - n1) / (n1 - n0)
 
-    def keeps(self, i: int, expected: float, p: float) -> bool:
-        """With i tokens kept (E = ``expected`` tokens a step) and i + 1 draft forwards paid,
-        does token i + 1, reached with probability ``p``, raise tokens per unit time?"""
-        paid = (i + 1) * self.draft
+    def keeps(self, i: int, expected: float, p: float, forwards: int | None = None) -> bool:
+        """With i tokens kept (E = ``expected`` tokens a step) and ``forwards`` draft forwards
+        paid (i + 1 unless told: tokens a grammar forces cost none), does token i + 1, reached
+        with probability ``p``, raise tokens per unit time?"""
+        paid = (i + 1 if forwards is None else forwards) * self.draft
         return (expected + p) / (paid + self.verify(i + 1)) >= expected / (paid + self.verify(i))
 
-    def pays_another(self, i: int, expected: float, p: float) -> bool:
-        """With i + 1 tokens kept, is one more draft forward worth paying for, the next token
-        guessed to be reached with probability ``p``?"""
-        now = expected / ((i + 1) * self.draft + self.verify(i + 1))
-        return (expected + p) / ((i + 2) * self.draft + self.verify(i + 2)) >= now
+    def pays_another(self, i: int, expected: float, p: float, forwards: int | None = None) -> bool:
+        """With i + 1 tokens kept (``forwards`` draft forwards paid, i + 1 unless told), is one
+        more draft forward worth paying for, the next token guessed to be reached with probability ``p``?"""
+        paid = (i + 1 if forwards is None else forwards) * self.draft
+        now = expected / (paid + self.verify(i + 1))
+        return (expected + p) / (paid + self.draft + self.verify(i + 2)) >= now
 
 
 @dataclass
@@ -65,6 +69,9 @@ class _Chain:
     qs: list[torch.Tensor] = field(default_factory=list)
     accept_all: float = 1.0  # P(every draft so far accepted)
     expected: float = 1.0  # tokens the step yields, expected
+    grammar: GrammarDraft | None = None  # a constrained request's grammar, walked along the chain
+    forwards: int = 0  # draft forwards whose logits gave a draft (tokens the grammar forces need none)
+    ended: bool = False  # a draft ended the answer (EOS, or the grammar is complete)
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -99,6 +106,16 @@ class DraftModelDrafter(DeclaresFeatures):
     On a backend that declares ``chain_drafting`` (the compiled runtime) a greedy chain is
     drafted in one call, stop rule included (``one_call=False``: by this class's Python loop,
     the same chains).
+
+    A constrained request (``ctx.grammar``) drafts through the Python loop, each draft step's
+    logits masked with the grammar state after the chain so far (``GrammarDraft``), so the
+    chain never leaves the grammar: the argmax (or a sample of q) over the allowed tokens, q
+    the masked distribution, and the stop rules read the masked probabilities. Tokens the
+    grammar forces (a schema's keys and punctuation) join the chain without a draft forward
+    of their own (fed with the next one; a sampled chain's q is a point mass there), kept while
+    the cost rule says their verification pays (free to draft, not to verify). The one-call
+    chain cannot consult a grammar. Output is unchanged (drafts only propose; the target is
+    masked at verification), but no draft is cut for leaving the grammar.
 
     Its caches hold the draft's whole context unless a server sizes them to its own
     (``reserve``): a draft model's context (32,768 tokens for Qwen2.5's) far exceeds what a
@@ -151,6 +168,10 @@ class DraftModelDrafter(DeclaresFeatures):
         pass  # the cache is re-synchronised lazily in propose()
 
     @property
+    def verify_cost(self) -> dict[int, float] | None:  # type: ignore[override]
+        return None if self.cost is None else self.cost.curve
+
+    @property
     def pool(self) -> CachePool | None:
         """The K/V pool of the requests drafted together (None until ``reserve`` or the first request)."""
         return self._pool
@@ -180,11 +201,15 @@ class DraftModelDrafter(DeclaresFeatures):
     def propose(self, ctx: DraftContext) -> DraftTree:
         state = self._states.get(ctx.request_id)
         chain = self._begin(state, ctx)
-        if self._chains and ctx.params.greedy:
+        if self._chains and ctx.params.greedy and chain.grammar is None:
             return self._chain_in_one_call(state, chain)
-        logits = self._feed([state], [self._catch_up(state, ctx)])[0]
-        while (token := self._next(chain, logits)) is not None:
-            logits = self._feed([state], [[token]])[0]
+        try:
+            logits = self._feed([state], [self._catch_up(state, ctx) + self._forced(chain)])[0]
+            while not chain.ended and (feed := self._next(chain, logits)) is not None:
+                logits = self._feed([state], [feed])[0]
+        finally:
+            if chain.grammar is not None:
+                chain.grammar.close()
         return self._tree(chain)
 
     def _chain_in_one_call(self, state: _DraftState, chain: _Chain) -> DraftTree:
@@ -207,13 +232,19 @@ class DraftModelDrafter(DeclaresFeatures):
             trees[i] = self.propose(ctxs[i])
         rows = [states[i] for i in together]
         chains = [self._begin(st, ctxs[i]) for st, i in zip(rows, together)]
-        logits = self._feed(rows, [self._catch_up(st, ctxs[i]) for st, i in zip(rows, together)])
-        live = list(range(len(rows)))  # indices into rows / chains still drafting
-        while live:
-            feeds = [(j, self._next(chains[j], logits[n])) for n, j in enumerate(live)]
-            live = [j for j, token in feeds if token is not None]
-            if live:
-                logits = self._feed([rows[j] for j in live], [[token] for _, token in feeds if token is not None])
+        try:
+            logits = self._feed(rows, [self._catch_up(st, ctxs[i]) + self._forced(chain)
+                                       for st, i, chain in zip(rows, together, chains)])
+            live = [j for j, chain in enumerate(chains) if not chain.ended]  # indices into rows / chains still drafting
+            while live:
+                feeds = [(j, self._next(chains[j], logits[n])) for n, j in enumerate(live)]
+                live = [j for j, feed in feeds if feed is not None]
+                if live:
+                    logits = self._feed([rows[j] for j in live], [feed for _, feed in feeds if feed is not None])
+        finally:
+            for chain in chains:
+                if chain.grammar is not None:
+                    chain.grammar.close()
         for i, chain in zip(together, chains):
             trees[i] = self._tree(chain)
         return trees  # type: ignore[return-value]
@@ -224,7 +255,8 @@ class DraftModelDrafter(DeclaresFeatures):
         keep = min(common_prefix_length(state.fed, ctx.tokens), len(ctx.tokens) - 1)
         state.cache.truncate(keep)
         del state.fed[keep:]
-        return _Chain(ctx, min(ctx.budget, self.max_length - len(ctx.tokens)))
+        return _Chain(ctx, min(ctx.budget, self.max_length - len(ctx.tokens)),
+                      grammar=None if ctx.grammar is None else GrammarDraft(ctx.grammar))
 
     @staticmethod
     def _catch_up(state: _DraftState, ctx: DraftContext) -> list[int]:
@@ -249,12 +281,15 @@ class DraftModelDrafter(DeclaresFeatures):
             st.fed.extend(t)
         return list(logits)
 
-    def _next(self, chain: _Chain, logits: torch.Tensor) -> int | None:
+    def _next(self, chain: _Chain, logits: torch.Tensor) -> list[int] | None:
         """Draft the next token from the draft's ``logits`` after the chain so far; returns the
-        token to feed for another draft forward, or None when the chain is complete."""
+        tokens to feed for another draft forward (that token, then any the grammar forces after
+        it), or None when the chain is complete."""
         i, ctx = len(chain.drafts), chain.ctx
         if i >= chain.budget:
             return None
+        if chain.grammar is not None and (logits := chain.grammar.mask(logits)) is None:
+            return None  # nothing the draft can propose is allowed here
         q = target_probs(logits[None], ctx.params)[0] if not ctx.params.greedy else None
         token = sample(q, ctx.generator) if q is not None else int(logits.argmax())
         if self.min_confidence and logits.float().softmax(-1).max() < self.min_confidence:
@@ -262,17 +297,46 @@ class DraftModelDrafter(DeclaresFeatures):
         if self.cost is not None:  # keep token i + 1 only if it raises tokens per unit time
             conf = float(q[token]) if q is not None else float(logits.float().softmax(-1)[token])
             keep_p = chain.accept_all * conf
-            if not self.cost.keeps(i, chain.expected, keep_p):
+            if not self.cost.keeps(i, chain.expected, keep_p, chain.forwards + 1):
                 return None
             chain.accept_all, chain.expected = keep_p, chain.expected + keep_p
         chain.drafts.append(token)
+        chain.forwards += 1
         if q is not None:
             chain.qs.append(q)
-        if i + 1 >= chain.budget:
+        if chain.grammar is not None and not chain.grammar.push(token):
+            return None  # the chain ended the answer
+        feed = [token, *self._forced(chain)]
+        if chain.ended or len(chain.drafts) >= chain.budget:
             return None
-        if self.cost is not None and not self.cost.pays_another(i, chain.expected, chain.accept_all * conf):
+        if self.cost is not None and not self.cost.pays_another(len(chain.drafts) - 1, chain.expected,
+                                                                chain.accept_all * conf, chain.forwards):
             return None
-        return token
+        return feed
+
+    def _forced(self, chain: _Chain) -> list[int]:
+        """Append the tokens the grammar forces after the chain so far (none without a grammar),
+        while the budget and the cost rule keep them: no draft forward is paid for them, their
+        verification is (each reached with the chain's probability)."""
+        if chain.grammar is None:
+            return []
+        out = []
+        for token in chain.grammar.forced():
+            i = len(chain.drafts)
+            if i >= chain.budget or (self.cost is not None
+                                     and not self.cost.keeps(i, chain.expected, chain.accept_all, chain.forwards)):
+                break
+            if self.cost is not None:
+                chain.expected += chain.accept_all
+            chain.drafts.append(token)
+            out.append(token)
+            if not chain.ctx.params.greedy:  # the point mass it was drawn from
+                chain.qs.append(torch.zeros(self.model.info.vocab_size, device=self.model.info.device))
+                chain.qs[-1][token] = 1.0
+            if not chain.grammar.push(token):
+                chain.ended = True
+                break
+        return out
 
     @staticmethod
     def _tree(chain: _Chain) -> DraftTree:

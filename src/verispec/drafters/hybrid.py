@@ -40,6 +40,10 @@ This rule (``min_match=6``) was chosen by offline greedy simulation on those pro
 (``scripts/simulate_hybrid.py``): it drafts like the draft model alone on new code and beats
 SuffixDecoding alone on rewrites by ~8%, where the rate rule below lost to both.
 
+Under a constraint (``ctx.grammar``) the retrieval draft loses the nodes the grammar forbids
+before it is sized (the engine would cut them before verification anyway), so a draft the
+grammar cuts to nothing leaves the step to the learned drafter, whose drafts the grammar masks.
+
 Both sub-drafters observe every step, whoever proposed (the learned one reads the target's
 hidden states of whatever tree was verified), so each stays in sync with the committed
 context. The prefill observation goes only to sub-drafters that need hidden states. A learned
@@ -65,6 +69,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
+from ..constraints.speculation import keep_nodes, reachable
 from ..policies.draft_budget import DepthAcceptance, best_size
 from ..tree import DraftTree
 from .base import NO_FEATURES, DeclaresFeatures, DraftContext, Drafter, Observation, RequestTable, features_of
@@ -158,6 +163,7 @@ class HybridDrafter(DeclaresFeatures):
             raise ValueError(f"the retrieval drafter {retrieval.name} must be model-free")
         self.retrieval, self.learned, self.mode, self.min_score = retrieval, learned, mode, min_score
         self.cost, self.learned_cost = cost, learned_cost
+        self.verify_cost = cost
         # a learned drafter that loses to plain decoding even if every node were accepted
         # is left out entirely (no hidden states, no calls): it could never propose
         largest = max(cost or {0: 1.0})  # the largest measured size
@@ -302,6 +308,9 @@ class HybridDrafter(DeclaresFeatures):
         state = self._requests.get(ctx.request_id)
         state.source, state.learned_nodes, state.learned_depth = "none", 0, 0
         tree, values = self._retrieval_draft(ctx)
+        if ctx.grammar is not None and tree.num_drafted:  # the nodes a grammar forbids would be cut: size the rest
+            keep = reachable(tree, ctx.grammar)
+            tree, values = keep_nodes(tree, keep), [v for v, k in zip(values, keep[1:]) if k]
         r_n, r_rate, l_n, l_rate = self._sizes(ctx, values)
         fusing = self.mode == "fuse" and r_n > 0
         budget = 0

@@ -105,6 +105,7 @@ class PredictionDrafter(DeclaresFeatures):
         self.inner = inner
         self.name = inner.name
         self.features: Features = inner.features  # drafters declare theirs at construction
+        self.verify_cost = inner.verify_cost
         self._places: RequestTable[_Place] = RequestTable()
         # finished requests' (accepted, prediction tokens), oldest first, until read (bounded)
         self._usage: OrderedDict[str, tuple[int, int]] = OrderedDict()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..constraints.speculation import mask_logits, shape_draft
+from ..constraints.speculation import JumpForward, mask_logits, shape_draft
 from ..drafters.base import DraftContext, Drafter, Observation, features_of
 from ..logits_processing import adjust_tree_logits
 from ..logprobs import step_rows, token_logprobs
@@ -75,6 +75,8 @@ class Engine:
         self.prefix_cache = prefix_cache if prefix_cache_support(target) is None else None
         if self.prefix_cache is not None:
             self.prefix_cache.bind(target)
+        # the target's t(n) that sizes a constrained request's forced-token drafts (None: they fill the budget)
+        self.verify_cost = drafter.verify_cost
         self._ids = itertools.count()
         self._warned_drafter = False  # a drafter's non-finite logits are reported once (``_drafts``)
 
@@ -163,6 +165,7 @@ class Engine:
             draft_limit=draft_limit,
             prediction=prediction,
             grammar=None if constraint is None else constraint.matcher(),
+            jump_forward=None if constraint is None or self.verify_cost is None else JumpForward(self.verify_cost),
         )
 
     def _prefill(self, req: Request) -> None:
@@ -255,6 +258,8 @@ class Engine:
         if req.grammar is not None:  # each node masked with its own grammar state
             scores = mask_logits(scores, tree, req.grammar)
         acc = verify_tree(tree, scores, req.params, req.verify_generator)
+        if req.jump_forward is not None:
+            req.jump_forward.observe(len(acc.path))
         new = acc.tokens(tree)
         logprobs = _logprobs(req, logits, new, step_rows(acc.path))
         self._rollback(req, tree, acc.path)
@@ -289,7 +294,7 @@ class Engine:
                     f"(expected {req.tokens[-1]}), {tree.num_drafted} nodes (budget {ctx.budget})"
                 )
             if ctx is not None and req.grammar is not None:  # forbidden drafts cut, forced tokens drafted
-                tree = shape_draft(tree, req.grammar, req.params.greedy, ctx.budget)
+                tree = shape_draft(tree, req.grammar, req.params.greedy, ctx.budget, req.jump_forward)
             out.append(tree)
         return out
 
@@ -320,7 +325,8 @@ class Engine:
                 budget = min(budget, cap)
         if budget <= 0:
             return None
-        return DraftContext(req.request_id, req.tokens, budget, req.params, req.draft_generator, req.prediction)
+        return DraftContext(req.request_id, req.tokens, budget, req.params, req.draft_generator, req.prediction,
+                            req.grammar)
 
     def forward_tree(self, req: Request, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One target forward over all tree nodes; returns [N, V] logits and [N, H] hidden."""

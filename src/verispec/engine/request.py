@@ -15,6 +15,7 @@ from ..types import FinishReason, RequestStats, SamplingParams, TokenLogprob
 
 if TYPE_CHECKING:
     from ..constraints import Matcher
+    from ..constraints.speculation import JumpForward
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Request:
     # cache when the drafter reads features (None: not kept)
     hidden_rows: list[torch.Tensor] | None = None
     grammar: Matcher | None = None  # the constraint's state over the committed tokens (params.constraint)
+    jump_forward: JumpForward | None = None  # sizes its forced-token drafts by the cost curve (Engine.verify_cost)
     verify_generator: torch.Generator = field(init=False)
     draft_generator: torch.Generator = field(init=False)
 
