@@ -120,6 +120,7 @@ class _Proposal:
     learned_nodes: int = 0  # fused: the learned tree's nodes come first (indices 1..this)
     learned_depth: int = 0
     prefilled: bool = False  # the prefill observation has been seen
+    proposed: bool = False  # this step's tree is the hybrid's (a wrapper, e.g. a prediction, may draft instead)
     learned_started: bool = False  # the learned drafter has started this request
 
 
@@ -191,6 +192,7 @@ class HybridDrafter(DeclaresFeatures):
     def reset(self) -> None:
         """Forget what was learned across requests (the bench calls this after warm-up)."""
         self.retrieval.reset()
+        self.learned.reset()
         self._learned_acc.reset()
         self._retrieval_acc.reset()
         for counts in (self.steps, self.drafted, self.accepted):
@@ -212,7 +214,9 @@ class HybridDrafter(DeclaresFeatures):
             state.prefilled = True
             self.learned.observe(obs)
             return
-        self._track(state, obs)
+        if state.proposed:  # another drafter's tree (a prediction) teaches no acceptance of ours
+            self._track(state, obs)
+            state.proposed = False
         self.retrieval.observe(obs)
         if state.learned_started:
             self.learned.observe(obs)
@@ -273,7 +277,7 @@ class HybridDrafter(DeclaresFeatures):
     def _plan(self, ctx: DraftContext) -> _Plan:
         """The retrieval draft and its size, and the learned drafter's budget (0: not asked)."""
         state = self._requests.get(ctx.request_id)
-        state.source, state.learned_nodes, state.learned_depth = "none", 0, 0
+        state.source, state.learned_nodes, state.learned_depth, state.proposed = "none", 0, 0, True
         tree, values = self._retrieval_draft(ctx)
         r_n, r_rate, l_n, l_rate = self._sizes(ctx, values)
         fusing = self.mode == "fuse" and r_n > 0
