@@ -23,6 +23,7 @@ from verispec.drafters.prediction import PredictionDrafter
 from verispec.engine import Engine
 from verispec.engine.prefix_cache import PrefixCache
 from verispec.models.load import load_model
+from verispec.policies.draft_budget import interpolate
 from verispec.registry import make_drafter
 from verispec.system import threads
 from verispec.tree import DraftTree
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> None:
             tracing = Tracing(top, [top, hybrid])
             label = f"auto{'+pred' if predicts else ''} k={k}"
             configs.append((label, predicts, Engine(lm.backend, tracing, k, prefix_cache=PrefixCache.from_mb(512)),
-                            tracing, hybrid))
+                            tracing, hybrid, top))
     totals: dict[str, Counter] = {c[0]: Counter() for c in configs}
     for bp in items:
         prediction = encode_prediction(lm, bp.prediction) if bp.prediction else []
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> None:
                  else [encode_prompt(lm, [{"role": "user", "content": bp.turns[0]}])])
         for turn, prompt in enumerate(turns):
             ref = [t for r in plain.generate(prompt, params) for t in r.new_token_ids]
-            for label, predicts, engine, tracing, hybrid in configs:
+            for label, predicts, engine, tracing, hybrid, top in configs:
                 tracing.trace.clear()
                 fed0 = getattr(hybrid.learned, "fed_tokens", 0)
                 out = []
@@ -116,6 +117,8 @@ def run(args: argparse.Namespace) -> None:
                 tot["mismatch"] += out != ref
                 tot["fed"] += fed
                 tot["prompt"] += len(prompt)
+                verify = sum(interpolate(top.cost, d) if top.cost else 1.0 for _, d, _ in steps)
+                tot["verify"] += verify
                 for src, d, a in steps:
                     tot[f"{src}.steps"] += 1
                     tot[f"{src}.drafted"] += d
@@ -123,15 +126,17 @@ def run(args: argparse.Namespace) -> None:
                 acc = sum(a for _, _, a in steps)
                 print(f"{bp.question_id}#{turn} {label:16s} prompt {len(prompt):5d} pred {len(prediction):4d} "
                       f"out {len(out):4d} steps {len(steps):4d} tau {(acc + len(steps)) / max(1, len(steps)):5.2f} "
-                      f"draft-fed {fed:5d} {'OK' if out == ref else 'MISMATCH'}", flush=True)
+                      f"draft-fed {fed:5d} tok/t(n) {len(out) / verify:5.2f} {'OK' if out == ref else 'MISMATCH'}", flush=True)
                 if args.steps:
                     print("   ", " ".join(f"{s}{d}/{a}" for s, d, a in steps), flush=True)
-    print("\nsummary (tau = tokens per verified step after the prefill's token; fed = tokens the draft model "
-          "fed itself, of 'prompt' prompt tokens)")
+    print("\nsummary (tau = tokens per verified step after the prefill's token; tok/t(n) = tokens per unit of "
+          "the verify steps' measured cost t(n), in plain decode steps: the speed-up over plain decoding if drafting "
+          "were free; fed = tokens the draft model ran, of 'prompt' prompt tokens)")
     for label, tot in totals.items():
         by = "  ".join(f"{s} {tot[f'{s}.steps']} ({tot[f'{s}.drafted']} drafted, {tot[f'{s}.accepted']} acc)"
                        for s in "PSLF-" if tot[f"{s}.steps"])
         print(f"{label:16s} tau {(tot['tokens'] - len(items)) / max(1, tot['steps']):5.2f} steps {tot['steps']:5d} "
+              f"tok/t(n) {tot['tokens'] / max(1e-9, tot['verify']):5.2f} "
               f"fed {tot['fed']:6d}/{tot['prompt']:6d}  mismatches {tot['mismatch']}  {by}")
 
 

@@ -206,9 +206,10 @@ class DraftModelDrafter(DeclaresFeatures):
         self._pool = self.model.new_cache_pool(self._pool_rows, self.max_length) if self._batched else None
 
     def memory_bytes(self) -> int:
-        """The draft model's resident weights plus the K/V rows its open requests hold."""
+        """The draft model's resident weights plus the K/V rows its open requests hold and its prefix cache."""
         pools = {id(st.cache.pool): st.cache.pool for st in self._states.values() if isinstance(st.cache, PooledCache)}
-        return model_bytes(self.model) + sum(p.nbytes * p.in_use // p.rows for p in pools.values())
+        kept = self.prefix_cache.stats.bytes if self.prefix_cache is not None else 0
+        return model_bytes(self.model) + sum(p.nbytes * p.in_use // p.rows for p in pools.values()) + kept
 
     # ---- one request ---------------------------------------------------------------------
     def propose(self, ctx: DraftContext) -> DraftTree:
