@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> None:
                 steps = tracing.trace
                 tot = totals[label]
                 tot["tokens"] += len(out)
+                tot["generations"] += 1
                 tot["steps"] += len(steps)
                 tot["mismatch"] += out != ref
                 tot["fed"] += fed
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> None:
     for label, tot in totals.items():
         by = "  ".join(f"{s} {tot[f'{s}.steps']} ({tot[f'{s}.drafted']} drafted, {tot[f'{s}.accepted']} acc)"
                        for s in "PSLF-" if tot[f"{s}.steps"])
-        print(f"{label:16s} tau {(tot['tokens'] - len(items)) / max(1, tot['steps']):5.2f} steps {tot['steps']:5d} "
+        print(f"{label:16s} tau {(tot['tokens'] - tot['generations']) / max(1, tot['steps']):5.2f} steps {tot['steps']:5d} "
               f"tok/t(n) {tot['tokens'] / max(1e-9, tot['verify']):5.2f} "
               f"fed {tot['fed']:6d}/{tot['prompt']:6d}  mismatches {tot['mismatch']}  {by}")
 

@@ -173,8 +173,14 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     sizing = "self" if isinstance(sub[1], DraftModelDrafter) and sub[1].cost is not None and mode == "fallback" \
         else "hybrid"
     cost = draft_cost = None
+    catch_up = 0.0
     if budget == "measured" and sizing == "self":
         cost = sub[1].cost.curve  # the same t(n) the draft model sizes by
+        draft_cost = {n: n * sub[1].cost.draft for n in cost}  # c(n): n draft forwards
+        # a catch-up of many tokens, per token: the target's marginal cost at its largest measured sizes,
+        # scaled by the draft's forward over the target's (both compute-bound there)
+        (n0, t0), (n1, t1) = sorted(cost.items())[-2:] if len(cost) > 1 else ((0, 1.0), *cost.items())
+        catch_up = sub[1].cost.draft * (t1 - t0) / (n1 - n0)
     elif budget == "measured":  # t(n) of the target and c(n) of the learned drafter, measured once
         key = _cost_key(target)
         cost = cached_cost_curve(target.backend, key)
@@ -183,7 +189,7 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
             target.backend, f"{key}-draft-{learned}-{tag}", repeats=3,
             measure=lambda model, sizes, repeats: measure_draft_cost(model, sub[1], sizes, repeats))
     return HybridDrafter(*sub, mode=mode, min_score=float(opts.pop("min_score", 1.0)), cost=cost,
-                         learned_cost=draft_cost, min_match=min_match, learned_sizing=sizing)
+                         learned_cost=draft_cost, min_match=min_match, learned_sizing=sizing, catch_up_cost=catch_up)
 
 
 def _prompt_lookup(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:

@@ -189,3 +189,28 @@ def test_an_answer_that_starts_before_the_prediction_drafts_only_once_it_reaches
     d.observe(Observation("r", tree, [], [8], torch.zeros(1, 4), None))
     tree = d.propose(DraftContext("r", [1, 2, 7, 8, 10, 11], 8, GREEDY, make_generator(0, 1), prediction))
     assert tree.tokens[1:] == prediction[2:10]
+
+
+def test_at_the_predictions_end_the_step_drafts_nothing():
+    """The output has followed the prediction to its end: the inner drafter (which would copy what
+    follows that code in the prompt) is not asked; the next step is plain."""
+    prediction = tuple(range(10, 20))
+    tokens = [1, 16, 17, 18, 19, 5, 6, 16, 17, 18, 19]  # prompt lookup would draft 5, 6, ...
+    d = PredictionDrafter(PromptLookupDrafter(), cost=FLAT)
+    assert d.propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1), prediction)).num_drafted == 0
+    assert PromptLookupDrafter().propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1))).num_drafted > 0
+
+
+def test_one_plain_step_after_the_answer_leaves_the_prediction_at_its_last_token():
+    """The answer spells the prediction's last token otherwise (its "\\n```" where the prediction
+    ends in "\\n"): once, the next step is plain; after it the inner drafter drafts again."""
+    prediction = tuple(range(10, 20))
+    tokens = [1, 5, 6, 7, 10, 11]
+    d = PredictionDrafter(PromptLookupDrafter(), cost=FLAT)
+    tree = d.propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1), prediction))
+    assert tree.tokens[1:] == prediction[2:10]
+    d.observe(Observation("r", tree, list(range(1, 8)), [*prediction[2:9], 5], torch.zeros(tree.size, 4), None))
+    tokens += [*prediction[2:9], 5]
+    assert d.propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1), prediction)).num_drafted == 0
+    tokens.append(6)  # prompt lookup drafts 7, 10, ... after "5 6"
+    assert d.propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1), prediction)).num_drafted > 0

@@ -14,13 +14,18 @@ Each draft is sized by the target's measured cost curve t(n) where the wrapped d
 (the hybrid's, a draft model's): the n of the highest rate ``(E(n) + 1) / t(n)`` (Sequoia's
 hardware-aware rule, as ``policies/draft_budget.py``), with E(n) from this request's own acceptance
 of its prediction drafts (each drafted token accepted with probability p, p tracked per request from
-a prior of 0.9). A long match in step is drafted long where t(n) pays for it (on a compute-bound CPU,
+a prior of 0.97). A long match in step is drafted long where t(n) pays for it (on a compute-bound CPU,
 t(32) is about 5 decode steps: a draft that fails at its first token costs all of them), and short
 where the request's prediction keeps being left. Without a curve, the whole budget is drafted.
 
 Where drafting starts: the prediction's start counts as the place, so the answer's first two tokens
 that spell the prediction's first two (after a chat answer's "```python" line) start drafting; the
-prefill's token equal to the prediction's first is taken as that start at once.
+prefill's token equal to the prediction's first is taken as that start at once. Where the output
+has followed the prediction to its end (or to its last token: the answer's "\n```" is one token
+where the prediction's last line ends in "\n"), the next step drafts nothing: the answer ends there or
+departs from it, and the wrapped drafter's drafts would copy what follows the code in the prompt
+(a chat prompt's instructions: on the edit workload such a draft of 16 tokens was always rejected,
+at the cost of t(16), three decode steps).
 
 A prediction is only a draft: the target verifies every token, so a wrong, empty or hostile
 prediction costs speed at worst, never output. Its size is bounded like a prompt's by the
@@ -54,7 +59,7 @@ RESYNC_MATCH = 4  # ...and, away from the place drafting stands at, this many (2
 MAX_MATCH = 64  # a match is not extended further back than this (it only ranks candidates)
 MAX_CANDIDATES = 256  # occurrences of the output's last tokens ranked per step (those nearest the place)
 KEPT_USAGE = 4096  # finished requests whose prediction usage is kept until read
-PRIOR_ACCEPT, PRIOR_WEIGHT = 0.9, 10.0  # a drafted prediction token's acceptance before a request's own evidence
+PRIOR_ACCEPT, PRIOR_WEIGHT = 0.97, 10.0  # a drafted prediction token's acceptance before a request's own evidence
 
 
 @dataclass
@@ -68,6 +73,7 @@ class _Place:
     accepted: set[int] = field(default_factory=set)  # prediction positions accepted as drafts
     from_prediction: bool = False  # did this step's tree come from the prediction?
     guessed_start: bool = False  # was the prefill's token looked at as the prediction's start?
+    ended: bool = False  # has the step after the output reached the prediction's end been drafted (plain)?
     hits: int = 0  # drafted prediction tokens accepted
     misses: int = 0  # prediction drafts cut short by a rejection
 
@@ -212,6 +218,12 @@ class PredictionDrafter(DeclaresFeatures):
             if place.prediction[0] == ctx.tokens[-1]:
                 pos = 1
                 place.accepted.add(0)  # the prefill's token: it appeared in the answer
+        # followed to its end (or to its last token, which the answer may spell otherwise, e.g. "\n```"): once, a
+        # plain step (see the module docstring)
+        at_end = pos == len(place.prediction) or (pos is None and 0 < place.next_pos >= len(place.prediction) - 1)
+        if at_end and not place.ended:
+            place.ended, place.from_prediction = True, False
+            return DraftTree.chain(ctx.tokens[-1], [])
         draft = [] if pos is None else list(place.prediction[pos:pos + ctx.budget])
         if draft and self.cost is not None:  # the size of the highest rate on the target's cost curve
             p = place.acceptance()
