@@ -32,13 +32,14 @@ from verispec.types import SamplingParams
 
 class Tracing(DeclaresFeatures):
     """Wraps the engine's drafter; records (source, drafted, accepted) per verified step. The source comes
-    from the counters the prediction and hybrid drafters keep by source (``steps``)."""
+    from the counters the prediction and hybrid drafters keep by source (``steps``); "-": a plain step."""
 
     name = "trace"
 
     def __init__(self, inner: Drafter, counted: Sequence[object]):
         self.inner, self.features, self.counted = inner, inner.features, counted
         self.trace: list[tuple[str, int, int]] = []
+        self._seen: set[str] = set()  # requests whose prefill was observed
 
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
         self.inner.start(request_id, prompt_ids)
@@ -61,8 +62,10 @@ class Tracing(DeclaresFeatures):
             if changed:
                 source = {"prediction": "P", "retrieval": "S", "learned": "L", "fused": "F"}[changed[0]]
                 break
-        if len(obs.tree.tokens) > len(obs.new_tokens) or obs.tree.num_drafted:  # not the prefill's observation
-            self.trace.append((source, obs.tree.num_drafted, len(obs.path)))
+        if self.features.wanted and obs.request_id not in self._seen:  # the prefill's observation, not a step
+            self._seen.add(obs.request_id)
+            return
+        self.trace.append((source, obs.tree.num_drafted, len(obs.path)))
 
     def memory_bytes(self) -> int:
         return self.inner.memory_bytes()
