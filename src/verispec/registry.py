@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .models.load import LoadedModel
 
 DrafterFactory = Callable[["LoadedModel", dict[str, Any]], Drafter]
+DRAFT_PREFIX_CACHE_MB = 256.0  # the draft model's prefix cache: ~10k tokens of Qwen2.5-Coder 0.5B's K/V
 
 
 def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
@@ -23,8 +24,11 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     from .models.load import DraftShape, OtherTokenizer, load_draft_model
     from .weights import VOCAB_FREQ, has_shipped
 
+    from .engine.prefix_cache import PrefixCache
+
     min_conf = float(opts.pop("min_confidence", 0.0))
     pool_rows = int(opts.pop("pool_rows", 16))
+    prefix_mb = float(opts.pop("prefix_cache_mb", DRAFT_PREFIX_CACHE_MB))  # its own K/V of earlier requests; 0 = off
     entry = CATALOG.get(target.name)
     default = "shipped" if has_shipped("draft", target.name) else entry.draft if entry and entry.draft else "truncated:4"
     model = str(opts.pop("model", default))
@@ -65,7 +69,8 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         ratio = cached_cost_curve(draft, f"{key}-draftstep-{draft.info.name}", sizes=(1,), repeats=7,
                                   measure=lambda m, sizes, repeats: measure_draft_step(target.backend, m, repeats))
         cost = DraftCost(ratio[1], curve)
-    return DraftModelDrafter(draft, min_confidence=min_conf, cost=cost, pool_rows=pool_rows)
+    return DraftModelDrafter(draft, min_confidence=min_conf, cost=cost, pool_rows=pool_rows,
+                             prefix_cache=PrefixCache.from_mb(prefix_mb))
 
 
 def _cross_tokenizer(target: "LoadedModel", model: str, min_conf: float, opts: dict[str, Any]) -> Drafter:
@@ -187,9 +192,14 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     sizing = "self" if isinstance(sub[1], DraftModelDrafter) and sub[1].cost is not None and mode == "fallback" \
         else "hybrid"
     cost = draft_cost = None
+    catch_up = 0.0
     if budget == "measured" and sizing == "self":
         cost = sub[1].cost.curve  # the same t(n) the draft model sizes by
-        draft_cost = {n: n * sub[1].cost.draft for n in cost}  # n draft forwards of c each
+        draft_cost = {n: n * sub[1].cost.draft for n in cost}  # c(n): n draft forwards
+        # a catch-up of many tokens, per token: the target's marginal cost at its largest measured sizes,
+        # scaled by the draft's forward over the target's (both compute-bound there)
+        (n0, t0), (n1, t1) = sorted(cost.items())[-2:] if len(cost) > 1 else ((0, 1.0), *cost.items())
+        catch_up = sub[1].cost.draft * (t1 - t0) / (n1 - n0)
     elif budget == "measured":  # t(n) of the target and c(n) of the learned drafter, measured once
         key = _cost_key(target)
         cost = cached_cost_curve(target.backend, key)
@@ -198,7 +208,7 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
             target.backend, f"{key}-draft-{learned}-{tag}", repeats=3,
             measure=lambda model, sizes, repeats: measure_draft_cost(model, sub[1], sizes, repeats))
     return HybridDrafter(*sub, mode=mode, min_score=float(opts.pop("min_score", 1.0)), cost=cost,
-                         learned_cost=draft_cost, min_match=min_match, learned_sizing=sizing)
+                         learned_cost=draft_cost, min_match=min_match, learned_sizing=sizing, catch_up_cost=catch_up)
 
 
 def _prompt_lookup(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
@@ -287,7 +297,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
     "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, min_match (suffix drafts only after a match this long), budget=measured|fixed, learned_<option> passed to the learned drafter)"),
-    "draft": (_draft_model, "a small LM: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation: max_draft=N target tokens a step, default 3) (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), skip=3+10-12 (layers of a GGUF draft left out), window=N (each draft layer attends to its last N keys), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence)"),
+    "draft": (_draft_model, "a small LM: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation: max_draft=N target tokens a step, default 3) (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), skip=3+10-12 (layers of a GGUF draft left out), window=N (each draft layer attends to its last N keys), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence, prefix_cache_mb (the draft's own prefix cache across requests, default 256, 0 = off))"),
 }
 
 

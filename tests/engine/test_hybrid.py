@@ -135,7 +135,8 @@ def test_fallback_counts_without_a_cost_curve(toy_target, plain):
     ({n: 1.0 + n for n in (1, 2, 4, 8)}, None, False, {"none"}),  # verification never pays: plain decoding
     (FLAT, {n: 50.0 for n in (1, 8)}, False, {"retrieval", "none"}),  # 50 steps: could never pay, left out
     (FLAT, {n: 4.0 for n in (1, 8)}, True, {"retrieval", "none"}),  # could pay; its tracked acceptance says no
-    (FLAT, {n: 0.01 for n in (1, 8)}, True, {"retrieval", "learned"}),  # nearly free learned drafter
+    # nearly free learned drafter ("none": each request's last step, with a budget of 0, asks no drafter)
+    (FLAT, {n: 0.01 for n in (1, 8)}, True, {"retrieval", "learned", "none"}),
 ])
 def test_cost_curves_decide_who_proposes(toy_target, plain, cost, learned_cost, enabled, expect):
     learned = toy_eagle(toy_target) if learned_cost and learned_cost[1] == 4.0 else DraftModelDrafter(toy_target)
@@ -318,3 +319,38 @@ def test_self_sizing_learned_drafter_gets_the_full_budget(toy_target, plain):
     # every learned proposal is k nodes, except where fewer than k tokens were left to generate
     assert h.drafted["learned"] >= k * (h.steps["learned"] - len(PROMPTS))
     assert h.accepted["learned"] == h.drafted["learned"]
+
+
+class _Asked(NoDrafter):
+    """A learned drafter that drafts token 5 and records the contexts it is asked for."""
+
+    name = "draft"
+
+    def __init__(self):
+        self.asked: list[int] = []
+
+    def propose_batch(self, ctxs):
+        self.asked += [len(c.tokens) for c in ctxs]
+        return [DraftTree.chain(c.tokens[-1], [5]) for c in ctxs]
+
+
+@pytest.mark.parametrize("catch_up_cost,waits", [(0.0, 0), (0.01, 4), (1.0, None)])
+def test_a_long_catch_up_is_rented_before_it_is_bought(catch_up_cost, waits):
+    """After 200 tokens the learned drafter has not seen, it is asked only once the plain steps
+    since have forgone as much saving (0.5 a step at its prior rate on a flat curve) as feeding
+    it those tokens costs: at once when catching up is free, after 4 steps at 0.01 a token,
+    not within 20 steps at 1.0."""
+    learned = _Asked()
+    h = HybridDrafter(PromptLookupDrafter(), learned, min_score=0.0, cost=FLAT, learned_sizing="self",
+                      catch_up_cost=catch_up_cost)
+    h.start("r", [1, 2])
+    ctx = DraftContext("r", [1, 2, 3], 8, GREEDY, make_generator(0, 1))
+    assert h.propose(ctx).tokens == (3, 5) and learned.asked == [3]  # started: its first draft is not deferred
+    tokens = [1, 2, 3] + list(range(10, 210))  # committed since, drafted by someone else
+    trees = []
+    for step in range(20):
+        trees.append(h.propose(DraftContext("r", tokens + [300 + step], 8, GREEDY, make_generator(0, 1))))
+        tokens.append(300 + step)
+        if len(learned.asked) > 1:
+            break
+    assert [t.num_drafted for t in trees] == ([0] * waits + [1] if waits is not None else [0] * 20)

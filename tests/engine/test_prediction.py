@@ -11,10 +11,12 @@ import pytest
 import torch
 from helpers import run, same_first_tokens_law, stories_eagle3
 
-from verispec.drafters.base import DraftContext, NoDrafter
+from verispec.drafters.base import DraftContext, NoDrafter, Observation
 from verispec.drafters.prediction import PredictionDrafter, find_place
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
 from verispec.engine import Engine
+from verispec.sampling import make_generator
+from verispec.tree import DraftTree
 from verispec.types import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=60, ignore_eos=True)
@@ -143,9 +145,72 @@ def test_sampling_law_with_a_prediction(target, prompt, plain):
     ((5, 6, 7), [1, 2], 0, None),
     ((5, 6, 7), [6], 0, None),  # shorter than a match
     ((5, 6, 7, 8), [5, 6, 7], 2, 3),  # in step: one past the place (the bonus token)
+    ((5, 6, 7, 8), [9, 5, 6], 0, 2),  # nothing matched yet: the prediction's first two tokens start it
+    ((5, 6, 7, 8, 5, 6, 1), [9, 5, 6], 3, None),  # ...but not once drafting has moved on
 ])
 def test_find_place(prediction, tokens, hint, want):
     index: dict[tuple[int, ...], list[int]] = {}
     for p in range(len(prediction) - 1):
         index.setdefault(prediction[p:p + 2], []).append(p)
     assert find_place(prediction, index, tokens, hint) == want
+
+
+# t(n) of the Qwen2.5-Coder 1.5B target on 2 AVX-512 cores (compute-bound past 4 tokens), and a memory-bound one
+AVX512 = {1: 1.07, 2: 1.13, 4: 1.19, 8: 1.69, 12: 2.27, 16: 2.96, 24: 4.26, 32: 5.54}
+FLAT = {n: 1.0 for n in (1, 2, 4, 8, 16, 32)}
+
+
+def test_drafts_are_sized_by_the_cost_curve_and_the_requests_acceptance():
+    """A match in step is drafted as far as t(n) pays at the request's acceptance of its prediction
+    drafts: all of the budget on a flat curve, less on a steep one, and less again after misses."""
+    prediction = tuple(range(10, 90))
+
+    def sizes(cost, misses):
+        d = PredictionDrafter(NoDrafter(), cost=cost)
+        ctx = DraftContext("r", [1, 10, 11], 32, GREEDY, make_generator(0, 1), prediction)
+        for _ in range(misses):  # drafts rejected at their first token
+            tree = d.propose(ctx)
+            d.observe(Observation("r", tree, [], [3], torch.zeros(tree.size, 4), None))
+        return d.propose(ctx).num_drafted
+
+    assert sizes(FLAT, 0) == 32
+    assert 4 <= sizes(AVX512, 0) < 32
+    assert sizes(AVX512, 10) < sizes(AVX512, 0)
+    assert sizes(None, 10) == 32  # no curve: the budget
+
+
+def test_an_answer_that_starts_before_the_prediction_drafts_only_once_it_reaches_it():
+    """A chat answer opens a code block before the predicted code: nothing is drafted blindly at
+    the start; the prediction's first two tokens in the answer start drafting from there."""
+    d = PredictionDrafter(NoDrafter(), cost=FLAT)
+    prediction = tuple(range(10, 40))
+    tree = d.propose(DraftContext("r", [1, 2, 7], 8, GREEDY, make_generator(0, 1), prediction))
+    assert tree == DraftTree.chain(7, [])
+    d.observe(Observation("r", tree, [], [8], torch.zeros(1, 4), None))
+    tree = d.propose(DraftContext("r", [1, 2, 7, 8, 10, 11], 8, GREEDY, make_generator(0, 1), prediction))
+    assert tree.tokens[1:] == prediction[2:10]
+
+
+def test_at_the_predictions_end_the_step_drafts_nothing():
+    """The output has followed the prediction to its end: the inner drafter (which would copy what
+    follows that code in the prompt) is not asked; the next step is plain."""
+    prediction = tuple(range(10, 20))
+    tokens = [1, 16, 17, 18, 19, 5, 6, 16, 17, 18, 19]  # prompt lookup would draft 5, 6, ...
+    d = PredictionDrafter(PromptLookupDrafter(), cost=FLAT)
+    assert d.propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1), prediction)).num_drafted == 0
+    assert PromptLookupDrafter().propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1))).num_drafted > 0
+
+
+def test_one_plain_step_after_the_answer_leaves_the_prediction_at_its_last_token():
+    """The answer spells the prediction's last token otherwise (its "\\n```" where the prediction
+    ends in "\\n"): once, the next step is plain; after it the inner drafter drafts again."""
+    prediction = tuple(range(10, 20))
+    tokens = [1, 5, 6, 7, 10, 11]
+    d = PredictionDrafter(PromptLookupDrafter(), cost=FLAT)
+    tree = d.propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1), prediction))
+    assert tree.tokens[1:] == prediction[2:10]
+    d.observe(Observation("r", tree, list(range(1, 8)), [*prediction[2:9], 5], torch.zeros(tree.size, 4), None))
+    tokens += [*prediction[2:9], 5]
+    assert d.propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1), prediction)).num_drafted == 0
+    tokens.append(6)  # prompt lookup drafts 7, 10, ... after "5 6"
+    assert d.propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1), prediction)).num_drafted > 0

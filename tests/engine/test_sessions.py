@@ -3,7 +3,8 @@ earlier answers). Through ``auto``'s hybrid rule (suffix drafts after a match of
 the learned drafter sizing itself otherwise), every turn of two sessions that share a tool output
 equals plain greedy decoding, and free suffix drafts are taken and accepted (drafting from another
 session's prompt is tested on the drafter: tests/unit/test_suffix_tree.py). The draft model starts
-(prefills) a request only when the hybrid first asks it to draft."""
+(prefills) a request only when the hybrid first asks it to draft, and with its own prefix cache
+prefills only the part of a turn's history that is new."""
 
 from __future__ import annotations
 
@@ -73,3 +74,36 @@ def test_the_draft_model_starts_only_when_first_asked(tiny_dirs):
     want, _ = run(target, NoDrafter(), [1, 7, 9, 4, 5], PARAMS)
     got, _ = run(target, h, [1, 7, 9, 4, 5], PARAMS, k=8)
     assert got == want and spy.started[-1] == [1, 7, 9, 4, 5]
+
+
+def test_the_draft_models_prefix_cache_carries_a_session(tiny_dirs):
+    """Each turn of a session sends the whole history; with its own prefix cache the draft model
+    prefills only what is new (the history's K/V come from the cache), drafts exactly what it drafts
+    without one (the same drafted and accepted counts), and every turn equals plain decoding."""
+    from verispec.engine import Engine
+    from verispec.engine.prefix_cache import PrefixCache
+
+    target, draft = (cpu.CpuLlama.from_hf_dir(tiny_dirs[kind][0], max_length=512, threads=2)
+                     for kind in ("llama", "llama3-tied"))
+    cached = DraftModelDrafter(draft, prefix_cache=PrefixCache(1 << 24))
+    fresh = DraftModelDrafter(draft)
+    engines = [Engine(target, d, 4) for d in (cached, fresh)]
+    history, sent_before, reused_before = [1, 10, 11, 12] + TOOL * 2, [], 0
+    for turn in range(3):
+        want, _ = run(target, NoDrafter(), history, PARAMS)
+        fed, counts = [], []
+        for engine in engines:
+            before = engine.drafter.fed_tokens
+            req = engine.add_request(history, PARAMS)
+            while not req.finished:
+                engine.step(req)
+            engine.finish(req, req.finished)
+            assert req.generated == want
+            fed.append(engine.drafter.fed_tokens - before)
+            counts.append((req.stats.drafted, req.stats.accepted))
+        assert counts[0] == counts[1]  # the same drafts
+        reused = fed[1] - fed[0]  # history tokens the cached draft did not run again
+        assert reused == cached.prefix_cache.stats.reused_tokens - reused_before
+        assert reused >= len(sent_before) - 16  # what the last turn sent, but its last, partial block
+        sent_before, reused_before = list(history), cached.prefix_cache.stats.reused_tokens
+        history += want + TOOL[turn:turn + 6]  # the answer, then the next tool output

@@ -210,7 +210,9 @@ class LlamaServerRunner(Runner):
     new); the speculative server speculates only with it on. Times are the server's own
     (``prompt_ms``, ``predicted_ms``); tau from ``draft_n_accepted``. ``spec["poll"]``: llama.cpp's
     ``--poll`` (50, its default: threads spin while they wait; 0 sleeps: on a machine shared with
-    other jobs spinning threads collapse, 10x and worse at load 10 on 2 cores)."""
+    other jobs spinning threads collapse, 10x and worse at load 10 on 2 cores). After the warm-up
+    its slot is erased (``reset_learned``, as our methods clear their prefix caches): the warm-up runs
+    the first measured prompt, whose prefill would otherwise be free."""
 
     def __init__(self, label: str, exe: Path, gguf: Path, eos_ids: tuple[int, ...], threads: int, n_ctx: int,
                  draft: Path | None = None, spec: dict[str, float] | None = None, start_timeout_s: float = 600):
@@ -223,8 +225,11 @@ class LlamaServerRunner(Runner):
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         spec = spec or {}
+        self._slots = tempfile.TemporaryDirectory()  # llama-server answers slot actions (erase) only with one
+        weakref.finalize(self, self._slots.cleanup)
         cmd = [str(exe), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-np", "1",
-               "--port", str(self.port), "--host", "127.0.0.1", "--no-webui", "--poll", str(int(spec.get("poll", 50)))]
+               "--port", str(self.port), "--host", "127.0.0.1", "--no-webui", "--poll", str(int(spec.get("poll", 50))),
+               "--slot-save-path", self._slots.name]
         if draft is not None:
             td = str(int(spec.get("td", threads)))
             cmd += ["-md", str(draft), "-cd", str(n_ctx), "--draft-max", str(int(spec.get("draft_max", 4))),
@@ -250,6 +255,14 @@ class LlamaServerRunner(Runner):
                 return r.status == 200
         except OSError:  # refused while starting, 503 while loading
             return False
+
+    def reset_learned(self) -> None:
+        """Erase the slot's K/V: the next prompt is prefilled whole (``POST /slots/0?action=erase``)."""
+        import urllib.request
+
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/slots/0?action=erase", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=60) as r:
+            r.read()
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         import json

@@ -1,13 +1,23 @@
 """Draft-model drafting (Leviathan et al. 2023; Chen et al. 2023): a small causal LM that
 shares the target's tokenizer proposes a chain autoregressively, with its own KV cache
 that is rolled back to the committed prefix before every proposal. Under a constraint its
-drafts stay inside the grammar (each draft step's logits masked: ``constraints.speculation.GrammarDraft``)."""
+drafts stay inside the grammar (each draft step's logits masked: ``constraints.speculation.GrammarDraft``).
+
+Its own prefix cache (``prefix_cache``, an ``engine.prefix_cache.PrefixCache`` bound to the draft
+model): the turns of an agent session, or a server's requests with one system prompt, send the same
+history again and again; the target reuses its K/V from its prefix cache, and without one of its
+own the draft model would prefill the whole history again on every request it drafts for. A
+request's draft prompt starts from the longest cached prefix, and what it fed is kept when it
+finishes (K/V depend only on the tokens before them, so kept draft tokens are reusable too).
+Used only on a backend whose prefill is bitwise the same in one forward or in several
+(``prefix_reuse_exact``): the drafts, and so the speed, are those without the cache; the
+output never depends on it (the target verifies every token)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -18,6 +28,9 @@ from ..models.cache_pool import CachePool, PooledCache
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
 from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
+
+if TYPE_CHECKING:
+    from ..engine.prefix_cache import PrefixCache
 
 
 @dataclass(frozen=True)
@@ -120,12 +133,15 @@ class DraftModelDrafter(DeclaresFeatures):
     Its caches hold the draft's whole context unless a server sizes them to its own
     (``reserve``): a draft model's context (32,768 tokens for Qwen2.5's) far exceeds what a
     server of ``--max-model-len`` 2048 can ever feed it, and its pool would otherwise be
-    reserved, uncounted, on the first request."""
+    reserved, uncounted, on the first request.
+
+    ``prefix_cache``: the draft's own K/V of earlier requests (see the module docstring); left
+    unused on a backend where reusing K/V is not exact."""
 
     name: ClassVar[str] = "draft"
 
     def __init__(self, model: CausalLM, min_confidence: float = 0.0, cost: DraftCost | None = None,
-                 pool_rows: int = 16, one_call: bool = True):
+                 pool_rows: int = 16, one_call: bool = True, prefix_cache: PrefixCache | None = None):
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError("min_confidence must be in [0, 1)")
         if pool_rows < 1:
@@ -141,6 +157,10 @@ class DraftModelDrafter(DeclaresFeatures):
         # without a server's reserve, caches get no length: a backend that can grows them as used (the compiled
         # runtime), instead of reserving the draft's whole context (32,768 tokens x 16 rows for Qwen2.5's 0.5B)
         self._cache_length: int | None = None
+        self.fed_tokens = 0  # tokens run through the draft model (prompts, catch-ups, drafts): its work, counted
+        self.prefix_cache = prefix_cache if prefix_cache is not None and model.caps.prefix_reuse_exact else None
+        if self.prefix_cache is not None:
+            self.prefix_cache.bind(model)
 
     def cost_signature(self) -> str:
         return repr((self.model.info, self.model.description))
@@ -148,7 +168,7 @@ class DraftModelDrafter(DeclaresFeatures):
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
         """Open the request's draft cache and prefill it with the prompt now, beside the
         target's prefill (as llama.cpp's speculative decoding and vLLM do), not in the first
-        proposal's step."""
+        proposal's step; past the longest prefix in the prefix cache, if any."""
         if self._batched and self._pool is None:
             self._pool = self.model.new_cache_pool(self._pool_rows, self._cache_length)
         if self._pool is not None and self._pool.in_use < self._pool.rows:
@@ -156,13 +176,27 @@ class DraftModelDrafter(DeclaresFeatures):
         else:
             state = _DraftState(cache=self.model.new_cache(self._cache_length))
         self._states.add(request_id, state)
-        if len(prompt_ids) > 1:  # the last prompt token is fed with the first proposal (its logits are wanted then)
-            self._feed([state], [list(prompt_ids[:-1])])
+        # the last prompt token is fed with the first proposal (its logits are wanted then)
+        reused = self.prefix_cache.restore(prompt_ids, state.cache) if self.prefix_cache is not None else 0
+        state.fed.extend(prompt_ids[:reused])
+        if len(prompt_ids) - 1 > reused:
+            self._feed([state], [list(prompt_ids[reused:-1])])
+            if self.prefix_cache is not None:  # now, for the requests beside this one that share its prompt
+                self.prefix_cache.store(state.fed, state.cache)
 
     def finish(self, request_id: str) -> None:
         state = self._states.pop(request_id)
-        if state is not None and state.shared:
+        if state is None:
+            return
+        if self.prefix_cache is not None and state.fed:
+            self.prefix_cache.store(state.fed[:state.cache.length], state.cache)
+        if state.shared:
             self._pool.release(state.cache)
+
+    def reset(self) -> None:
+        """Forget earlier requests' K/V (a benchmark's warm-up)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     def observe(self, obs: Observation) -> None:
         pass  # the cache is re-synchronised lazily in propose()
@@ -193,9 +227,10 @@ class DraftModelDrafter(DeclaresFeatures):
         self._pool = self.model.new_cache_pool(self._pool_rows, self.max_length) if self._batched else None
 
     def memory_bytes(self) -> int:
-        """The draft model's resident weights plus the K/V rows its open requests hold."""
+        """The draft model's resident weights plus the K/V rows its open requests hold and its prefix cache."""
         pools = {id(st.cache.pool): st.cache.pool for st in self._states.values() if isinstance(st.cache, PooledCache)}
-        return model_bytes(self.model) + sum(p.nbytes * p.in_use // p.rows for p in pools.values())
+        kept = self.prefix_cache.stats.bytes if self.prefix_cache is not None else 0
+        return model_bytes(self.model) + sum(p.nbytes * p.in_use // p.rows for p in pools.values()) + kept
 
     # ---- one request ---------------------------------------------------------------------
     def propose(self, ctx: DraftContext) -> DraftTree:
@@ -219,6 +254,7 @@ class DraftModelDrafter(DeclaresFeatures):
         cost = None if self.cost is None else (self.cost.draft, [self.cost.verify(n) for n in range(budget + 2)])
         drafts, fed = self.model.draft_chain(state.cache, feed, budget, self.min_confidence, cost)
         state.fed.extend((feed + drafts)[:fed])
+        self.fed_tokens += fed
         return DraftTree.chain(chain.ctx.tokens[-1], drafts, None)
 
     # ---- several requests: one draft forward per step for all of them ----------------------
@@ -279,6 +315,7 @@ class DraftModelDrafter(DeclaresFeatures):
                                               last_logits_only=True).logits[:, -1]
         for st, t in zip(states, tokens):
             st.fed.extend(t)
+        self.fed_tokens += sum(len(t) for t in tokens)
         return list(logits)
 
     def _next(self, chain: _Chain, logits: torch.Tensor) -> list[int] | None:

@@ -50,8 +50,20 @@ context. The prefill observation goes only to sub-drafters that need hidden stat
 drafter that reads no features (a draft model) starts a request only when it is first asked to
 propose, with everything committed before that step as its prompt: a request whose steps the
 retrieval drafts carry (an edit, a turn of an agent session whose history the target reuses from
-the prefix cache) never pays the draft model's prompt prefill. The
-hybrid declares the learned drafter's ``features`` (EAGLE-3: the fused target layers)
+the prefix cache) never pays the draft model's prompt prefill.
+
+Catching up (``catch_up_cost``, target decode steps per token): a started learned drafter that reads
+no features feeds itself, when next asked, every token committed since it last drafted; after a
+long run of retrieval or prediction drafts (an edit copying a function) that is a prefill of
+hundreds of tokens in the draft model, for a step that may be the answer's last (the closing
+fence, then EOS). Asking it is a rent-or-buy decision (ski rental, Karlin et al. 1988, "Competitive
+snoopy caching"): each step decoded without it forgoes ``1 - 1/r`` decode steps of saving, r its
+measured rate on the cost curve, and the catch-up costs ``pending * catch_up_cost``; it is asked
+once the forgone savings reach the catch-up's cost, within twice the cost of the better choice in
+hindsight whatever the length of the stretch it would draft. A short catch-up (a few tokens) is
+paid at once. Its first start (the prompt's prefill) is not deferred.
+
+The hybrid declares the learned drafter's ``features`` (EAGLE-3: the fused target layers)
 as its own, so the engine hands its observations the features it reads; a learned drafter
 left out asks for nothing.
 
@@ -133,6 +145,9 @@ class _Proposal:
     learned_nodes: int = 0  # fused: the learned tree's nodes come first (indices 1..this)
     learned_depth: int = 0
     prefilled: bool = False  # the prefill observation has been seen
+    learned_seen: int = 0  # committed tokens the learned drafter had when it last drafted
+    rent: float = 0.0  # decode steps of saving forgone since then by not asking it (``catch_up_cost``)
+    proposed: bool = False  # this step's tree is the hybrid's (a wrapper, e.g. a prediction, may draft instead)
     learned_started: bool = False  # the learned drafter has started this request
     since_learned: int = 0  # steps since the learned drafter last proposed (self sizing: its probes)
 
@@ -147,13 +162,15 @@ class HybridDrafter(DeclaresFeatures):
     def __init__(self, retrieval: Drafter, learned: Drafter, mode: Literal["fallback", "fuse"] = "fallback",
                  min_score: float = 1.0, cost: dict[int, float] | None = None,
                  learned_cost: dict[int, float] | None = None, min_match: int = 0,
-                 learned_sizing: Literal["hybrid", "self"] = "hybrid"):
+                 learned_sizing: Literal["hybrid", "self"] = "hybrid", catch_up_cost: float = 0.0):
         if mode not in ("fallback", "fuse"):
             raise ValueError(f"mode must be fallback or fuse, not {mode!r}")
         if min_score < 0:
             raise ValueError(f"min_score must be >= 0, got {min_score}")
         if min_match < 0:
             raise ValueError(f"min_match must be >= 0, got {min_match}")
+        if not catch_up_cost >= 0:
+            raise ValueError(f"catch_up_cost must be >= 0, got {catch_up_cost}")
         if learned_sizing not in ("hybrid", "self"):
             raise ValueError(f"learned_sizing must be hybrid or self, not {learned_sizing!r}")
         if learned_sizing == "self" and mode == "fuse":
@@ -164,6 +181,7 @@ class HybridDrafter(DeclaresFeatures):
         self.retrieval, self.learned, self.mode, self.min_score = retrieval, learned, mode, min_score
         self.cost, self.learned_cost = cost, learned_cost
         self.verify_cost = cost
+        self.catch_up_cost = catch_up_cost if cost is not None and not features_of(learned).wanted else 0.0
         # a learned drafter that loses to plain decoding even if every node were accepted
         # is left out entirely (no hidden states, no calls): it could never propose
         largest = max(cost or {0: 1.0})  # the largest measured size
@@ -175,7 +193,7 @@ class HybridDrafter(DeclaresFeatures):
         self._learned_acc = DepthAcceptance()
         self._retrieval_acc = DepthAcceptance()  # node values of drafters without their own
         self._requests: RequestTable[_Proposal] = RequestTable()
-        self.steps: Counter[str] = Counter()  # verified proposals by source
+        self.steps: Counter[str] = Counter()  # verified steps by who drafted them ("none": not the hybrid)
         self.drafted: Counter[str] = Counter()  # drafted nodes by source
         self.accepted: Counter[str] = Counter()  # accepted drafted tokens by source
 
@@ -206,6 +224,7 @@ class HybridDrafter(DeclaresFeatures):
     def reset(self) -> None:
         """Forget what was learned across requests (the bench calls this after warm-up)."""
         self.retrieval.reset()
+        self.learned.reset()
         self._learned_acc.reset()
         self._retrieval_acc.reset()
         for counts in (self.steps, self.drafted, self.accepted):
@@ -227,7 +246,11 @@ class HybridDrafter(DeclaresFeatures):
             state.prefilled = True
             self.learned.observe(obs)
             return
-        self._track(state, obs)
+        if state.proposed:
+            self._track(state, obs)
+            state.proposed = False
+        else:  # not asked (a budget of 0), or another drafter's tree (a prediction): teaches no acceptance of ours
+            self.steps["none"] += 1
         self.retrieval.observe(obs)
         if state.learned_started:
             self.learned.observe(obs)
@@ -300,13 +323,15 @@ class HybridDrafter(DeclaresFeatures):
         asked = [replace(ctx, budget=p.learned_budget) for ctx, p in zip(ctxs, plans) if p.learned_budget]
         for ctx in asked:
             self._start_learned(ctx)
+            state = self._requests.get(ctx.request_id)
+            state.learned_seen, state.rent = len(ctx.tokens), 0.0
         learned = iter(self.learned.propose_batch(asked) if asked else [])
         return [self._choose(ctx, p, next(learned) if p.learned_budget else None) for ctx, p in zip(ctxs, plans)]
 
     def _plan(self, ctx: DraftContext) -> _Plan:
         """The retrieval draft and its size, and the learned drafter's budget (0: not asked)."""
         state = self._requests.get(ctx.request_id)
-        state.source, state.learned_nodes, state.learned_depth = "none", 0, 0
+        state.source, state.learned_nodes, state.learned_depth, state.proposed = "none", 0, 0, True
         tree, values = self._retrieval_draft(ctx)
         if ctx.grammar is not None and tree.num_drafted:  # the nodes a grammar forbids would be cut: size the rest
             keep = reachable(tree, ctx.grammar)
@@ -316,7 +341,16 @@ class HybridDrafter(DeclaresFeatures):
         budget = 0
         if l_n > 0 and (fusing or r_n == 0 or l_rate > r_rate):
             budget = max(1, min(l_n, ctx.budget - r_n)) if fusing else l_n
+        if budget and self.catch_up_cost and state.learned_started and not self._buys(state, ctx):
+            budget = 0
         return _Plan(tree, r_n, fusing, budget)
+
+    def _buys(self, state: _Proposal, ctx: DraftContext) -> bool:
+        """Rent or buy (module docstring): is the learned drafter's catch-up paid for this step?"""
+        pending = len(ctx.tokens) - 1 - state.learned_seen  # the root comes with the draft in any case
+        _, rate = best_size(self._learned_acc.node_values(ctx.budget), self.cost, self.learned_cost)
+        state.rent += max(0.0, 1.0 - 1.0 / rate)
+        return pending * self.catch_up_cost <= state.rent
 
     def _choose(self, ctx: DraftContext, plan: _Plan, learned: DraftTree | None) -> DraftTree:
         state = self._requests.get(ctx.request_id)

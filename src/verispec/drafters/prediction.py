@@ -10,6 +10,23 @@ occurrence nearest after the previous place winning ties, so an edit is followed
 and not only as a common prefix (the idea of prompt lookup, Saxena 2023, with the prediction
 as the only source; the same as llama.cpp's and vLLM's n-gram drafters over a given text).
 
+Each draft is sized by the target's measured cost curve t(n) where the wrapped drafter has one
+(the hybrid's, a draft model's): the n of the highest rate ``(E(n) + 1) / t(n)`` (Sequoia's
+hardware-aware rule, as ``policies/draft_budget.py``), with E(n) from this request's own acceptance
+of its prediction drafts (each drafted token accepted with probability p, p tracked per request from
+a prior of 0.97). A long match in step is drafted long where t(n) pays for it (on a compute-bound CPU,
+t(32) is about 5 decode steps: a draft that fails at its first token costs all of them), and short
+where the request's prediction keeps being left. Without a curve, the whole budget is drafted.
+
+Where drafting starts: the prediction's start counts as the place, so the answer's first two tokens
+that spell the prediction's first two (after a chat answer's "```python" line) start drafting; the
+prefill's token equal to the prediction's first is taken as that start at once. Where the output
+has followed the prediction to its end (or to its last token: the answer's "\n```" is one token
+where the prediction's last line ends in "\n"), the next step drafts nothing: the answer ends there or
+departs from it, and the wrapped drafter's drafts would copy what follows the code in the prompt
+(a chat prompt's instructions: on the edit workload such a draft of 16 tokens was always rejected,
+at the cost of t(16), three decode steps).
+
 A prediction is only a draft: the target verifies every token, so a wrong, empty or hostile
 prediction costs speed at worst, never output. Its size is bounded like a prompt's by the
 caller (the engine refuses one longer than the context).
@@ -28,18 +45,21 @@ the rejected ones are the rest of the prediction.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from ..policies.draft_budget import best_size
 from ..tree import DraftTree
 from ..types import RequestStats
 from .base import DeclaresFeatures, DraftContext, Drafter, Features, Observation, RequestTable
+from .draft_model import DraftCost
 
 MIN_MATCH = 2  # output tokens that must match the prediction before its continuation is drafted
 RESYNC_MATCH = 4  # ...and, away from the place drafting stands at, this many (2 tokens recur by chance)
 MAX_MATCH = 64  # a match is not extended further back than this (it only ranks candidates)
 MAX_CANDIDATES = 256  # occurrences of the output's last tokens ranked per step (those nearest the place)
 KEPT_USAGE = 4096  # finished requests whose prediction usage is kept until read
+PRIOR_ACCEPT, PRIOR_WEIGHT = 0.97, 10.0  # a drafted prediction token's acceptance before a request's own evidence
 
 
 @dataclass
@@ -52,7 +72,14 @@ class _Place:
     drafted: dict[int, int] = field(default_factory=dict)  # this step's tree node -> prediction position
     accepted: set[int] = field(default_factory=set)  # prediction positions accepted as drafts
     from_prediction: bool = False  # did this step's tree come from the prediction?
-    guessed_start: bool = False  # was the prediction's start drafted before the output matched it?
+    guessed_start: bool = False  # was the prefill's token looked at as the prediction's start?
+    ended: bool = False  # has the step after the output reached the prediction's end been drafted (plain)?
+    hits: int = 0  # drafted prediction tokens accepted
+    misses: int = 0  # prediction drafts cut short by a rejection
+
+    def acceptance(self) -> float:
+        """p, the probability that a drafted prediction token is accepted given those before it were."""
+        return (self.hits + PRIOR_WEIGHT * PRIOR_ACCEPT) / (self.hits + self.misses + PRIOR_WEIGHT)
 
 
 def _index(prediction: tuple[int, ...]) -> dict[tuple[int, ...], list[int]]:
@@ -67,8 +94,9 @@ def find_place(prediction: tuple[int, ...], index: dict[tuple[int, ...], list[in
     """The prediction position right after the occurrence of ``tokens``' last tokens that
     matches longest (at least MIN_MATCH at ``hint``, RESYNC_MATCH elsewhere), the occurrence
     nearest at or after ``hint`` winning ties; None when there is none. In step (the output
-    ends where the prediction does at ``hint`` or one past it: the bonus token) costs O(1);
-    otherwise at most ``MAX_CANDIDATES`` occurrences around ``hint`` are ranked.
+    ends where the prediction does at ``hint`` or one past it: the bonus token; or, before
+    anything matched, at the prediction's first MIN_MATCH tokens) costs O(1); otherwise at most
+    ``MAX_CANDIDATES`` occurrences around ``hint`` are ranked.
 
     Example: prediction (5, 6, 7, 8, 5, 6, 9), output ending (.., 5, 6), hint 3 -> 6 (the
     second "5 6" is nearer after the hint; both match two tokens).
@@ -76,7 +104,7 @@ def find_place(prediction: tuple[int, ...], index: dict[tuple[int, ...], list[in
     if len(tokens) < MIN_MATCH:
         return None
     tail = tuple(tokens[-MIN_MATCH:])
-    for h in (hint + 1, hint):
+    for h in (hint + 1, hint, MIN_MATCH if hint < MIN_MATCH else -1):
         if MIN_MATCH <= h <= len(prediction) and prediction[h - MIN_MATCH:h] == tail:
             return h
     starts = index.get(tail)
@@ -95,20 +123,33 @@ def find_place(prediction: tuple[int, ...], index: dict[tuple[int, ...], list[in
     return best
 
 
+def measured_cost(drafter: Drafter) -> dict[int, float] | None:
+    """The target's measured t(n) that ``drafter`` sizes its own drafts by (the hybrid's, a draft
+    model's), or None."""
+    cost = getattr(drafter, "cost", None)
+    return cost.curve if isinstance(cost, DraftCost) else cost if isinstance(cost, dict) else None
+
+
 class PredictionDrafter(DeclaresFeatures):
     """Drafts a request's prediction where the output follows it; ``inner`` drafts elsewhere
-    (and observes every step, so it stays in step with the request). Declares what ``inner``
+    (and observes every step, so it stays in step with the request). ``cost``: the target's t(n)
+    that sizes its drafts (default: the one ``inner`` sizes its own by). Declares what ``inner``
     declares (its features, memory, reset) and answers to its name (statistics name the
     method a request ran; the prediction is the request's, not a method)."""
 
-    def __init__(self, inner: Drafter):
+    def __init__(self, inner: Drafter, cost: dict[int, float] | None = None):
         self.inner = inner
+        self.cost = cost if cost is not None else measured_cost(inner)  # t(n), or None: drafts fill the budget
         self.name = inner.name
         self.features: Features = inner.features  # drafters declare theirs at construction
         self.verify_cost = inner.verify_cost
         self._places: RequestTable[_Place] = RequestTable()
         # finished requests' (accepted, prediction tokens), oldest first, until read (bounded)
         self._usage: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        # verified proposals from predictions, their drafted and accepted tokens (as ``HybridDrafter``'s by source)
+        self.steps: Counter[str] = Counter()
+        self.drafted: Counter[str] = Counter()
+        self.accepted: Counter[str] = Counter()
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
@@ -143,6 +184,11 @@ class PredictionDrafter(DeclaresFeatures):
             if after < len(place.prediction) and obs.new_tokens[-1] == place.prediction[after]:
                 on_path.append(after)
             place.accepted.update(on_path)
+            place.hits += len(obs.path)
+            place.misses += len(obs.path) < obs.tree.num_drafted
+            self.steps["prediction"] += 1
+            self.drafted["prediction"] += obs.tree.num_drafted
+            self.accepted["prediction"] += len(obs.path)
             if on_path:
                 place.next_pos = on_path[-1] + 1
             place.from_prediction = False  # observed: a step without a proposal (budget 0) counts nothing
@@ -169,13 +215,20 @@ class PredictionDrafter(DeclaresFeatures):
             self._places.add(ctx.request_id, place)
         pos = find_place(place.prediction, place.index, ctx.tokens, place.next_pos)
         if pos is None and not place.guessed_start and not place.accepted:
-            # nothing of it matched yet: once, guess that the answer starts where the prediction does (its
-            # first token may be the one the prefill gave)
-            place.guessed_start = True
-            pos = 1 if place.prediction[0] == ctx.tokens[-1] else 0
-            if pos:
+            place.guessed_start = True  # once: the prefill's token may be the prediction's first
+            if place.prediction[0] == ctx.tokens[-1]:
+                pos = 1
                 place.accepted.add(0)  # the prefill's token: it appeared in the answer
+        # followed to its end (or to its last token, which the answer may spell otherwise, e.g. "\n```"): once, a
+        # plain step (see the module docstring)
+        at_end = pos == len(place.prediction) or (pos is None and 0 < place.next_pos >= len(place.prediction) - 1)
+        if at_end and not place.ended:
+            place.ended, place.from_prediction = True, False
+            return DraftTree.chain(ctx.tokens[-1], [])
         draft = [] if pos is None else list(place.prediction[pos:pos + ctx.budget])
+        if draft and self.cost is not None:  # the size of the highest rate on the target's cost curve
+            p = place.acceptance()
+            draft = draft[:best_size([p ** (i + 1) for i in range(len(draft))], self.cost)[0]]
         place.from_prediction = bool(draft)
         if not draft:
             return None
