@@ -185,6 +185,26 @@ def test_a_self_sizing_draft_model_is_asked_only_while_it_pays(toy_target, toy_d
         assert 0 < learned.asked <= 8 + steps / hybrid_module.PROBE_EVERY < steps / 2
 
 
+def test_suffix_drafts_are_sized_by_what_they_kept(toy_target, monkeypatch):
+    """The trie's scores are scaled by the request's accepted / promised tokens: on a target
+    that keeps few of the repeated phrase's continuations, later drafts are smaller than the
+    uncalibrated scores would make them (same output as plain decoding either way)."""
+    prompt = [1] + [40, 41, 3, 17, 88, 23, 54] * 6  # a long context the random target does not follow
+    long = SamplingParams(max_new_tokens=80, ignore_eos=True)
+    want = run(toy_target, NoDrafter(), prompt, long)[0]
+    drafted = {}
+    for prior in (hybrid_module.CALIBRATION_PRIOR, 1e12):  # 1e12: the scores as the trie gives them
+        monkeypatch.setattr(hybrid_module, "CALIBRATION_PRIOR", prior)
+        h = HybridDrafter(suffix(), DraftModelDrafter(toy_target), min_score=0.0, cost=STEEP,
+                          learned_cost={n: 50.0 for n in STEEP})
+        assert not h.learned_enabled
+        assert run(toy_target, h, prompt, long, k=8)[0] == want
+        drafted[prior] = h.drafted["retrieval"], h.accepted["retrieval"]
+    (n_cal, kept_cal), (n_raw, kept_raw) = drafted.values()
+    assert kept_raw < n_raw  # the scores over-promise here
+    assert n_cal < n_raw and kept_cal / n_cal > kept_raw / n_raw
+
+
 # ---- EAGLE-3 as the learned drafter ------------------------------------------------------------
 # on stories260K: the fused layers (0, 2, 4) are 3x as wide as the final hidden state, so an
 # observation of the wrong features fails in the head (its greedy output would not tell)

@@ -135,6 +135,7 @@ class _Plan:
 
 PROBE_EVERY = 16  # a self-sizing learned drafter judged not to pay is still asked once in this many steps
 MIN_EVIDENCE = 4  # ... and is always asked until this many of its proposals were verified
+CALIBRATION_PRIOR = 8.0  # pseudo-tokens of a request's suffix-draft calibration (``_calibration``)
 
 
 @dataclass
@@ -150,6 +151,9 @@ class _Proposal:
     proposed: bool = False  # this step's tree is the hybrid's (a wrapper, e.g. a prediction, may draft instead)
     learned_started: bool = False  # the learned drafter has started this request
     since_learned: int = 0  # steps since the learned drafter last proposed (self sizing: its probes)
+    r_expected: float = 0.0  # this step's retrieval draft: the sum of its scores (the accepted tokens they promise)
+    r_promised: float = 0.0  # over this request's retrieval steps: tokens the scores promised
+    r_accepted: int = 0  # ... and tokens accepted
 
 
 class HybridDrafter(DeclaresFeatures):
@@ -263,6 +267,8 @@ class HybridDrafter(DeclaresFeatures):
         self.accepted[src] += len(path)
         if src == "retrieval":
             self._retrieval_acc.update(max(depths), len(path))
+            state.r_promised += state.r_expected
+            state.r_accepted += len(path)
         elif src == "learned":
             self._learned_acc.update(max(depths), len(path))
         elif src == "fused":  # the accepted prefix that runs through the learned tree's nodes
@@ -336,7 +342,11 @@ class HybridDrafter(DeclaresFeatures):
         if ctx.grammar is not None and tree.num_drafted:  # the nodes a grammar forbids would be cut: size the rest
             keep = reachable(tree, ctx.grammar)
             tree, values = keep_nodes(tree, keep), [v for v, k in zip(values, keep[1:]) if k]
+        raw = values
+        if self._scored and values:  # the trie's scores, scaled by how well they kept their promise so far
+            values = [v * self._calibration(state) for v in values]
         r_n, r_rate, l_n, l_rate = self._sizes(ctx, values)
+        state.r_expected = sum(raw[:r_n])
         fusing = self.mode == "fuse" and r_n > 0
         budget = 0
         if l_n > 0 and (fusing or r_n == 0 or l_rate > r_rate):
@@ -344,6 +354,14 @@ class HybridDrafter(DeclaresFeatures):
         if budget and self.catch_up_cost and state.learned_started and not self._buys(state, ctx):
             budget = 0
         return _Plan(tree, r_n, fusing, budget)
+
+    @staticmethod
+    def _calibration(state: _Proposal) -> float:
+        """Accepted over promised tokens of this request's suffix drafts (at most 1, CALIBRATION_PRIOR
+        tokens of each assumed at the start): a long context the answer only paraphrases (a
+        summary, a RAG answer) matches the trie often and keeps few of its drafts; its later
+        drafts are sized, or left to the draft model, by what they actually yield."""
+        return min(1.0, (state.r_accepted + CALIBRATION_PRIOR) / (state.r_promised + CALIBRATION_PRIOR))
 
     def _buys(self, state: _Proposal, ctx: DraftContext) -> bool:
         """Rent or buy (module docstring): is the learned drafter's catch-up paid for this step?"""
