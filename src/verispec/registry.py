@@ -90,8 +90,8 @@ def layer_list(text: str) -> tuple[int, ...]:
         lo, dash, hi = part.partition("-")
         if not lo.isdigit() or (dash and not hi.isdigit()):
             raise ValueError(f"skip must list layer numbers or ranges joined by '+' (3+10-13), got {text!r}")
-        if hi and int(hi) - int(lo) > 4096:
-            raise ValueError(f"skip range {part!r} is longer than any model")
+        if hi and not 0 <= int(hi) - int(lo) <= 4096:
+            raise ValueError(f"skip range {part!r} must run upwards and be shorter than any model")
         ids.extend(range(int(lo), int(hi or lo) + 1))
     return tuple(ids)
 
