@@ -19,12 +19,11 @@ DRAFT_PREFIX_CACHE_MB = 256.0  # the draft model's prefix cache: ~10k tokens of 
 
 
 def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
+    from .engine.prefix_cache import PrefixCache
     from .models.catalog import CATALOG
     from .models.cpu_weights import REQUANTS
     from .models.load import DraftShape, OtherTokenizer, load_draft_model
     from .weights import VOCAB_FREQ, has_shipped
-
-    from .engine.prefix_cache import PrefixCache
 
     min_conf = float(opts.pop("min_confidence", 0.0))
     pool_rows = int(opts.pop("pool_rows", 16))
