@@ -177,14 +177,20 @@ def test_a_grammar_spelling_an_added_token_commits_only_what_it_accepts(stories)
     assert req.finished in ("eos", "length") and not req.grammar.failed
 
 
-def test_a_draft_past_the_grammars_end(stories):
-    """EOS drafted where the grammar is complete ends the path (llguidance would refuse to consume
-    it); nodes past it are never reachable, and the request's state is untouched."""
-    c = constraint_for(stories, "choice", ["yes"])
+def completion(c) -> list[int]:
+    """The tokens of a constraint's first allowed completion, each the lowest id the grammar allows."""
     m, ids = c.matcher(), []
     while not m.stopped:
         ids.append(int(m.allowed().nonzero()[0]))
         m.advance(ids[-1:])
+    return ids
+
+
+def test_a_draft_past_the_grammars_end(stories):
+    """EOS drafted where the grammar is complete ends the path (llguidance would refuse to consume
+    it); nodes past it are never reachable, and the request's state is untouched."""
+    c = constraint_for(stories, "choice", ["yes"])
+    ids = completion(c)
     m = c.matcher()
     eos = stories.backend.info.eos_token_ids[0]
     tree = DraftTree.chain(5, [*ids, eos, 7])
@@ -198,10 +204,7 @@ def test_a_drafted_end_leaves_the_grammar_state_alone(stories):
     """A chain ending in EOS gets no forced tokens, and the walk's rollbacks match its advances:
     the request's state after shaping a draft is the state before."""
     c = constraint_for(stories, "choice", ["yes"])
-    m, ids = c.matcher(), []
-    while not m.stopped:
-        ids.append(int(m.allowed().nonzero()[0]))
-        m.advance(ids[-1:])
+    ids = completion(c)
     m = c.matcher()
     m.advance(ids[:1])
     eos = stories.backend.info.eos_token_ids[0]

@@ -295,24 +295,23 @@ class HybridDrafter(DeclaresFeatures):
         r_n, r_rate = best_size(values, self.cost) if hit else (0, 1.0)
         if not self.learned_enabled:
             return r_n, r_rate, 0, 0.0
-        if self.learned_sizing == "self":  # retrieval when it pays, else the learned drafter sizes itself
-            if r_n:
-                return r_n, r_rate, 0, 0.0
-            return (0, 1.0, ctx.budget, 1.0) if self._self_sizer_pays(ctx) else (0, 1.0, 0, 0.0)
+        if self.learned_sizing == "self" and r_n:  # retrieval pays: the learned drafter is not asked
+            return r_n, r_rate, 0, 0.0
         l_n, l_rate = best_size(self._learned_acc.node_values(ctx.budget), self.cost, self.learned_cost)
+        if self.learned_sizing == "self":  # the learned drafter sizes itself, when it is worth asking
+            return (0, 1.0, ctx.budget, l_rate) if self._self_sizer_pays(ctx, l_n > 0) else (0, 1.0, 0, 0.0)
         return r_n, r_rate, l_n, l_rate
 
-    def _self_sizer_pays(self, ctx: DraftContext) -> bool:
+    def _self_sizer_pays(self, ctx: DraftContext, tracked_pays: bool) -> bool:
         """Whether a self-sizing learned drafter is worth asking this step: its tracked per-depth
-        acceptance beats plain decoding at some size (``learned_cost``: its c(n)), or it has not
-        proposed for PROBE_EVERY steps (a probe, so a tracker that once said no can change its
-        mind), or the tracker has seen fewer than MIN_EVIDENCE of its proposals. Without
-        ``learned_cost`` it is always asked (the draft model's own cost rule)."""
+        acceptance beats plain decoding at some size (``tracked_pays``, with ``learned_cost``: its
+        c(n)), or it has not proposed for PROBE_EVERY steps (a probe, so a tracker that once said
+        no can change its mind), or the tracker has seen fewer than MIN_EVIDENCE of its proposals.
+        Without ``learned_cost`` it is always asked (the draft model's own cost rule)."""
         if self.learned_cost is None or self._learned_acc.trials(1) < MIN_EVIDENCE:
             return True
         state = self._requests.get(ctx.request_id)
-        values = self._learned_acc.node_values(ctx.budget)
-        if best_size(values, self.cost, self.learned_cost)[0] > 0 or state.since_learned >= PROBE_EVERY:
+        if tracked_pays or state.since_learned >= PROBE_EVERY:
             state.since_learned = 0
             return True
         state.since_learned += 1
@@ -351,7 +350,7 @@ class HybridDrafter(DeclaresFeatures):
         budget = 0
         if l_n > 0 and (fusing or r_n == 0 or l_rate > r_rate):
             budget = max(1, min(l_n, ctx.budget - r_n)) if fusing else l_n
-        if budget and self.catch_up_cost and state.learned_started and not self._buys(state, ctx):
+        if budget and self.catch_up_cost and state.learned_started and not self._buys(state, ctx, l_rate):
             budget = 0
         return _Plan(tree, r_n, fusing, budget)
 
@@ -363,10 +362,10 @@ class HybridDrafter(DeclaresFeatures):
         drafts are sized, or left to the draft model, by what they actually yield."""
         return min(1.0, (state.r_accepted + CALIBRATION_PRIOR) / (state.r_promised + CALIBRATION_PRIOR))
 
-    def _buys(self, state: _Proposal, ctx: DraftContext) -> bool:
-        """Rent or buy (module docstring): is the learned drafter's catch-up paid for this step?"""
+    def _buys(self, state: _Proposal, ctx: DraftContext, rate: float) -> bool:
+        """Rent or buy (module docstring): is the learned drafter's catch-up paid for this step?
+        ``rate``: its best rate on the tracked acceptance (``_sizes``)."""
         pending = len(ctx.tokens) - 1 - state.learned_seen  # the root comes with the draft in any case
-        _, rate = best_size(self._learned_acc.node_values(ctx.budget), self.cost, self.learned_cost)
         state.rent += max(0.0, 1.0 - 1.0 / rate)
         return pending * self.catch_up_cost <= state.rent
 
