@@ -18,6 +18,9 @@ from helpers import TemperedSelfDraft
 from verispec.constraints import GrammarError, constraint_for
 from verispec.constraints.speculation import JumpForward, jump_forward, node_masks, prune
 from verispec.drafters.base import DraftContext, NoDrafter
+from verispec.drafters.draft_model import DraftModelDrafter
+from verispec.drafters.hybrid import HybridDrafter
+from verispec.drafters.suffix_tree import SuffixDecodingDrafter
 from verispec.engine import Engine
 from verispec.models.load import load_model
 from verispec.registry import make_drafter
@@ -320,3 +323,35 @@ def test_a_hybrids_retrieval_draft_the_grammar_forbids_leaves_the_step_to_the_dr
     assert free.num_drafted > 0 and m.valid_prefix(list(free.tokens[1:])) == 0
     tree = hybrid.propose(ctx)
     assert tree.num_drafted == 6 and m.valid_prefix(list(tree.tokens[1:])) == 6
+
+
+class _PromptCached(DraftModelDrafter):
+    """A draft model whose prefix cache holds every prompt: starting a request prefills nothing."""
+
+    def prefill_tokens(self, prompt_ids: list[int]) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("catch_up_cost,max_new_tokens,cached,starts",
+                         [(0.0, 16, False, True), (0.05, 16, False, False), (0.05, 120, False, True),
+                          (0.05, 16, True, True)], ids=["free", "short", "long", "cached"])
+def test_a_constrained_request_starts_the_draft_model_only_once_its_prefill_pays(stories, schema, catch_up_cost,
+                                                                                  max_new_tokens, cached, starts):
+    """Rent or buy (drafters/hybrid.py): the draft model's start is its prompt's prefill (36 tokens,
+    ``catch_up_cost`` target steps each); every step the hybrid would ask it forgoes 1 - 1/r steps of
+    saving (r = 1.46: its prior on a flat curve, 0.1 a draft forward), and it starts once those reach
+    the prefill's cost. Free, it starts on the first ask; at 0.05 a token a 16-token answer (9 steps,
+    suffix drafts and forced tokens) never starts it and a 71-token one does; a prompt its prefix cache
+    holds starts it at once. Greedy output equals constrained plain decoding every time."""
+    prompt = prompt_of(stories, 'Lily said: {"name": "Lily", "age": 3}. Once upon a time there was a cat.')
+    params = SamplingParams(max_new_tokens=max_new_tokens, constraint=schema)
+    plain, _ = generate(stories, NoDrafter(), prompt, params, draft_limit=0)
+    flat = {n: 1.0 for n in (1, 2, 4, 8, 16)}
+    draft = (_PromptCached if cached else DraftModelDrafter)(make_drafter("draft", stories, {"model": "truncated:2"}).model)
+    hybrid = HybridDrafter(SuffixDecodingDrafter(min_score=0.0, max_global_tokens=0), draft, cost=flat,
+                           learned_cost={n: 0.1 * n for n in flat}, learned_sizing="self", catch_up_cost=catch_up_cost)
+    out, req = generate(stories, hybrid, prompt, params)
+    assert out == plain
+    assert (draft.fed_tokens > 0) == (hybrid.steps["learned"] > 0) == starts
+    if not starts:  # the steps it would have been asked went to forced tokens
+        assert hybrid.steps["none"] > 0 and req.stats.target_forwards < max_new_tokens

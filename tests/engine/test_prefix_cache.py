@@ -71,6 +71,7 @@ def test_longest_prefix_is_reused_and_last_token_prefilled():
                          (seq[:40] + [7] * 20, 32),  # diverges inside block 3
                          ([0] + seq, 0),  # same tokens, shifted: other keys
                          (seq[:15], 0)]:
+        assert pc.cached_length(prompt) == want  # a look that counts nothing
         cache = ListCache()
         assert pc.restore(prompt, cache) == want
         assert cache.kv == prompt[:want]

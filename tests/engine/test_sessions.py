@@ -79,7 +79,8 @@ def test_the_draft_model_starts_only_when_first_asked(tiny_dirs):
 def test_the_draft_models_prefix_cache_carries_a_session(tiny_dirs):
     """Each turn of a session sends the whole history; with its own prefix cache the draft model
     prefills only what is new (the history's K/V come from the cache), drafts exactly what it drafts
-    without one (the same drafted and accepted counts), and every turn equals plain decoding."""
+    without one (the same drafted and accepted counts), and every turn equals plain decoding. What a
+    start would prefill (``prefill_tokens``, which the hybrid weighs on a constrained request) is that new part."""
     from verispec.engine import Engine
     from verispec.engine.prefix_cache import PrefixCache
 
@@ -91,6 +92,9 @@ def test_the_draft_models_prefix_cache_carries_a_session(tiny_dirs):
     history, sent_before, reused_before = [1, 10, 11, 12] + TOOL * 2, [], 0
     for turn in range(3):
         want, _ = run(target, NoDrafter(), history, PARAMS)
+        # what starting the request would prefill, the hybrid's rent-or-buy weighs: past what the cache holds
+        assert fresh.prefill_tokens(history) == len(history) - 1
+        assert cached.prefill_tokens(history) <= len(history) - len(sent_before) + 16 - 1
         fed, counts = [], []
         for engine in engines:
             before = engine.drafter.fed_tokens

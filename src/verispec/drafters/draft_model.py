@@ -184,6 +184,12 @@ class DraftModelDrafter(DeclaresFeatures):
             if self.prefix_cache is not None:  # now, for the requests beside this one that share its prompt
                 self.prefix_cache.store(state.fed, state.cache)
 
+    def prefill_tokens(self, prompt_ids: list[int]) -> int:
+        """How many tokens ``start`` would run through the draft model for ``prompt_ids`` now:
+        all but the last (fed with the first proposal), less the prefix its prefix cache holds."""
+        cached = self.prefix_cache.cached_length(prompt_ids) if self.prefix_cache is not None else 0
+        return max(0, len(prompt_ids) - 1 - cached)
+
     def finish(self, request_id: str) -> None:
         state = self._states.pop(request_id)
         if state is None:

@@ -147,6 +147,17 @@ class PrefixCache:
         hidden = torch.cat([b.hidden for b in chain]) if chain and hidden_tag is not None else None
         return reused, hidden
 
+    def cached_length(self, prompt_ids: Sequence[int]) -> int:
+        """How many tokens ``restore`` would reuse for ``prompt_ids`` now (nothing counted or touched):
+        what a drafter weighs before deciding to start a request."""
+        b, parent, n = self.block_size, -1, 0
+        for i in range((len(prompt_ids) - 1) // b):
+            block = self._blocks.get((parent, tuple(prompt_ids[i * b:(i + 1) * b])))
+            if block is None:
+                break
+            parent, n = block.id, n + b
+        return n
+
     def store(self, token_ids: Sequence[int], cache, hidden: torch.Tensor | None = None,
               hidden_tag: object = None) -> None:
         """Keep the full blocks of ``token_ids``, whose K/V are the first slots of ``cache``
