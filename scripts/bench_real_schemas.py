@@ -21,7 +21,9 @@ Per schema and method: valid (``jsonschema``), token-equal to plain, tau (tokens
 tokens per target forward (prefill included), drafted / accepted tokens, the drafter's draft
 tokens the grammar cut before verification and the forced tokens appended after its chains,
 the seconds spent drafting (the draft model's prompt prefill included: it starts on its first
-draft), and the end-to-end speed-up over plain (prefill included; the target's prefill is the
+draft, on a constrained request only once the steps without it have forgone as much as that prefill
+costs), the tokens the draft model ran (its prompt prefill, catch-ups and drafts: 0 when it never
+started), and the end-to-end speed-up over plain (prefill included; the target's prefill is the
 same for all). Totals: the sums of seconds (a schema-heavy workload's wall-clock ratio) and the
 geometric mean of per-schema ratios. Asserts nothing. The schemas are read from a checkout or
 bare clone of the repository (``--repo``), never shipped.
@@ -44,6 +46,8 @@ import jsonschema
 
 from verispec.api import SpecDecoder, encode_prompt, load_model
 from verispec.constraints import speculation
+from verispec.drafters.draft_model import DraftModelDrafter
+from verispec.drafters.hybrid import HybridDrafter
 from verispec.system import set_threads
 from verispec.types import SamplingParams
 
@@ -105,6 +109,7 @@ class Run:
     drafted: int = 0
     accepted: int = 0
     cut: int = 0  # the drafter's draft tokens the grammar forbade (cut before verification)
+    draft_fed: int = 0  # tokens the draft model ran (prefill, catch-ups, drafts)
     forced: int = 0  # tokens the grammar forced, drafted after the drafter's chain (jump-forward)
 
     @property
@@ -124,9 +129,17 @@ def verdict(text: str, finish: str, schema: dict) -> str:
         return "valid JSON (schema not checkable)"  # the schema itself is not valid JSON Schema
 
 
+def draft_model_of(dec: SpecDecoder) -> DraftModelDrafter | None:
+    """The decoder's draft model (alone or a hybrid's learned drafter), if it has one."""
+    drafter = dec.drafter.learned if isinstance(dec.drafter, HybridDrafter) else dec.drafter
+    return drafter if isinstance(drafter, DraftModelDrafter) else None
+
+
 def run_ours(dec: SpecDecoder, ids: list[int], params: SamplingParams, plain: bool, shapes: DraftShapes,
              schema: dict) -> Run:
     shapes.cut = shapes.forced = 0
+    draft = draft_model_of(dec)
+    fed = draft.fed_tokens if draft is not None else 0
     t0 = time.perf_counter()
     req = dec.engine.add_request(ids, params, draft_limit=0 if plain else None)
     try:
@@ -138,7 +151,7 @@ def run_ours(dec: SpecDecoder, ids: list[int], params: SamplingParams, plain: bo
     s = req.stats
     text = dec.model.tokenizer.decode(req.generated)
     return Run(req.generated, verdict(text, req.finished, schema), seconds, s.draft_s, s.steps, s.target_forwards,
-               s.drafted, s.accepted, shapes.cut, shapes.forced)
+               s.drafted, s.accepted, shapes.cut, shapes.forced, draft.fed_tokens - fed if draft is not None else 0)
 
 
 def run_llama(port: int, ids: list[int], schema: dict, max_new_tokens: int) -> tuple[str, float, int]:
@@ -190,8 +203,8 @@ def main() -> None:
           f"{args.target} on {target.backend.description}, {args.threads} threads, greedy, "
           f"max {args.max_new_tokens} new tokens; ratio: end-to-end seconds of plain / the method's\n")
     print("| schema | method | tokens | valid | equal | tau | tokens/forward | drafted | accepted | cut (-) / forced (+) "
-          "| draft s | seconds | vs plain |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| draft s | draft-model tokens | seconds | vs plain |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     totals = {m: [0.0, 0.0, []] for m in methods[1:]}  # method -> [its seconds, plain's seconds, ratios]
     mismatches = {m: 0 for m in methods[1:]}
     counted = 0
@@ -200,7 +213,7 @@ def main() -> None:
         try:
             constrained = decs["plain"].constrained(params, json_schema=schema)
         except ValueError as err:  # the grammar engine refused the schema (a 400 in the server)
-            print(f"| {name} | all | refused: {str(err).splitlines()[0][:80]} |||||||||||")
+            print(f"| {name} | all | refused: {str(err).splitlines()[0][:80]} ||||||||||||")
             continue
         order = methods if i % 2 == 0 else [methods[0], *reversed(methods[1:])]
         runs: dict[str, Run] = {}
@@ -225,7 +238,7 @@ def main() -> None:
                     totals[m][2].append(ratio)
             print(f"| {name} | {m} | {len(r.tokens)} | {r.verdict} | {equal} | "
                   + (f"{r.tau:.2f} | {len(r.tokens) / max(r.forwards, 1):.2f} | {r.drafted} | {r.accepted} | -{r.cut} / +{r.forced} | "
-                     f"{r.draft_s:.2f} | " if ours else "||||||| ")
+                     f"{r.draft_s:.2f} | {r.draft_fed} | " if ours else "|||||||| ")
                   + f"{r.seconds:.2f} | {ratio:.2f}x |", flush=True)
     print(f"\n{counted} schemas compiled of {len(work)}")
     print("| method | seconds, all schemas | plain's | speed-up (sum of seconds) | geometric mean of speed-ups "
