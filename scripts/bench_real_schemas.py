@@ -109,8 +109,8 @@ class Run:
     drafted: int = 0
     accepted: int = 0
     cut: int = 0  # the drafter's draft tokens the grammar forbade (cut before verification)
-    draft_fed: int = 0  # tokens the draft model ran (prefill, catch-ups, drafts)
     forced: int = 0  # tokens the grammar forced, drafted after the drafter's chain (jump-forward)
+    draft_fed: int = 0  # tokens the draft model ran (prefill, catch-ups, drafts)
 
     @property
     def tau(self) -> float:
