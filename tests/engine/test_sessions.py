@@ -107,3 +107,42 @@ def test_the_draft_models_prefix_cache_carries_a_session(tiny_dirs):
         assert reused >= len(sent_before) - 16  # what the last turn sent, but its last, partial block
         sent_before, reused_before = list(history), cached.prefix_cache.stats.reused_tokens
         history += want + TOOL[turn:turn + 6]  # the answer, then the next tool output
+
+
+
+def test_a_draft_model_with_a_short_context_reads_only_the_historys_end(tiny_dirs):
+    """``context=N``: the draft model's prompt is the history from an offset that is a multiple of N / 2
+    (N to 1.5 N tokens): it drafts what the same model drafts given that end as its whole prompt, for the
+    same work; turns whose offset stays reuse the earlier turns' K/V from its prefix cache; and every turn
+    through an engine equals plain decoding."""
+    from verispec.engine import Engine
+    from verispec.engine.prefix_cache import PrefixCache
+
+    target, draft = (cpu.CpuLlama.from_hf_dir(tiny_dirs[kind][0], max_length=512, threads=2)
+                     for kind in ("llama", "llama3-tied"))
+    with pytest.raises(ValueError, match="context"):
+        DraftModelDrafter(draft, context=1)
+    history = [1, 10, 11, 12] + TOOL * 8  # 100 tokens: with context=64 the draft model's text starts at 32
+    short, whole = DraftModelDrafter(draft, context=64), DraftModelDrafter(draft)
+    short.start("a", history)
+    whole.start("b", history[32:])
+    for committed in ([7], [7, 8, 9]):  # a step, then a step after two more committed tokens
+        trees = [d.propose(DraftContext(r, h + committed, 4, PARAMS, make_generator(0, 1)))
+                 for d, r, h in ((short, "a", history), (whole, "b", history[32:]))]
+        assert trees[0].tokens == trees[1].tokens and trees[0].num_drafted > 0
+        assert short.fed_tokens == whole.fed_tokens
+    short.finish("a")
+
+    cached = DraftModelDrafter(draft, context=64, prefix_cache=PrefixCache(1 << 24))
+    engine = Engine(target, cached, 4)
+    first = len(history)
+    for turn in range(2):  # 100 then 112 tokens of history: offset 32 both times
+        want, _ = run(target, NoDrafter(), history, PARAMS)
+        req = engine.add_request(history, PARAMS)
+        while not req.finished:
+            engine.step(req)
+        engine.finish(req, req.finished)
+        assert req.generated == want
+        history += want[:8] + TOOL[:4]
+    # the second turn's draft text reused the first's from 32 on, but its last, partial block
+    assert cached.prefix_cache.stats.reused_tokens >= first - 32 - 16
