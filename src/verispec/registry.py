@@ -69,7 +69,7 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
                                   measure=lambda m, sizes, repeats: measure_draft_step(target.backend, m, repeats))
         cost = DraftCost(ratio[1], curve)
     return DraftModelDrafter(draft, min_confidence=min_conf, cost=cost, pool_rows=pool_rows,
-                             prefix_cache=PrefixCache.from_mb(prefix_mb), context=int(opts.pop("context", 0)))
+                             prefix_cache=PrefixCache.from_mb(prefix_mb))
 
 
 def _cross_tokenizer(target: "LoadedModel", model: str, min_conf: float, opts: dict[str, Any]) -> Drafter:
@@ -296,7 +296,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
     "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, min_match (suffix drafts only after a match this long), budget=measured|fixed, learned_<option> passed to the learned drafter)"),
-    "draft": (_draft_model, "a small LM: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation: max_draft=N target tokens a step, default 3) (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), skip=3+10-12 (layers of a GGUF draft left out), window=N (each draft layer attends to its last N keys), context=N (the draft model reads only the last N to 1.5 N tokens of a longer context, from position 0: cheaper on long histories; 0 = all), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence, prefix_cache_mb (the draft's own prefix cache across requests, default 256, 0 = off))"),
+    "draft": (_draft_model, "a small LM: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation: max_draft=N target tokens a step, default 3) (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), skip=3+10-12 (layers of a GGUF draft left out), window=N (each draft layer attends to its last N keys), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence, prefix_cache_mb (the draft's own prefix cache across requests, default 256, 0 = off))"),
 }
 
 

@@ -11,18 +11,7 @@ request's draft prompt starts from the longest cached prefix, and what it fed is
 finishes (K/V depend only on the tokens before them, so kept draft tokens are reusable too).
 Used only on a backend whose prefill is bitwise the same in one forward or in several
 (``prefix_reuse_exact``): the drafts, and so the speed, are those without the cache; the
-output never depends on it (the target verifies every token).
-
-Its context (``context``): an agent's history of 2-4k tokens costs the draft model a prefill of all
-of it when it is first asked, and attention over all of it in every draft forward, for drafts of a
-few tokens of the answer that depend mostly on the last few hundred. With ``context=N`` the draft
-model's prompt is only the end of the committed text, from an offset that is a multiple of N / 2
-(so N to 1.5 N tokens, starting at position 0 there, as a text of its own: the model's first
-positions absorb the attention its sinks need, Xiao et al. 2024, "Efficient Streaming Language
-Models with Attention Sinks", arXiv 2309.17453, unlike a sliding window ``window=``, whose drafts
-collapsed on these sessions); the offset's alignment keeps it in place while a session's history
-grows by less than N / 2, so the prefix cache still holds the earlier turns' part of it. Output is
-unchanged: only what the draft model sees, and so its drafts."""
+output never depends on it (the target verifies every token)."""
 
 from __future__ import annotations
 
@@ -81,7 +70,6 @@ class _DraftState:
     cache: KVCache
     fed: list[int] = field(default_factory=list)  # tokens whose K/V are in the cache
     shared: bool = False  # its cache is a row of the drafter's shared pool (batched drafting)
-    offset: int = 0  # committed tokens before the draft model's own text (``context``): fed[i] is tokens[offset + i]
 
 
 @dataclass
@@ -148,19 +136,14 @@ class DraftModelDrafter(DeclaresFeatures):
     reserved, uncounted, on the first request.
 
     ``prefix_cache``: the draft's own K/V of earlier requests (see the module docstring); left
-    unused on a backend where reusing K/V is not exact. ``context``: at most this many (to 1.5x) of
-    the prompt's last tokens are the draft model's (the module docstring; 0: all of it)."""
+    unused on a backend where reusing K/V is not exact."""
 
     name: ClassVar[str] = "draft"
 
     def __init__(self, model: CausalLM, min_confidence: float = 0.0, cost: DraftCost | None = None,
-                 pool_rows: int = 16, one_call: bool = True, prefix_cache: PrefixCache | None = None,
-                 context: int = 0):
+                 pool_rows: int = 16, one_call: bool = True, prefix_cache: PrefixCache | None = None):
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError("min_confidence must be in [0, 1)")
-        if context < 0 or context == 1:
-            raise ValueError(f"context must be 0 (all of it) or at least 2 tokens, got {context}")
-        self.context = context
         if pool_rows < 1:
             raise ValueError("pool_rows must be >= 1")
         self.model, self.min_confidence, self.cost = model, min_confidence, cost
@@ -193,10 +176,6 @@ class DraftModelDrafter(DeclaresFeatures):
         else:
             state = _DraftState(cache=self.model.new_cache(self._cache_length))
         self._states.add(request_id, state)
-        if self.context and len(prompt_ids) > self.context:
-            step = self.context // 2
-            state.offset = (len(prompt_ids) - self.context) // step * step
-            prompt_ids = prompt_ids[state.offset:]
         # the last prompt token is fed with the first proposal (its logits are wanted then)
         reused = self.prefix_cache.restore(prompt_ids, state.cache) if self.prefix_cache is not None else 0
         state.fed.extend(prompt_ids[:reused])
@@ -309,16 +288,15 @@ class DraftModelDrafter(DeclaresFeatures):
     # ---- the pieces both share ---------------------------------------------------------------
     def _begin(self, state: _DraftState, ctx: DraftContext) -> _Chain:
         """Roll the draft cache back to what the context still shares (always re-feeding the root)."""
-        tokens = ctx.tokens[state.offset:]
-        keep = min(common_prefix_length(state.fed, tokens), len(tokens) - 1)
+        keep = min(common_prefix_length(state.fed, ctx.tokens), len(ctx.tokens) - 1)
         state.cache.truncate(keep)
         del state.fed[keep:]
-        return _Chain(ctx, min(ctx.budget, self.max_length - len(tokens)),
+        return _Chain(ctx, min(ctx.budget, self.max_length - len(ctx.tokens)),
                       grammar=None if ctx.grammar is None else GrammarDraft(ctx.grammar))
 
     @staticmethod
     def _catch_up(state: _DraftState, ctx: DraftContext) -> list[int]:
-        return ctx.tokens[state.offset + len(state.fed):]
+        return ctx.tokens[len(state.fed):]
 
     def _feed(self, states: list[_DraftState], tokens: list[list[int]]) -> list[torch.Tensor]:
         """Append each request's tokens to its draft cache in one forward; [V] logits after the
