@@ -78,12 +78,12 @@ class Tracing(DeclaresFeatures):
 
 class Clock:
     """Times calls of a model's ``forward`` (and a draft model's ``draft_chain``), wrapped on the instance,
-    by what they did: ``parts[name] = [calls, tokens, seconds]``, ``context`` the cached tokens the verify
-    forwards attended to."""
+    by what they did: ``parts[name] = [calls, tokens, seconds]``; ``context``: the cached tokens the verify
+    forwards attended to; ``drafts``: the tokens the one-call chains drafted."""
 
     def __init__(self) -> None:
         self.parts: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0])
-        self.context = 0
+        self.context = self.drafts = 0
 
     def wrap(self, model, role: str) -> None:
         forward = model.forward
@@ -92,8 +92,7 @@ class Clock:
             n, start = ids.shape[-1], cache.length
             t0 = time.perf_counter()
             out = forward(ids, positions, cache, *args, **kw)
-            kind = "prefill" if kw.get("last_logits_only") and role == "target" else "verify" if role == "target" \
-                else "feed"
+            kind = "feed" if role != "target" else "prefill" if kw.get("last_logits_only") else "verify"
             self.add(f"{role} {kind}", n, time.perf_counter() - t0)
             if kind == "verify":
                 self.context += start
@@ -106,7 +105,7 @@ class Clock:
                 t0 = time.perf_counter()
                 drafts, fed = chain(cache, feed, *args, **kw)
                 self.add(f"{role} chain", len(feed), time.perf_counter() - t0)
-                self.parts[f"{role} chain drafts"][1] += len(drafts)
+                self.drafts += len(drafts)
                 return drafts, fed
             model.draft_chain = timed_chain
 
@@ -122,16 +121,15 @@ class Clock:
             for i, value in enumerate(part):
                 mine[i] += value
         self.context += other.context
+        self.drafts += other.drafts
 
     def report(self, wall: float) -> str:
         shown = []
         for name, (calls, tokens, seconds) in sorted(self.parts.items()):
-            if name.endswith("drafts"):
-                continue
-            extra = f", {self.parts[name + ' drafts'][1] / max(1, calls):.1f} drafts" if name.endswith("chain") else ""
+            extra = f", {self.drafts / max(1, calls):.1f} drafts" if name.endswith("chain") else ""
             ctx = f", context {self.context / max(1, calls):.0f}" if name == "target verify" else ""
             shown.append(f"{name} {seconds / wall:4.0%} ({calls:.0f} calls, {tokens / max(1, calls):.1f} tok{extra}{ctx})")
-        rest = wall - sum(p[2] for n, p in self.parts.items() if not n.endswith("drafts"))
+        rest = wall - sum(p[2] for p in self.parts.values())
         return "; ".join(shown + [f"rest {rest / wall:4.0%}"]) + f"; {wall:.1f} s"
 
 
