@@ -358,7 +358,9 @@ class HybridDrafter(DeclaresFeatures):
         budget = 0
         if l_n > 0 and (fusing or r_n == 0 or l_rate > r_rate):
             budget = max(1, min(l_n, ctx.budget - r_n)) if fusing else l_n
-        if budget and self.catch_up_cost and (state.learned_started or ctx.grammar is not None) \
+        # a catch-up is bought by the savings its tracked rate forgoes; a probe, or an ask for evidence, when that
+        # rate says no saving (l_rate <= 1: no rent would ever accrue), is paid as it is, or it could never happen
+        if budget and self.catch_up_cost and (state.learned_started or ctx.grammar is not None) and l_rate > 1.0 \
                 and not self._buys(state, ctx, l_rate):
             budget = 0
         return _Plan(tree, r_n, fusing, budget)
