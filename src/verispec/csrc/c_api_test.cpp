@@ -43,6 +43,22 @@ int vs_test_matmul(int ggml_type, const void* data, int rows, int cols, const fl
   return 0;
 }
 
+// One element-wise kernel of one ISA on n floats (tests: every ISA against the scalar reference,
+// bit for bit): which 0, out = silu(a) * b; which 1, a quantized per 32-block into q, d, s, qsum
+// and qsum16 (n a multiple of 32), as a forward quantizes a matrix product's input.
+int vs_test_elementwise(const char* isa, int which, const float* a, const float* b, int n, float* out, int8_t* q,
+                        float* d, float* s, int32_t* qsum, int32_t* qsum16, char* err, int len) {
+  std::string e;
+  const vs::Kernels* k = vs::select_kernels(isa, e);
+  if (!k || n < 1 || (which == 1 && n % vs::QK) || which < 0 || which > 1) {
+    set_err(err, len, !k ? e : "bad kernel or size");
+    return -1;
+  }
+  if (which == 0) k->silu_mul(a, b, out, n);
+  else k->quantize_row(a, n, q, d, s, qsum, qsum16);
+  return 0;
+}
+
 // Seconds per matrix product of T tokens (best of `reps`) on `threads` threads: a kernel
 // micro-benchmark for scripts/bench_kernels.py (weights repacked once, random activations).
 double vs_bench_matmul(int ggml_type, const void* data, int rows, int cols, int T, int reps, const char* isa,

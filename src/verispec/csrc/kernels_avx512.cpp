@@ -16,6 +16,58 @@ namespace avx512 {
 static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 static inline __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 
+// Lane operations of exp_lanes / silu_mul_lanes / exp_shifted_lanes (kernels_generic.inc): 16 floats
+struct F16 {
+  using V = __m512;
+  static constexpr int W = 16;
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V x) { _mm512_storeu_ps(p, x); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V min(V a, V b) { return _mm512_min_ps(a, b); }
+  static V negate(V x) {  // a sign flip, as the scalar -x
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u)));
+  }
+  static V pow2(V n) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
+};
+static void exp_shifted(float* s, int n, float mx) { exp_shifted_lanes<F16>(s, n, mx); }
+
+// quantize_row_ref on 16 lanes (as kernels_avx2.cpp's): max |x| with no NaN in it, x * id rounded to
+// nearest even, the clamps as the scalar selects, truncation to int32 then to its low byte, exact sums.
+static void quantize_row(const float* x, int cols, int8_t* q, float* d, float* s, int32_t* qsum, int32_t* qsum16) {
+  const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+  for (int b = 0; b < cols / QK; b++) {
+    const __m512 v[2] = {_mm512_loadu_ps(x + b * QK), _mm512_loadu_ps(x + b * QK + 16)};
+    __m512 m = _mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_setzero_ps());  // a NaN |x| leaves m (second operand)
+    m = _mm512_max_ps(_mm512_abs_ps(v[1]), m);
+    const float amax = _mm512_reduce_max_ps(m);
+    const float db = amax / 127.0f, id = db != 0.0f ? 127.0f / amax : 0.0f;
+    int32_t half[2];
+    for (int i = 0; i < 2; i++) {
+      const __m512 x_id = _mm512_mul_ps(v[i], _mm512_set1_ps(id));
+      __m512 r = _mm512_roundscale_ps(x_id, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  // nearbyint
+      r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(r, hi, _CMP_GT_OQ), r, hi);
+      r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(r, lo, _CMP_LT_OQ), r, lo);
+      const __m512i iq = _mm512_cvttps_epi32(r);
+      _mm_storeu_si128((__m128i*)(q + b * QK + 16 * i), _mm512_cvtepi32_epi8(iq));  // low bytes
+      half[i] = _mm512_reduce_add_epi32(iq);
+    }
+    const int32_t sum = half[0] + half[1];
+    d[b] = db;
+    qsum[b] = sum;
+    qsum16[2 * b] = half[0];
+    qsum16[2 * b + 1] = half[1];
+    s[b] = db * (float)sum;
+  }
+}
+
 // Scores of whole KV_TILE-slot tiles: lanes are keys, and each lane is the fmaf chain over d.
 // All G heads of the kv head share the key loads (G a template argument: registers); a tile
 // row is four registers of 16 keys.
@@ -164,7 +216,7 @@ VS_ATTEND(score_tiles, weigh_values)
 
 }  // namespace avx512
 
-const Kernels kernels_avx512 = {"avx512", ISA_AVX512, avx512::attend, avx512::silu_mul, avx512::quantize_row,
+const Kernels kernels_avx512 = {"avx512", ISA_AVX512, avx512::attend, avx512::silu_mul_lanes<avx512::F16>, avx512::quantize_row,
                                 avx512::rms_norm};
 
 }  // namespace vs

@@ -8,10 +8,11 @@
 namespace vs {
 namespace scalar {
 #include "kernels_generic.inc"
+static void exp_shifted(float* s, int n, float mx) { exp_shifted_ref(s, n, mx); }
 VS_ATTEND(score_tiles_ref, weigh_values_ref)
 }  // namespace scalar
 
-const Kernels kernels_scalar = {"scalar", ISA_SCALAR, scalar::attend, scalar::silu_mul, scalar::quantize_row,
+const Kernels kernels_scalar = {"scalar", ISA_SCALAR, scalar::attend, scalar::silu_mul_ref, scalar::quantize_row_ref,
                                 scalar::rms_norm};
 
 }  // namespace vs
