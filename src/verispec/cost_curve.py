@@ -8,6 +8,7 @@ target decode step and kept per configuration (``cached_cost_curve``). Above ``d
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -115,12 +116,25 @@ def measure_draft_cost(model, drafter, sizes: Sequence[int] = DEFAULT_SIZES, rep
         drafter.finish(rid)
 
 
+def machine_busy() -> str | None:
+    """Why timings taken now would be skewed (``"load average 9.8 on 2 cores"``), or None. With more
+    runnable processes than 1.5x the cores, even the fastest of several runs waits for a core: a curve
+    timed then makes every later draft on this machine look dear, so it is not stored."""
+    try:
+        load = os.getloadavg()[0]
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    except (OSError, AttributeError):  # no load average here (Windows): nothing to judge by
+        return None
+    return f"load average {load:.1f} on {cores} cores" if load > 1.5 * cores else None
+
+
 def cached_cost_curve(model, key: str, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5,
                       cache_dir: str | Path | None = None,
                       measure: Callable[..., dict[int, float]] = measure_cost_curve) -> dict[int, float]:
     """``measure(model, sizes, repeats)`` (the target's ``t(n)`` by default; a drafter's
     ``c(n)`` with ``measure_draft_cost``) once per ``key`` (e.g. model/backend/quant/threads),
-    stored as JSON under ``<verispec cache>/cost-curves/``; later calls read it back."""
+    stored as JSON under ``<verispec cache>/cost-curves/``; later calls read it back. A curve timed
+    while the machine is busy (``machine_busy``) is used but not stored: the next process times it again."""
     from .models.model_cache import default_cache_dir, warn, write_cache_file
 
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
@@ -133,7 +147,12 @@ def cached_cost_curve(model, key: str, sizes: Sequence[int] = DEFAULT_SIZES, rep
                 return {n: curve[n] for n in sizes}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             warn(f"cached cost curve {path} is damaged ({type(err).__name__}): measuring it again")
+    busy = machine_busy()
     curve = measure(model, sizes, repeats)
+    busy = busy or machine_busy()
+    if busy:
+        warn(f"cost curve {key} timed while the machine is busy ({busy}): used now, not stored")
+        return curve
     write_cache_file(path, json.dumps({"key": key, "repeats": repeats, "estimator": ESTIMATOR,
                                        "t": {str(n): t for n, t in curve.items()}}, indent=1) + "\n")
     return curve

@@ -145,8 +145,10 @@ def test_damaged_gguf_tokenizer_entry_is_replaced(tmp_path: Path, damage: str) -
 
 
 @pytest.mark.parametrize("stored", ["", "{", '{"t": {"1": "x"}}', '["t"]', "\xff"])
-def test_damaged_cost_curve_is_measured_again(tmp_path: Path, stored: str) -> None:
+def test_damaged_cost_curve_is_measured_again(tmp_path: Path, stored: str, monkeypatch) -> None:
     from verispec.cost_curve import cached_cost_curve
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # a quiet machine: the curve is stored
 
     path = tmp_path / "cost-curves" / "toy.json"
     path.parent.mkdir()

@@ -3,6 +3,8 @@ the expected accepted length, hardware-aware size choice, degenerate and bad inp
 
 from __future__ import annotations
 
+import os
+
 import random
 
 import pytest
@@ -139,10 +141,31 @@ def test_choose_size_rejects_bad_costs():
         choose_size(lambda n: 1.0, {2: 0.0})
 
 
-def test_cost_curve_measured_once_and_cached(tmp_path, toy_target):
+def test_cost_curve_measured_once_and_cached(tmp_path, toy_target, monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # a quiet machine, whatever else runs
     model = toy_target
     curve = measure_cost_curve(model, sizes=(1, 4), repeats=1, context=8)
     assert set(curve) == {1, 4} and all(t > 0 for t in curve.values())
     first = cached_cost_curve(model, "toy/hf/none/1", sizes=(1, 2), repeats=1, cache_dir=tmp_path)
     assert (tmp_path / "cost-curves" / "toy_hf_none_1.json").exists()
     assert cached_cost_curve(None, "toy/hf/none/1", sizes=(2,), cache_dir=tmp_path) == {2: first[2]}
+
+
+@pytest.mark.parametrize("busy_when", ["before", "after"])
+def test_a_cost_curve_timed_on_a_busy_machine_is_used_not_stored(tmp_path, monkeypatch, busy_when):
+    """Load over 1.5x the cores before or after the timing: the curve is returned, nothing is written, and
+    the next call (quiet) times it again and stores it."""
+    loads = iter([(99.0, 0, 0), (0.0, 0, 0)] if busy_when == "before" else [(0.0, 0, 0), (99.0, 0, 0)])
+    monkeypatch.setattr(os, "getloadavg", lambda: next(loads, (0.0, 0.0, 0.0)))
+    timed = []
+
+    def measure(model, sizes, repeats):
+        timed.append(1)
+        return {1: 1.0, 2: 1.5 + len(timed)}
+
+    with pytest.warns(RuntimeWarning, match=r"busy \(load average 99.0 on \d+ cores\): used now, not stored"):
+        assert cached_cost_curve(None, "toy", sizes=(1, 2), cache_dir=tmp_path, measure=measure) == {1: 1.0, 2: 2.5}
+    assert not (tmp_path / "cost-curves").exists() or not any((tmp_path / "cost-curves").iterdir())
+    assert cached_cost_curve(None, "toy", sizes=(1, 2), cache_dir=tmp_path, measure=measure) == {1: 1.0, 2: 3.5}
+    assert cached_cost_curve(None, "toy", sizes=(1, 2), cache_dir=tmp_path, measure=measure) == {1: 1.0, 2: 3.5}
+    assert len(timed) == 2
