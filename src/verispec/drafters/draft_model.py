@@ -116,9 +116,9 @@ class DraftModelDrafter(DeclaresFeatures):
     every request still drafting, reading the draft's weights once instead of once per
     request. Each request's chain is the one ``propose`` would draft.
 
-    On a backend that declares ``chain_drafting`` (the compiled runtime) a greedy chain is
-    drafted in one call, stop rule included (``one_call=False``: by this class's Python loop,
-    the same chains).
+    On a backend that declares ``chain_drafting`` (the compiled runtime) a chain is drafted in
+    one call, stop rule included (``one_call=False``: by this class's Python loop, the same
+    greedy chains; sampled chains from the same q, to float rounding, with their own draws).
 
     A constrained request (``ctx.grammar``) drafts through the Python loop, each draft step's
     logits masked with the grammar state after the chain so far (``GrammarDraft``), so the
@@ -149,7 +149,7 @@ class DraftModelDrafter(DeclaresFeatures):
         self.model, self.min_confidence, self.cost = model, min_confidence, cost
         self._states: RequestTable[_DraftState] = RequestTable()
         self._batched = model.caps.batched
-        # greedy chains in one call where the backend can (the compiled runtime); one_call=False: the Python loop
+        # chains in one call where the backend can (the compiled runtime); one_call=False: the Python loop
         self._chains = one_call and model.caps.chain_drafting
         self._pool_rows = pool_rows
         self._pool = None  # created by reserve, else by the first request
@@ -236,7 +236,7 @@ class DraftModelDrafter(DeclaresFeatures):
     def propose(self, ctx: DraftContext) -> DraftTree:
         state = self._states.get(ctx.request_id)
         chain = self._begin(state, ctx)
-        if self._chains and ctx.params.greedy and chain.grammar is None:
+        if self._chains and chain.grammar is None:
             return self._chain_in_one_call(state, chain)
         try:
             logits = self._feed([state], [self._catch_up(state, ctx) + self._forced(chain)])[0]
@@ -248,14 +248,19 @@ class DraftModelDrafter(DeclaresFeatures):
         return self._tree(chain)
 
     def _chain_in_one_call(self, state: _DraftState, chain: _Chain) -> DraftTree:
-        """A greedy chain on a backend that drafts it in one call (``BackendCaps.chain_drafting``):
-        the same stop rule as ``_next``, with no Python between draft tokens."""
-        feed, budget = self._catch_up(state, chain.ctx), max(chain.budget, 0)
+        """A chain on a backend that drafts it in one call (``BackendCaps.chain_drafting``): the
+        same stop rule as ``_next``, with no Python between draft tokens. A sampled chain's
+        uniforms are drawn up front from the request's drafter generator, one per token the
+        budget allows (a chain that stops early leaves the rest unused), so the seed alone
+        still fixes the drafts; q comes back with them for the rejection sampler."""
+        feed, budget, params = self._catch_up(state, chain.ctx), max(chain.budget, 0), chain.ctx.params
         cost = None if self.cost is None else (self.cost.draft, [self.cost.verify(n) for n in range(budget + 2)])
-        drafts, fed = self.model.draft_chain(state.cache, feed, budget, self.min_confidence, cost)
+        sampled = None if params.greedy else (
+            params, torch.rand(budget, generator=chain.ctx.generator, dtype=torch.float64).numpy())
+        drafts, fed, q = self.model.draft_chain(state.cache, feed, budget, self.min_confidence, cost, sampled)
         state.fed.extend((feed + drafts)[:fed])
         self.fed_tokens += fed
-        return DraftTree.chain(chain.ctx.tokens[-1], drafts, None)
+        return DraftTree.chain(chain.ctx.tokens[-1], drafts, None if q is None else q.to(self.model.info.device))
 
     # ---- several requests: one draft forward per step for all of them ----------------------
     def propose_batch(self, ctxs: Sequence[DraftContext]) -> list[DraftTree]:
