@@ -91,8 +91,9 @@ def test_every_isa_drafts_the_same_chain():
 
 
 def test_the_cost_rule_sizes_sampled_chains(models):
-    """With the cost rule a chain stops where one more token no longer pays, on q(draft): the
-    Python loop's rule, recomputed here from the q rows that came back."""
+    """With the cost rule a chain stops where one more token no longer pays, acceptance guessed
+    from each q's top probability: the Python loop's rule, recomputed here from the q rows that
+    came back."""
     model = models["other"]
     budget, params = 8, LAWS["T"]
     lengths = []
@@ -100,12 +101,12 @@ def test_the_cost_rule_sizes_sampled_chains(models):
         drafts, _, q = model.draft_chain(model.new_cache(64), PROMPT, budget, cost=(COST.draft, [
             COST.verify(n) for n in range(budget + 2)]), sampled=(params, uniforms(budget, seed)))
         accept_all, expected = 1.0, 1.0
-        for i, token in enumerate(drafts):
-            keep_p = accept_all * float(q[i, token])
+        for i in range(len(drafts)):
+            keep_p = accept_all * float(q[i].max())
             assert COST.keeps(i, expected, keep_p)
             accept_all, expected = keep_p, expected + keep_p
             if i + 1 < len(drafts):
-                assert COST.pays_another(i, expected, accept_all * float(q[i, token]))
+                assert COST.pays_another(i, expected, accept_all * float(q[i].max()))
         lengths.append(len(drafts))
     assert min(lengths) < budget  # the rule cut some chains short
 
@@ -165,3 +166,26 @@ def test_bad_sampled_calls_are_refused(models, sampled, message):
     with pytest.raises(ValueError, match=message):
         model.draft_chain(cache, [3], 4, sampled=sampled)
     assert cache.length == 0
+
+
+@pytest.mark.parametrize("cost", [None, DraftCost(draft=0.01, curve={1: 1.0, 4: 1.02, 16: 1.1})], ids=["fixed", "cost"])
+@pytest.mark.parametrize("draft", ["other", "reduced"])
+def test_one_call_and_batched_loop_draft_the_same_sampled_chains(models, draft, cost):
+    """A request drafts the same sampled chain (tokens and q, bit for bit) in one call, through the
+    Python loop, and batched beside another request: the loop draws with the runtime's law
+    (``draft_sample``) and the same uniforms, so seeded output does not depend on other traffic."""
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=16)
+    prompts = [PROMPT, [1, 70, 71, 72, 70, 71, 33]]
+    trees = {}
+    for how in ("one call", "python", "batched"):
+        d = DraftModelDrafter(models[draft], one_call=how == "one call", cost=cost)
+        for r, p in enumerate(prompts):
+            d.start(f"r{r}", p[:-1])
+        ctxs = [DraftContext(f"r{r}", p, 6, params, make_generator(5, r)) for r, p in enumerate(prompts)]
+        trees[how] = d.propose_batch(ctxs) if how == "batched" else [d.propose(c) for c in ctxs]
+        assert d.pool is not None and d.pool.in_use == 2  # both requests' caches are rows of one pool: batched
+    for how in ("python", "batched"):
+        for a, b in zip(trees["one call"], trees[how]):
+            assert a.tokens == b.tokens and torch.equal(a.draft_probs, b.draft_probs)
+    lengths = [len(t.tokens) - 1 for t in trees["one call"]]
+    assert lengths == [6, 6] if cost is None else max(lengths) > 1

@@ -15,7 +15,8 @@
 // with torch's to float rounding; the output's law does not depend on that rounding).
 //
 // The decisions are DraftModelDrafter._next's, in double precision: the chain's probability
-// of being accepted whole (accept_all) and the tokens a step is expected to yield (expected).
+// of being accepted whole (accept_all, guessed from each draft's law's top probability) and the
+// tokens a step is expected to yield (expected).
 // Output never depends on them (a draft is only a proposal); they only size the chain.
 #include <algorithm>
 #include <cmath>
@@ -212,8 +213,10 @@ void draft_chain(Model& m, DraftChain& d) {
   }
   double accept_all = 1.0, expected = 1.0;
   for (int i = 0; i < d.budget; i++) {
-    // the draft, its probability under the law it was drawn from (the argmax's softmax probability when
-    // greedy) and the draft's confidence, its top softmax probability at temperature 1 (the min_confidence stop)
+    // the draft and the guess of its acceptance the cost rule reads: the top probability of the law it is
+    // drafted from (the argmax's softmax probability; a sampled draft's q's largest, not q(draft): see
+    // DraftModelDrafter._next); and the draft's confidence, its top softmax probability at temperature 1
+    // (the min_confidence stop)
     Pick p{};
     double confidence = 0.0;
     if (!sampled) {
@@ -223,7 +226,7 @@ void draft_chain(Model& m, DraftChain& d) {
       float* q = d.q + (size_t)i * rows;
       if (!draft_law(logits.data(), rows, d, scratch, q)) return;
       const int r = draw(q, rows, d.uniforms[i]);
-      p = {d.head_rows ? d.head_rows[r] : r, (double)q[r]};
+      p = {d.head_rows ? d.head_rows[r] : r, (double)*std::max_element(q, q + rows)};
       if (d.min_confidence > 0.0f)
         confidence = top_probability(logits.data(), rows, *std::max_element(logits.begin(), logits.end()));
     }
@@ -254,4 +257,20 @@ extern "C" int vs_draft_chain(void* mp, vs::DraftChain* d, char* err, int n) {
     return -1;
   }
   return 0;
+}
+
+// One draft of a sampled chain from given logits (DraftModelDrafter's Python loop on the compiled
+// runtime: requests drafted together in batched forwards), with the one call's law and draw, so a
+// request drafts the same chain alone or beside others. q into `q`; the row drawn with `u`, or
+// -1 when the logits name no token.
+extern "C" int vs_draft_law(int rows, const float* logits, float temperature, float min_p, float top_p, int top_k,
+                            double u, float* q) {
+  vs::DraftChain d{};
+  d.temperature = temperature, d.min_p = min_p, d.top_p = top_p, d.top_k = top_k;
+  try {
+    vs::Scratch scratch;
+    return vs::draft_law(logits, rows, d, scratch, q) ? vs::draw(q, rows, u) : -1;
+  } catch (const std::exception&) {  // scratch allocation
+    return -1;
+  }
 }

@@ -429,6 +429,19 @@ class CpuLlama(PooledLM):
         return DraftedChain(drafts[:n].tolist(), chain.n_fed,
                             self._full_vocab(torch.from_numpy(q[:n]), fill=0.0) if params and n else None)
 
+    def draft_sample(self, logits: torch.Tensor, params: SamplingParams, u: float) -> tuple[int, torch.Tensor] | None:
+        """One draft of a sampled chain from this model's [V] ``logits`` with uniform ``u``: the token
+        and its q over the vocabulary, by ``draft_chain``'s law and draw (the same bits, for the
+        same logits); None when the logits name no token (``draft_chain`` ends the chain there)."""
+        rows = np.ascontiguousarray((logits if self.head_rows is None else logits[self.head_rows]).float().numpy())
+        q = np.empty(len(rows), dtype=np.float32)
+        r = library().vs_draft_law(len(rows), ptr(rows, ctypes.c_float), params.temperature, params.min_p,
+                                   params.top_p, params.top_k, u, ptr(q, ctypes.c_float))
+        if r < 0:
+            return None
+        token = r if self.head_rows is None else int(self.head_rows[r])
+        return token, self._full_vocab(torch.from_numpy(q)[None], 0.0)[0]
+
     def _full_vocab(self, logits: torch.Tensor, fill: float = float("-inf")) -> torch.Tensor:
         """[T, head rows] -> [T, V]: a reduced head's logits (or probabilities) scattered, ``fill`` elsewhere."""
         if self.head_rows is None:

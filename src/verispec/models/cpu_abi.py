@@ -118,6 +118,8 @@ def _load_library() -> ctypes.CDLL:
     lib.vs_model_weight_bytes.argtypes = (ctypes.c_void_p,)
     lib.vs_forward.argtypes = (ctypes.c_void_p, _P(Batch), *c_err)
     lib.vs_draft_chain.argtypes = (ctypes.c_void_p, _P(DraftChain), *c_err)
+    lib.vs_draft_law.argtypes = (ctypes.c_int, _P(ctypes.c_float), ctypes.c_float, ctypes.c_float, ctypes.c_float,
+                                 ctypes.c_int, ctypes.c_double, _P(ctypes.c_float))
     lib.vs_cache_move.argtypes = (_P(Config), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                   ctypes.c_int, _P(ctypes.c_int32), ctypes.c_int, ctypes.c_int)
     lib.vs_requantize.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
