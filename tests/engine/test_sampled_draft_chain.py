@@ -189,3 +189,12 @@ def test_one_call_and_batched_loop_draft_the_same_sampled_chains(models, draft, 
             assert a.tokens == b.tokens and torch.equal(a.draft_probs, b.draft_probs)
     lengths = [len(t.tokens) - 1 for t in trees["one call"]]
     assert lengths == [6, 6] if cost is None else max(lengths) > 1
+
+
+def test_logits_that_name_no_token_end_the_chain(models):
+    """NaN, +inf or no finite logit: no draft (the chain ends; the target's own logits are checked)."""
+    model, params = models["other"], LAWS["all"]
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        assert model.draft_sample(torch.full((V,), bad), params, 0.5) is None
+    token, q = model.draft_sample(torch.arange(V, dtype=torch.float32) / 10, params, 0.5)
+    assert q.shape == (V,) and q[token] > 0 and abs(float(q.sum()) - 1) < 1e-5
