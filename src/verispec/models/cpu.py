@@ -419,7 +419,8 @@ class CpuLlama(PooledLM):
                            pool.slots, budget, min_confidence, int(cost is not None), cost[0] if cost else 0.0,
                            ptr(verify, ctypes.c_double), None if self._head_ids is None else ptr(self._head_ids), ptr(drafts),
                            0, 0, params.temperature if params else 0.0, params.min_p if params else 0.0,
-                           params.top_p if params else 1.0, params.top_k if params else 0, ptr(u, ctypes.c_double),
+                           params.top_p if params else 1.0, self._head_top_k(params) if params else 0,
+                           ptr(u, ctypes.c_double),
                            ptr(q, ctypes.c_float))
         err = ctypes.create_string_buffer(ERR_LEN)
         if library().vs_draft_chain(self._h, ctypes.byref(chain), err, ERR_LEN):
@@ -436,11 +437,15 @@ class CpuLlama(PooledLM):
         rows = np.ascontiguousarray((logits if self.head_rows is None else logits[self.head_rows]).float().numpy())
         q = np.empty(len(rows), dtype=np.float32)
         r = library().vs_draft_law(len(rows), ptr(rows, ctypes.c_float), params.temperature, params.min_p,
-                                   params.top_p, params.top_k, u, ptr(q, ctypes.c_float))
+                                   params.top_p, self._head_top_k(params), u, ptr(q, ctypes.c_float))
         if r < 0:
             return None
         token = r if self.head_rows is None else int(self.head_rows[r])
         return token, self._full_vocab(torch.from_numpy(q)[None], 0.0)[0]
+
+    def _head_top_k(self, params: SamplingParams) -> int:
+        """top_k for the runtime's int32: 0 (off) where it keeps every head row anyway (any top_k a request sends)."""
+        return params.top_k if params.top_k < self.args.vocab_size else 0
 
     def _full_vocab(self, logits: torch.Tensor, fill: float = float("-inf")) -> torch.Tensor:
         """[T, head rows] -> [T, V]: a reduced head's logits (or probabilities) scattered, ``fill`` elsewhere."""
