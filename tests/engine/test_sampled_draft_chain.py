@@ -27,7 +27,8 @@ COST = DraftCost(draft=0.05, curve={1: 1.02, 2: 1.05, 4: 1.15, 8: 1.5, 16: 2.6})
 LAWS = {"T": SamplingParams(temperature=2.0), "top-k": SamplingParams(temperature=1.5, top_k=7),
         "top-p": SamplingParams(temperature=1.5, top_p=0.8), "min-p": SamplingParams(temperature=1.5, min_p=0.05),
         "all": SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.01),
-        "huge top-k": SamplingParams(temperature=1.5, top_k=2**31 + 5)}  # beyond int32: keeps every token
+        "huge top-k": SamplingParams(temperature=1.5, top_k=2**31 + 5),  # beyond int32: keeps every token
+        "float edges": SamplingParams(temperature=1.5, top_p=1e-50, min_p=1 - 1e-10)}  # 0 and 1 as float32
 
 
 def compiled(seed: int, head_rows=None, isa: str | None = None) -> cpu.CpuLlama:

@@ -199,9 +199,11 @@ void draft_chain(Model& m, DraftChain& d) {
   if (d.n_feed < 1) throw std::invalid_argument("a draft chain needs at least one token to feed (its root)");
   if (d.budget < 0 || (d.use_cost && !d.verify)) throw std::invalid_argument("a draft chain needs budget >= 0 (and t(n) with the cost rule)");
   const bool sampled = d.temperature > 0.0f;
-  if (sampled && (!d.uniforms || !d.q || !(d.top_p > 0.0f) || d.min_p < 0.0f || d.min_p >= 1.0f || d.top_k < 0))
-    throw std::invalid_argument("a sampled draft chain needs uniforms, q rows, top_p in (0, 1], min_p in [0, 1) "
-                                "and top_k >= 0");
+  // top_p and min_p as floats: a request's 1e-50 rounds to 0, its 1 - 1e-10 to 1 (both still mean the same filter)
+  if (sampled && (!d.uniforms || !d.q || !(d.top_p >= 0.0f && d.top_p <= 1.0f) || !(d.min_p >= 0.0f && d.min_p <= 1.0f)
+                  || d.top_k < 0))
+    throw std::invalid_argument("a sampled draft chain needs uniforms, q rows, top_p and min_p in [0, 1] and "
+                                "top_k >= 0");
   d.n_drafts = d.n_fed = 0;
   const int rows = m.cfg.vocab;
   std::vector<float> logits(rows);
