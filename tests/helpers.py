@@ -126,15 +126,18 @@ def same_first_tokens_law(target, drafter, prompt: list[int], seeds: int = 250, 
 
 def law_pvalue(samples: torch.Tensor, p: torch.Tensor) -> float:
     """Chi-square p-value of token ``samples`` ([S] long) against the exact law ``p`` ([V]);
-    cells expecting fewer than 5 draws are pooled. Asserts no draw has probability 0."""
+    cells expecting fewer than 5 draws are pooled (tokens of probability 0 are no cell). Asserts no draw has
+    probability 0."""
     from scipy.stats import chisquare
 
     p = p.double()
     counts = torch.bincount(samples, minlength=p.numel()).double()
     assert counts[p == 0].sum() == 0, "a token with probability 0 was drawn"
     big = p * len(samples) >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([p[big], p[~big].sum()[None]]) * len(samples)
+    small = ~big & (p > 0)
+    pooled = [small] if small.any() else []  # the pooled cell, when some cell with mass is small
+    obs = torch.cat([counts[big], *(counts[c].sum()[None] for c in pooled)])
+    exp = torch.cat([p[big], *(p[c].sum()[None] for c in pooled)]) * len(samples)
     return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
 
 

@@ -74,7 +74,7 @@ def test_the_cache_holds_what_was_fed(models):
     them one by one in Python gives the same next logits."""
     model = models["other"]
     cache = model.new_cache(128)
-    drafts, fed = model.draft_chain(cache, PROMPTS[1], 6)
+    drafts, fed, _ = model.draft_chain(cache, PROMPTS[1], 6)
     assert len(drafts) == 6 and fed == len(PROMPTS[1]) + 5 == cache.length
     ref = model.new_cache(128)
     logits = None

@@ -160,6 +160,12 @@ struct DraftChain {
   int32_t* drafts;          // [budget] out: the chain
   int32_t n_drafts;         // out: tokens drafted
   int32_t n_fed;            // out: tokens whose K/V were written (the feed, then drafts fed back)
+  // a sampled chain (temperature > 0): each draft drawn from the draft's processed distribution q
+  float temperature;        // 0: greedy (the argmax)
+  float min_p, top_p;       // sampling.process_logits' filters (min_p 0, top_p 1: off)
+  int32_t top_k;            // 0: off
+  const double* uniforms;   // [budget] one U(0, 1) draw per draft, the caller's (its generator's) randomness
+  float* q;                 // [budget, vocab] out: each draft's q over the LM head's rows (head_rows' order)
 };
 
 // Element d of `slot` (>= 0) in one kv head's K cache [slots / KV_TILE][head_dim][KV_TILE]: the

@@ -85,6 +85,9 @@ class _Chain:
     grammar: GrammarDraft | None = None  # a constrained request's grammar, walked along the chain
     forwards: int = 0  # draft forwards whose logits gave a draft (tokens the grammar forces need none)
     ended: bool = False  # a draft ended the answer (EOS, or the grammar is complete)
+    # a sampled chain on a backend that drafts in one call: one uniform per token of the budget, drawn up front (the
+    # one call's randomness, and the Python loop's there, so a request drafts the same chain alone or batched)
+    uniforms: list[float] | None = None
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -116,9 +119,10 @@ class DraftModelDrafter(DeclaresFeatures):
     every request still drafting, reading the draft's weights once instead of once per
     request. Each request's chain is the one ``propose`` would draft.
 
-    On a backend that declares ``chain_drafting`` (the compiled runtime) a greedy chain is
-    drafted in one call, stop rule included (``one_call=False``: by this class's Python loop,
-    the same chains).
+    On a backend that declares ``chain_drafting`` (the compiled runtime) a chain is drafted in
+    one call, stop rule included (``one_call=False``: by this class's Python loop, the same
+    chains: there a sampled draft's q and draw are the runtime's too, ``draft_sample``, from
+    uniforms drawn up front, so batched drafting keeps each request's chain).
 
     A constrained request (``ctx.grammar``) drafts through the Python loop, each draft step's
     logits masked with the grammar state after the chain so far (``GrammarDraft``), so the
@@ -149,7 +153,7 @@ class DraftModelDrafter(DeclaresFeatures):
         self.model, self.min_confidence, self.cost = model, min_confidence, cost
         self._states: RequestTable[_DraftState] = RequestTable()
         self._batched = model.caps.batched
-        # greedy chains in one call where the backend can (the compiled runtime); one_call=False: the Python loop
+        # chains in one call where the backend can (the compiled runtime); one_call=False: the Python loop
         self._chains = one_call and model.caps.chain_drafting
         self._pool_rows = pool_rows
         self._pool = None  # created by reserve, else by the first request
@@ -242,7 +246,7 @@ class DraftModelDrafter(DeclaresFeatures):
     def propose(self, ctx: DraftContext) -> DraftTree:
         state = self._states.get(ctx.request_id)
         chain = self._begin(state, ctx)
-        if self._chains and ctx.params.greedy and chain.grammar is None:
+        if self._chains and chain.grammar is None:
             return self._chain_in_one_call(state, chain)
         try:
             logits = self._feed([state], [self._catch_up(state, ctx) + self._forced(chain)])[0]
@@ -254,14 +258,18 @@ class DraftModelDrafter(DeclaresFeatures):
         return self._tree(chain)
 
     def _chain_in_one_call(self, state: _DraftState, chain: _Chain) -> DraftTree:
-        """A greedy chain on a backend that drafts it in one call (``BackendCaps.chain_drafting``):
-        the same stop rule as ``_next``, with no Python between draft tokens."""
-        feed, budget = self._catch_up(state, chain.ctx), max(chain.budget, 0)
+        """A chain on a backend that drafts it in one call (``BackendCaps.chain_drafting``): the
+        same stop rule as ``_next``, with no Python between draft tokens. A sampled chain's
+        uniforms are drawn up front from the request's drafter generator, one per token the
+        budget allows (a chain that stops early leaves the rest unused), so the seed alone
+        still fixes the drafts; q comes back with them for the rejection sampler."""
+        feed, budget, params = self._catch_up(state, chain.ctx), max(chain.budget, 0), chain.ctx.params
         cost = None if self.cost is None else (self.cost.draft, [self.cost.verify(n) for n in range(budget + 2)])
-        drafts, fed = self.model.draft_chain(state.cache, feed, budget, self.min_confidence, cost)
+        sampled = None if chain.uniforms is None else (params, chain.uniforms)
+        drafts, fed, q = self.model.draft_chain(state.cache, feed, budget, self.min_confidence, cost, sampled)
         state.fed.extend((feed + drafts)[:fed])
         self.fed_tokens += fed
-        return DraftTree.chain(chain.ctx.tokens[-1], drafts, None)
+        return DraftTree.chain(chain.ctx.tokens[-1], drafts, None if q is None else q.to(self.model.info.device))
 
     # ---- several requests: one draft forward per step for all of them ----------------------
     def propose_batch(self, ctxs: Sequence[DraftContext]) -> list[DraftTree]:
@@ -297,8 +305,12 @@ class DraftModelDrafter(DeclaresFeatures):
         keep = min(common_prefix_length(state.fed, ctx.tokens), len(ctx.tokens) - 1)
         state.cache.truncate(keep)
         del state.fed[keep:]
-        return _Chain(ctx, min(ctx.budget, self.max_length - len(ctx.tokens)),
-                      grammar=None if ctx.grammar is None else GrammarDraft(ctx.grammar))
+        budget = min(ctx.budget, self.max_length - len(ctx.tokens))
+        uniforms = None
+        if self.model.caps.chain_drafting and not ctx.params.greedy and ctx.grammar is None:
+            uniforms = torch.rand(max(budget, 0), generator=ctx.generator, dtype=torch.float64).tolist()
+        grammar = None if ctx.grammar is None else GrammarDraft(ctx.grammar)
+        return _Chain(ctx, budget, grammar=grammar, uniforms=uniforms)
 
     @staticmethod
     def _catch_up(state: _DraftState, ctx: DraftContext) -> list[int]:
@@ -333,12 +345,23 @@ class DraftModelDrafter(DeclaresFeatures):
             return None
         if chain.grammar is not None and (logits := chain.grammar.mask(logits)) is None:
             return None  # nothing the draft can propose is allowed here
-        q = target_probs(logits[None], ctx.params)[0] if not ctx.params.greedy else None
-        token = sample(q, ctx.generator) if q is not None else int(logits.argmax())
+        if ctx.params.greedy:
+            q, token = None, int(logits.argmax())
+        elif chain.uniforms is not None:  # the one call's law and draw (draft_chain), the same chain
+            if (drawn := self.model.draft_sample(logits, ctx.params, chain.uniforms[i])) is None:
+                return None
+            token, q = drawn
+        else:
+            q = target_probs(logits[None], ctx.params)[0]
+            token = sample(q, ctx.generator)
         if self.min_confidence and logits.float().softmax(-1).max() < self.min_confidence:
             return None
         if self.cost is not None:  # keep token i + 1 only if it raises tokens per unit time
-            conf = float(q[token]) if q is not None else float(logits.float().softmax(-1)[token])
+            # acceptance guessed from the top probability of the law drafted from (the argmax's, or q's largest): a
+            # sampled draft x is accepted with min(1, p(x) / q(x)), often where q(x) is small (a flat q, a target as
+            # flat); q's largest tracks acceptance better than q(x) (Qwen2.5-Coder 0.5B for the 1.5B at T = 0.7:
+            # drafts of q(x) < 0.3 accepted ~60% of the time) and sizes chains that yield more per unit time
+            conf = float(q.max()) if q is not None else float(logits.float().softmax(-1)[token])
             keep_p = chain.accept_all * conf
             if not self.cost.keeps(i, chain.expected, keep_p, chain.forwards + 1):
                 return None

@@ -84,8 +84,8 @@ class BackendCaps:
     host_threads: int | None = None
     min_verify_rows: int = 1  # tokens per row a batched forward costs at least (native's padded rows)
     copy_prefix: bool = False  # its caches copy a prompt's K/V from another cache (Engine.fork shares a prefill)
-    # draft_chain(cache, feed, budget, ...): a greedy draft chain, stop rule included, in one call (a draft model's
-    # tokens without Python between them: models.cpu)
+    # draft_chain(cache, feed, budget, ...): a greedy or sampled draft chain, stop rule included, in one call (a draft
+    # model's tokens without Python between them: models.cpu)
     chain_drafting: bool = False
 
 

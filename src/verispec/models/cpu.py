@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import ctypes
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -51,6 +53,19 @@ from verispec.models.cpu_weights import (
 from verispec.models.formats import WeightFormat
 from verispec.models.gguf_file import read_gguf
 from verispec.models.llama import LlamaArgs, read_safetensors, rope_tables
+
+if TYPE_CHECKING:
+    from verispec.types import SamplingParams
+
+
+class DraftedChain(NamedTuple):
+    """``CpuLlama.draft_chain``'s answer: the drafts, the tokens appended to the cache (the feed
+    and the drafts fed back: the last draft is not) and, for a sampled chain, the [drafts, V] q
+    each draft was drawn from (None when greedy or nothing was drafted)."""
+
+    drafts: list[int]
+    fed: int
+    q: torch.Tensor | None
 
 
 def _check_rope_fits(args: LlamaArgs, positions: int) -> None:
@@ -368,14 +383,17 @@ class CpuLlama(PooledLM):
         return ModelOutput(self._full_vocab(logits), hidden, layers)
 
     def draft_chain(self, cache: CpuCache, feed: list[int], budget: int, min_confidence: float = 0.0,
-                    cost: tuple[float, list[float]] | None = None) -> tuple[list[int], int]:
-        """A greedy draft chain in one call (csrc/draft_chain.cpp): append ``feed`` (the tokens
-        the cache lacks, the chain's root last) to ``cache``, then draft the argmax token and
-        feed it back while the stop rule of ``DraftModelDrafter`` keeps going: at most
-        ``budget`` tokens, none below ``min_confidence`` (0: off), and with ``cost`` = (one
-        draft forward, [t(0) .. t(budget + 1)]) in target steps, only tokens that raise the
-        expected tokens per unit time. Returns the chain and how many tokens were appended to
-        the cache (the feed and the drafts fed back: the last draft is not)."""
+                    cost: tuple[float, list[float]] | None = None,
+                    sampled: tuple[SamplingParams, Sequence[float]] | None = None) -> DraftedChain:
+        """A draft chain in one call (csrc/draft_chain.cpp): append ``feed`` (the tokens the cache
+        lacks, the chain's root last) to ``cache``, then draft the next token and feed it back
+        while the stop rule of ``DraftModelDrafter`` keeps going: at most ``budget`` tokens,
+        none while the draft's top probability is below ``min_confidence`` (0: off), and with
+        ``cost`` = (one draft forward, [t(0) .. t(budget + 1)]) in target steps, only tokens
+        that raise the expected tokens per unit time. Greedy: the argmax tokens. ``sampled`` =
+        (params, ``budget`` uniforms in [0, 1)): draft i is drawn with uniform i from q, the
+        draft's logits processed by ``params`` as ``sampling.process_logits`` does, and the
+        chain's q rows come back over the whole vocabulary (a reduced head's other tokens 0)."""
         if not isinstance(cache, CpuCache) or cache.pool.owner is not self:
             raise ValueError("draft_chain: the cache must be a CpuCache of a pool created by this model")
         if not feed or budget < 0:
@@ -383,6 +401,9 @@ class CpuLlama(PooledLM):
                              f"got {len(feed)} and {budget}")
         if cost is not None and len(cost[1]) < budget + 2:
             raise ValueError(f"draft_chain: the cost rule needs t(0) .. t({budget + 1}), got {len(cost[1])} values")
+        if sampled is not None and (sampled[0].greedy or len(sampled[1]) < budget):
+            raise ValueError(f"draft_chain: a sampled chain needs a temperature > 0 and {budget} uniforms, got "
+                             f"{sampled[0].temperature} and {len(sampled[1])}")
         if cache.length + len(feed) + budget > cache.max_length:
             raise ValueError(f"draft_chain: cache overflow: {cache.length} cached + {len(feed)} fed + {budget} "
                              f"drafted > max_length {cache.max_length}")
@@ -391,21 +412,46 @@ class CpuLlama(PooledLM):
         ids = i32(feed)
         verify = np.ascontiguousarray(cost[1] if cost else [0.0], dtype=np.float64)
         drafts = np.zeros(max(budget, 1), dtype=np.int32)
+        params, uniforms = sampled if sampled is not None else (None, [0.0])
+        u = np.ascontiguousarray(uniforms, dtype=np.float64)
+        q = np.empty((max(budget, 1), self.args.vocab_size) if params else (1, 1), dtype=np.float32)
         chain = DraftChain(len(ids), ptr(ids), cache.row, cache.length, pool.k.data_ptr(), pool.v.data_ptr(), pool.rows,
                            pool.slots, budget, min_confidence, int(cost is not None), cost[0] if cost else 0.0,
                            ptr(verify, ctypes.c_double), None if self._head_ids is None else ptr(self._head_ids), ptr(drafts),
-                           0, 0)
+                           0, 0, params.temperature if params else 0.0, params.min_p if params else 0.0,
+                           params.top_p if params else 1.0, self._head_top_k(params) if params else 0,
+                           ptr(u, ctypes.c_double),
+                           ptr(q, ctypes.c_float))
         err = ctypes.create_string_buffer(ERR_LEN)
         if library().vs_draft_chain(self._h, ctypes.byref(chain), err, ERR_LEN):
             raise ValueError(err.value.decode())
         cache._advance(chain.n_fed)
-        return drafts[:chain.n_drafts].tolist(), chain.n_fed
+        n = chain.n_drafts
+        return DraftedChain(drafts[:n].tolist(), chain.n_fed,
+                            self._full_vocab(torch.from_numpy(q[:n]), fill=0.0) if params and n else None)
 
-    def _full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """[T, head rows] -> [T, V]: a reduced head's logits scattered, -inf elsewhere."""
+    def draft_sample(self, logits: torch.Tensor, params: SamplingParams, u: float) -> tuple[int, torch.Tensor] | None:
+        """One draft of a sampled chain from this model's [V] ``logits`` with uniform ``u``: the token
+        and its q over the vocabulary, by ``draft_chain``'s law and draw (the same bits, for the
+        same logits); None when the logits name no token (``draft_chain`` ends the chain there)."""
+        rows = np.ascontiguousarray((logits if self.head_rows is None else logits[self.head_rows]).float().numpy())
+        q = np.empty(len(rows), dtype=np.float32)
+        r = library().vs_draft_law(len(rows), ptr(rows, ctypes.c_float), params.temperature, params.min_p,
+                                   params.top_p, self._head_top_k(params), u, ptr(q, ctypes.c_float))
+        if r < 0:
+            return None
+        token = r if self.head_rows is None else int(self.head_rows[r])
+        return token, self._full_vocab(torch.from_numpy(q)[None], 0.0)[0]
+
+    def _head_top_k(self, params: SamplingParams) -> int:
+        """top_k for the runtime's int32: 0 (off) where it keeps every head row anyway (any top_k a request sends)."""
+        return params.top_k if params.top_k < self.args.vocab_size else 0
+
+    def _full_vocab(self, logits: torch.Tensor, fill: float = float("-inf")) -> torch.Tensor:
+        """[T, head rows] -> [T, V]: a reduced head's logits (or probabilities) scattered, ``fill`` elsewhere."""
         if self.head_rows is None:
             return logits
-        full = logits.new_full((len(logits), self.info.vocab_size), float("-inf"))
+        full = logits.new_full((len(logits), self.info.vocab_size), fill)
         return full.index_copy_(-1, self.head_rows, logits)
 
     @staticmethod

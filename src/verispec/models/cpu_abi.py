@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from verispec.models.llama import LlamaArgs
 
 PANEL_ROWS = 16  # rows per weight panel (csrc/vs.h: PANEL)
-ABI_VERSION = 4  # csrc/vs.h: ABI_VERSION
+ABI_VERSION = 5  # csrc/vs.h: ABI_VERSION
 ERR_LEN = 512  # bytes of the buffer a C call writes its error message into
 
 
@@ -74,14 +74,16 @@ class Batch(ctypes.Structure):
 
 
 class DraftChain(ctypes.Structure):
-    """One greedy draft chain in one call (csrc/model.h: DraftChain; ``CpuLlama.draft_chain``)."""
+    """One draft chain in one call, greedy or sampled (csrc/model.h: DraftChain; ``CpuLlama.draft_chain``)."""
 
     _fields_ = [("n_feed", ctypes.c_int32), ("feed", _P(ctypes.c_int32)), ("row", ctypes.c_int32),
                 ("cached", ctypes.c_int32), ("kcache", ctypes.c_void_p), ("vcache", ctypes.c_void_p),
                 ("cache_rows", ctypes.c_int32), ("cache_slots", ctypes.c_int32), ("budget", ctypes.c_int32),
                 ("min_confidence", ctypes.c_float), ("use_cost", ctypes.c_int32), ("draft_cost", ctypes.c_double),
                 ("verify", _P(ctypes.c_double)), ("head_rows", _P(ctypes.c_int32)), ("drafts", _P(ctypes.c_int32)),
-                ("n_drafts", ctypes.c_int32), ("n_fed", ctypes.c_int32)]
+                ("n_drafts", ctypes.c_int32), ("n_fed", ctypes.c_int32), ("temperature", ctypes.c_float),
+                ("min_p", ctypes.c_float), ("top_p", ctypes.c_float), ("top_k", ctypes.c_int32),
+                ("uniforms", _P(ctypes.c_double)), ("q", _P(ctypes.c_float))]
 
 
 _LIB: ctypes.CDLL | None = None
@@ -116,6 +118,8 @@ def _load_library() -> ctypes.CDLL:
     lib.vs_model_weight_bytes.argtypes = (ctypes.c_void_p,)
     lib.vs_forward.argtypes = (ctypes.c_void_p, _P(Batch), *c_err)
     lib.vs_draft_chain.argtypes = (ctypes.c_void_p, _P(DraftChain), *c_err)
+    lib.vs_draft_law.argtypes = (ctypes.c_int, _P(ctypes.c_float), ctypes.c_float, ctypes.c_float, ctypes.c_float,
+                                 ctypes.c_int, ctypes.c_double, _P(ctypes.c_float))
     lib.vs_cache_move.argtypes = (_P(Config), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                   ctypes.c_int, _P(ctypes.c_int32), ctypes.c_int, ctypes.c_int)
     lib.vs_requantize.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
