@@ -20,7 +20,6 @@ import torch
 from verispec.models.cpu import CpuLlama
 from verispec.models.cpu_weights import REQUANTS, gguf_weights
 from verispec.models.formats import formats_label
-from verispec.models.gguf_config import open_gguf
 from verispec.models.gguf_tokenizer import load_gguf_tokenizer
 from verispec.models.load import gguf_context
 from verispec.models.resolve import resolve_model
@@ -29,11 +28,11 @@ from verispec.weights import frequent_tokens
 
 def load(name: str, quant: str, vocab: int, threads: int) -> CpuLlama:
     source = resolve_model(name)
-    info, cfg = open_gguf(source.gguf)
+    info, cfg = source.gguf, source.config
     specials = sorted(load_gguf_tokenizer(info).added_tokens_decoder)
     rows = frequent_tokens(source.name, vocab, specials)
     weights = gguf_weights(info, cfg, head_rows=rows, requant=None if quant == "file" else quant)
-    return CpuLlama.from_weights(cfg, weights, gguf_context(source, info, cfg), name=f"{name}[{quant}]",
+    return CpuLlama.from_weights(cfg, weights, gguf_context(source, cfg), name=f"{name}[{quant}]",
                                  head_rows=rows, threads=threads)
 
 

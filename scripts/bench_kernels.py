@@ -44,7 +44,7 @@ def main() -> None:
         cells, t1 = [], None
         for t in tokens:
             def run(which: ctypes.CDLL, reps: int) -> float:
-                return which.vs_bench_matmul(cpu_abi.FORMATS[fmt].ggml_type, blocks.ctypes.data, args.rows, args.cols, t,
+                return which.vs_bench_matmul(cpu_abi.FORMATS[fmt].fmt.ggml_type, blocks.ctypes.data, args.rows, args.cols, t,
                                              reps, args.isa.encode(), args.threads)
             if base is None:
                 s = run(lib, args.reps)

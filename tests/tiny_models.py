@@ -243,6 +243,6 @@ def runtime_dequant(fmt: str, blocks, rows: int, cols: int):
     out = np.zeros((rows, cols), dtype=np.float32)
     err = ctypes.create_string_buffer(256)
     data = np.ascontiguousarray(blocks)
-    assert lib.vs_test_dequant(cpu_abi.FORMATS[fmt].ggml_type, data.ctypes.data, rows, cols, out.ctypes.data_as(fp),
+    assert lib.vs_test_dequant(cpu_abi.FORMATS[fmt].fmt.ggml_type, data.ctypes.data, rows, cols, out.ctypes.data_as(fp),
                                err, 256) == 0, err.value.decode()
     return out

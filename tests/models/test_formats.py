@@ -43,7 +43,7 @@ def test_format_table_matches_ggml():
     assert {"f32", *QUANTIZED} <= set(FORMATS)  # and issue 35's (test_formats_added.py)
     for name, f in FORMATS.items():
         qtype = GGMLQuantizationType[name.upper()]
-        assert f.ggml_type == int(qtype)
+        assert f.fmt.ggml_type == int(qtype)
         assert (f.block, f.block_bytes) == GGML_QUANT_SIZES[qtype]
 
 
@@ -60,7 +60,7 @@ def run_matmul(fmt: str, blocks: np.ndarray, rows: int, cols: int, x: np.ndarray
     out = np.zeros((len(x), rows), dtype=np.float32)
     err = ctypes.create_string_buffer(256)
     fp = ctypes.POINTER(ctypes.c_float)
-    rc = _lib().vs_test_matmul(FORMATS[fmt].ggml_type, np.ascontiguousarray(blocks).ctypes.data, rows, cols,
+    rc = _lib().vs_test_matmul(FORMATS[fmt].fmt.ggml_type, np.ascontiguousarray(blocks).ctypes.data, rows, cols,
                                x.ctypes.data_as(fp), len(x), out.ctypes.data_as(fp), isa.encode(), err, 256)
     assert rc == 0, err.value.decode()
     return out
@@ -152,7 +152,7 @@ def test_bad_formats_and_shapes_are_refused():
     assert _lib().vs_test_matmul(int(GGMLQuantizationType.IQ2_XS), blocks.ctypes.data, 16, 256, x.ctypes.data_as(fp),
                                  1, out.ctypes.data_as(fp), b"scalar", err, 256) == -1
     assert b"unsupported format" in err.value
-    assert _lib().vs_test_matmul(FORMATS["q4_k"].ggml_type, blocks.ctypes.data, 16, 224, x.ctypes.data_as(fp), 1,
+    assert _lib().vs_test_matmul(FORMATS["q4_k"].fmt.ggml_type, blocks.ctypes.data, 16, 224, x.ctypes.data_as(fp), 1,
                                  out.ctypes.data_as(fp), b"scalar", err, 256) == -1  # 224 is not a 256-multiple
 
 

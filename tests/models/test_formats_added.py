@@ -78,7 +78,7 @@ def run_matmul(fmt: str, data: np.ndarray, rows: int, cols: int, x: np.ndarray, 
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.zeros((len(x), rows), dtype=np.float32)
     err = ctypes.create_string_buffer(256)
-    rc = lib.vs_test_matmul(FORMATS[fmt].ggml_type, np.ascontiguousarray(data).ctypes.data, rows, cols,
+    rc = lib.vs_test_matmul(FORMATS[fmt].fmt.ggml_type, np.ascontiguousarray(data).ctypes.data, rows, cols,
                             x.ctypes.data_as(fp), len(x), out.ctypes.data_as(fp), isa.encode(), err, 256)
     assert rc == 0, err.value.decode()
     return out
@@ -96,7 +96,7 @@ def test_format_table_has_the_added_formats():
     cpu_abi.library()
     for name in ADDED:
         f = FORMATS[name]
-        assert f.ggml_type == int(qtype(name)) and (f.block, f.block_bytes) == GGML_QUANT_SIZES[qtype(name)]
+        assert f.fmt.ggml_type == int(qtype(name)) and (f.block, f.block_bytes) == GGML_QUANT_SIZES[qtype(name)]
 
 
 @pytest.mark.parametrize("fmt", ADDED)

@@ -211,12 +211,13 @@ def test_runaway_render_leaves_completions_and_shutdown_alone() -> None:
                                           timeout=60)
 
         thread = threading.Thread(target=post_chat)
-        start = time.monotonic()
         thread.start()
         time.sleep(0.3)  # the render is under way
         for prompt in ("Once upon a time", "The cat"):
             assert complete(url, prompt=prompt, max_tokens=4, temperature=0)["choices"][0]["text"]
-        assert thread.is_alive() and time.monotonic() - start < timeout_s  # answered while the render runs
+        # answered while the render runs: its chat has no answer yet (the order proves it; a clock
+        # would also count how slowly a busy machine runs the two completions)
+        assert thread.is_alive()
         thread.join(timeout_s + 30)
         err = assert_error(chat["response"], 400, "chat_template_error", "messages")
         assert f"did not finish within {timeout_s:g} s" in err["message"]

@@ -105,6 +105,11 @@ def layer_tensors(arch: Architecture) -> dict[str, tuple[str, ...]]:
     return t
 
 
+def layer_tensor(layer: int, name: str, kind: str = "weight") -> str:
+    """GGUF name of layer ``layer``'s tensor ``name`` (a key of ``layer_tensors``): ``blk.3.attn_q.weight``."""
+    return f"blk.{layer}.{name}.{kind}"
+
+
 def optional_layer_tensors(arch: Architecture) -> dict[str, tuple[str, ...]]:
     """Tensors a layer of ``arch`` may have: Q/K/V biases (``blk.{i}.attn_q.bias``, ...)."""
     return {"attn_q.bias": ("q",), "attn_k.bias": ("kv",), "attn_v.bias": ("kv",)} if arch.qkv_bias else {}

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from verispec.models.base import ModelError, one_line
-from verispec.models.gguf_config import open_gguf
 from verispec.models.gguf_tensors import gguf_state_dict
 from verispec.models.gguf_tokenizer import load_gguf_tokenizer
 from verispec.models.llama2c import build_llama2c_tokenizer, read_llama2c_header, read_llama2c_vocab, read_llama2c_weights
@@ -165,8 +164,8 @@ def _transformers_config(cfg: dict):
 
 def _convert_gguf(source: ModelSource, out: Path) -> None:
     """A float32 transformers directory of a GGUF (only ``--backend hf`` and training read it)."""
-    info, cfg = open_gguf(source.gguf)
-    tokenizer = load_gguf_tokenizer(info)
+    info, cfg = source.gguf, source.config
+    tokenizer = load_gguf_tokenizer(info, max_length=cfg["max_position_embeddings"])
     config = _transformers_config(cfg)
     eos = cfg["eos_token_id"]
     _write_hf_dir(out, config, gguf_state_dict(info, cfg), tokenizer, eos_ids=eos if isinstance(eos, list) else [eos])

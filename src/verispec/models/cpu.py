@@ -94,6 +94,8 @@ class CpuLlama(PooledLM):
                  threads: int | None = None, kv_dtype: torch.dtype | None = None,
                  head_rows: torch.Tensor | None = None):
         lib = library()
+        n_rope = 2 if args.local_rope_theta is not None else 1  # RoPE tables: global, and local (sliding layers)
+        _check_rope_fits(args, n_rope * info.max_length)  # refused before anything is built
         self.args, self.info = args, info
         # the formats of its layers' matrices, as they came (the head and embedding may differ)
         self.formats = layer_formats(weights)
@@ -112,13 +114,11 @@ class CpuLlama(PooledLM):
         embed_parts = [] if embed is None else embed if isinstance(embed, list) else [embed]
         # resident bytes of the input embedding (by reference: only the looked-up rows' pages)
         self._embed_bytes = 0 if self._embed_ref is not None else sum(int(np.asarray(p.data).nbytes) for p in embed_parts)
-        n_rope = 2 if args.local_rope_theta is not None else 1
         self._cfg = Config(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim,
                             args.intermediate_size, info.max_length, args.norm_eps, int(self.kv_dtype == torch.float16),
                             args.vocab_size if embed is None else sum(p.rows for p in embed_parts),
                             int(args.activation == "gelu_tanh"), n_rope, args.embed_scale, args.attn_scale or 0.0,
                             args.logit_softcap)
-        _check_rope_fits(args, n_rope * info.max_length)
         tables = [rope_tables(args, info.max_length, torch.device("cpu"), local=i == 1) for i in range(n_rope)]
         cos, sin = (torch.cat([t[j] for t in tables]).contiguous() for j in (0, 1))  # [n_rope * max_pos, D / 2]
         err = ctypes.create_string_buffer(ERR_LEN)
@@ -146,7 +146,7 @@ class CpuLlama(PooledLM):
             self._set(-1, Slot.EMBED, weights["embed"])
         if self._embed_ref is not None:
             ref, err = self._embed_ref, ctypes.create_string_buffer(ERR_LEN)
-            if library().vs_model_set_embed_ref(self._h, FORMATS[ref.fmt].ggml_type, ref.data.ctypes.data, ref.rows,
+            if library().vs_model_set_embed_ref(self._h, ref.fmt.ggml_type, ref.data.ctypes.data, ref.rows,
                                                 ref.cols, err, ERR_LEN):
                 raise ModelError(f"compiled runtime, embedding: {err.value.decode()}")
         self._set(-1, Slot.HEAD, weights["head"])
@@ -188,7 +188,7 @@ class CpuLlama(PooledLM):
                                  f"[{part.rows}, {part.cols}] {part.fmt}")
             pb = None if b is None else b[row:row + part.rows].contiguous()
             err = ctypes.create_string_buffer(ERR_LEN)
-            rc = library().vs_model_set(self._h, layer, int(slot), fmt.ggml_type, data.ctypes.data, part.rows, part.cols,
+            rc = library().vs_model_set(self._h, layer, int(slot), part.fmt.ggml_type, data.ctypes.data, part.rows, part.cols,
                                         None if pb is None else ptr(pb, ctypes.c_float), err, ERR_LEN)
             if rc:
                 raise ModelError(f"compiled runtime, layer {layer} tensor {slot.name.lower()}: {err.value.decode()}")

@@ -161,10 +161,6 @@ class RuntimeFormat:
     block: int  # weights per block
     block_bytes: int
 
-    @property
-    def ggml_type(self) -> int:
-        return self.fmt.ggml_type
-
     def row_bytes(self, cols: int) -> int:
         return cols // self.block * self.block_bytes
 

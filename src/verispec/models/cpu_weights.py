@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from verispec.models.architectures import ARCHITECTURES, Architecture
+from verispec.models.architectures import ARCHITECTURES, Architecture, layer_tensor
 from verispec.models.base import ModelError
 from verispec.models.cpu_abi import ERR_LEN, FORMATS, PANEL_ROWS, library
 from verispec.models.formats import WeightFormat
-from verispec.models.gguf_config import layer_tensor
 from verispec.models.gguf_file import GGUFInfo, GGUFTensor
 from verispec.models.llama import LlamaArgs, rope_interleaved_to_half, take
 
@@ -85,7 +84,7 @@ def requantize(m: RawMatrix, fmt: WeightFormat | str = WeightFormat.Q4_0) -> Raw
     out = np.empty((m.rows, want.row_bytes(m.cols)), dtype=np.uint8)
     src = np.ascontiguousarray(m.data)
     err = ctypes.create_string_buffer(ERR_LEN)
-    if lib.vs_requantize(want.ggml_type, FORMATS[m.fmt].ggml_type, src.ctypes.data, m.rows, m.cols, out.ctypes.data,
+    if lib.vs_requantize(want.fmt.ggml_type, m.fmt.ggml_type, src.ctypes.data, m.rows, m.cols, out.ctypes.data,
                          max(1, torch.get_num_threads()), err, ERR_LEN):
         raise ModelError(f"requantizing a {m.fmt} matrix to {want.fmt}: {err.value.decode()}")
     if m.release is not None:

@@ -7,7 +7,7 @@ or tensor. What each architecture reads (keys, tensors, their shapes) is its dec
 ``architectures.py``: a key or tensor it does not declare is refused here, naming it.
 ``LAYER_TENSORS`` maps llama / qwen2 tensor names to HF's (the dequantizing ``gguf_tensors``).
 
-    info, cfg = open_gguf(source.gguf)      # {"model_type": "qwen2", "hidden_size": 1536, ...}
+    info, cfg = open_gguf(path)      # {"model_type": "qwen2", "hidden_size": 1536, ...}: ModelSource.config
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from verispec.models.architectures import (
     COMMON_KEYS,
     Architecture,
     architecture,
+    layer_tensor,
     layer_tensors,
     optional_layer_tensors,
     sliding_layers,
@@ -215,11 +216,6 @@ LAYER_TENSORS = {
 }
 GLOBAL_TENSORS = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                   "output.weight": "lm_head.weight"}  # fmt: skip
-
-
-def layer_tensor(layer: int, name: str, kind: str = "weight") -> str:
-    """GGUF name of layer ``layer``'s tensor ``name`` (``architectures.layer_tensors``): ``blk.3.attn_q.weight``."""
-    return f"blk.{layer}.{name}.{kind}"
 
 
 def _check_tensors(info: GGUFInfo, cfg: dict, decl: Architecture) -> None:

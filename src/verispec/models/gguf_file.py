@@ -70,10 +70,6 @@ class GGUFInfo:
     array_keys: frozenset[str] = frozenset()  # keys holding arrays (an undecoded one reads as its length)
     array_offsets: dict[str, int] = field(default_factory=dict, repr=False)  # key -> byte offset of its array
 
-    @property
-    def architecture(self) -> str:
-        return str(self.meta.get("general.architecture"))
-
 
 def read_gguf(path: Path, arrays: frozenset[str] = frozenset(), tensors: bool = True) -> GGUFInfo:
     """Metadata (arrays named in ``arrays`` decoded, others given as their length) and, with

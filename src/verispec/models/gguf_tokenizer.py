@@ -27,7 +27,6 @@ from verispec.models.gguf_config import (
     EOG_TEXTS,
     TOKENIZER_ARRAYS,
     check_tokenizer_metadata,
-    is_int,
     shown,
 )
 from verispec.models.gguf_file import GGUFInfo, with_arrays
@@ -111,16 +110,18 @@ def tokenizer_cache_dir(info: GGUFInfo, cache_dir: Path) -> Path:
     return Path(cache_dir) / "tokenizers" / f"gguf-{info.tokenizer_key[:24]}"
 
 
-def gguf_tokenizer(info: GGUFInfo, cache_dir: Path | None = None) -> tuple[PreTrainedTokenizerBase, list[int]]:
+def gguf_tokenizer(info: GGUFInfo, cache_dir: Path | None = None,
+                   max_length: int | None = None) -> tuple[PreTrainedTokenizerBase, list[int]]:
     """(tokenizer, end-of-generation ids) of a GGUF. Built once from the file's vocabulary and
     merges, then read from ``<cache_dir>/tokenizers/gguf-<key>/`` (``cache_dir=None``: not cached).
+    ``max_length``: the model's context (its checked config's), the tokenizer's ``model_max_length``.
     Malformed tokenizer metadata is one ModelError naming its key, and nothing is cached for it."""
     check_tokenizer_metadata(info)
     entry = tokenizer_cache_dir(info, cache_dir) if cache_dir is not None else None
     if entry is not None and sound_entry(entry):  # checked against its manifest; a damaged one is discarded
         try:
             facts = _TokenizerFacts.from_json((entry / "verispec.json").read_text(encoding="utf-8"))
-            return _wrap(str(entry / "tokenizer.json"), facts, info), facts.eos_ids
+            return _wrap(str(entry / "tokenizer.json"), facts, max_length), facts.eos_ids
         except Exception as err:  # noqa: BLE001 - intact files that do not load: replaced below
             discard(entry, one_line(err))
     full = with_arrays(info, TOKENIZER_ARRAYS)  # the vocabulary and merges: read only on a cache miss
@@ -129,10 +130,10 @@ def gguf_tokenizer(info: GGUFInfo, cache_dir: Path | None = None) -> tuple[PreTr
     if entry is not None:
         try:
             _save_entry(entry, backend, facts)
-            return _wrap(str(entry / "tokenizer.json"), facts, info), facts.eos_ids
+            return _wrap(str(entry / "tokenizer.json"), facts, max_length), facts.eos_ids
         except OSError as err:  # an unwritable cache only costs the next start the build again
             warnings.warn(f"cannot cache the tokenizer in {entry} ({one_line(err)})", RuntimeWarning, stacklevel=2)
-    return _wrap_object(backend, facts, info), facts.eos_ids
+    return _wrap_object(backend, facts, max_length), facts.eos_ids
 
 
 def _save_entry(entry: Path, backend, facts: _TokenizerFacts) -> None:
@@ -243,29 +244,30 @@ def _tokenizer_errors(info: GGUFInfo) -> Iterator[None]:
                          "expected a GGUF tokenizer") from None
 
 
-def _kwargs(facts: _TokenizerFacts, info: GGUFInfo) -> dict:
+def _kwargs(facts: _TokenizerFacts, max_length: int | None) -> dict:
     kw = {k: v for k, v in facts.special.items() if v is not None}
-    ctx = info.meta.get(f"{info.architecture}.context_length")  # checked by the config; not needed here
     return kw | {"clean_up_tokenization_spaces": False, "chat_template": facts.chat_template,
-                 "model_max_length": ctx if is_int(ctx) and ctx > 0 else int(1e30)}  # fmt: skip
+                 "model_max_length": max_length or int(1e30)}  # transformers' "no limit"
 
 
-def _wrap(tokenizer_file: str, facts: _TokenizerFacts, info: GGUFInfo):
+def _wrap(tokenizer_file: str, facts: _TokenizerFacts, max_length: int | None):
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, **_kwargs(facts, info))
+    return PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, **_kwargs(facts, max_length))
 
 
-def _wrap_object(backend, facts: _TokenizerFacts, info: GGUFInfo):
+def _wrap_object(backend, facts: _TokenizerFacts, max_length: int | None):
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_object=backend, **_kwargs(facts, info))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **_kwargs(facts, max_length))
 
 
-def load_gguf_tokenizer(info: GGUFInfo, cache_dir: Path | None = None) -> PreTrainedTokenizerBase:
-    """The GGUF's tokenizer (built once with ``tokenizers``, cached by content under the model cache)."""
+def load_gguf_tokenizer(info: GGUFInfo, cache_dir: Path | None = None,
+                        max_length: int | None = None) -> PreTrainedTokenizerBase:
+    """The GGUF's tokenizer (built once with ``tokenizers``, cached by content under the model cache);
+    ``max_length``: the model's context (``ModelSource.config``'s), its ``model_max_length``."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    tokenizer, _ = gguf_tokenizer(info, root)
+    tokenizer, _ = gguf_tokenizer(info, root, max_length)
     if "tokenizer.chat_template" in info.meta and not tokenizer.chat_template:
         raise ModelError(f"{info.path}: the GGUF chat template did not reach the tokenizer")
     return tokenizer

@@ -3,8 +3,9 @@ its weight format once (``runtime_choice.py``), load its weights and tokenizer (
 drafts for it (``load_draft_model``, ``distilled_draft_dir``). ``verispec.api`` re-exports the
 public names.
 
-A GGUF's header is parsed once, when it is resolved; its ``GGUFInfo`` (``ModelSource.gguf``)
-reaches the config, the tokenizer, the weights and the cache from there."""
+A GGUF is parsed and checked once, when it is resolved; its ``GGUFInfo`` and HF-style config
+(``ModelSource.gguf``, ``ModelSource.config``) reach the runtime choice, the tokenizer, the weights
+and the cache from there."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from .base import CausalLM
 from .catalog import DEFAULT_MODEL
 from .converted import converted_hf_dir, prune_stale_entries
 from .formats import WeightFormat
-from .gguf_config import open_gguf
 from .gguf_file import GGUFInfo
 from .gguf_tensors import gguf_dequant_bytes, gguf_state_dict, gguf_tensor
 from .gguf_tokenizer import load_gguf_tokenizer
@@ -122,10 +122,9 @@ def _load_gguf(source: ModelSource, dtype: torch.dtype, backend: str, device: st
                quant: WeightFormat | str) -> LoadedModel:
     """A GGUF straight from the file: nothing float32 is written. ``cpu`` reads the file's own
     blocks; ``native`` dequantizes them in memory (and says so)."""
-    info, cfg = open_gguf(source.gguf)  # architecture, metadata, tensors and their data ranges: before any weight
-    choice = choose_runtime(source, cfg, backend, quant, dtype, device)
-    tokenizer = load_gguf_tokenizer(info)
-    model = _gguf_backend(source, info, cfg, source.name, dtype, choice, device)
+    choice = choose_runtime(source, source.config, backend, quant, dtype, device)
+    tokenizer = load_gguf_tokenizer(source.gguf, max_length=source.config["max_position_embeddings"])
+    model = _gguf_backend(source, source.name, dtype, choice, device)
     prune_stale_entries(source)  # float32 directories earlier versions wrote for this file
     return LoadedModel(source.name, model, tokenizer, source, bool(tokenizer.chat_template), choice)
 
@@ -133,13 +132,13 @@ def _load_gguf(source: ModelSource, dtype: torch.dtype, backend: str, device: st
 _DEQUANT_WARNED: set[Path] = set()
 
 
-def _gguf_backend(source: ModelSource, info: GGUFInfo, cfg: dict, name: str, dtype: torch.dtype,
-                  choice: RuntimeChoice, device: str, num_layers: int | None = None,
-                  head_rows: torch.Tensor | None = None, requant: WeightFormat | None = None,
-                  shape: DraftShape | None = None) -> CausalLM:
+def _gguf_backend(source: ModelSource, name: str, dtype: torch.dtype, choice: RuntimeChoice, device: str,
+                  num_layers: int | None = None, head_rows: torch.Tensor | None = None,
+                  requant: WeightFormat | None = None, shape: DraftShape | None = None) -> CausalLM:
     """A GGUF on the ``cpu`` or ``native`` runtime (``num_layers``: the first layers only;
     ``requant``: matrices re-encoded at load, ``cpu_weights.requantize``; ``shape``: a draft's
     skipped layers and attention window, compiled runtime only)."""
+    info, cfg = source.gguf, source.config
     if num_layers is not None:
         if not 1 <= num_layers <= cfg["num_hidden_layers"]:
             raise ValueError(f"num_layers must be in [1, {cfg['num_hidden_layers']}], got {num_layers}")
@@ -149,7 +148,7 @@ def _gguf_backend(source: ModelSource, info: GGUFInfo, cfg: dict, name: str, dty
         if choice.backend != "cpu" or choice.weights is not None:
             raise ValueError("a draft's skip= and window= need its GGUF's own blocks on the compiled runtime")
         cfg, layer_ids = shape.apply(cfg)
-    context = gguf_context(source, info, cfg)
+    context = gguf_context(source, cfg)
     if choice.backend == "cpu":
         from .cpu import CpuLlama
         from .cpu_weights import gguf_weights
@@ -178,7 +177,7 @@ MIN_CONTEXT = 1 << 16  # a GGUF's context is never cut below this many tokens (g
 _CONTEXT_WARNED: set[Path] = set()
 
 
-def gguf_context(source: ModelSource, info: GGUFInfo, cfg: dict) -> int:
+def gguf_context(source: ModelSource, cfg: dict) -> int:
     """The context a GGUF runs with: the one it declares (``context_length``), unless the RoPE
     tables of that many positions, built at load for every position a request may reach
     (head_dim floats a position, here and in the compiled runtime), would outweigh the file
@@ -186,7 +185,7 @@ def gguf_context(source: ModelSource, info: GGUFInfo, cfg: dict) -> int:
     4.7 MB file declaring 2^24 tokens made ``generate`` build 2.5-20 GiB of tables."""
     import warnings
 
-    declared, per_position = cfg["max_position_embeddings"], 8 * cfg["head_dim"]
+    info, declared, per_position = source.gguf, cfg["max_position_embeddings"], 8 * cfg["head_dim"]
     fits = max(MIN_CONTEXT, info.size // per_position)
     if declared <= fits:
         return declared
@@ -290,9 +289,7 @@ def load_draft_model(target: LoadedModel, spec: str, vocab: int | None = None,
         if n < 1:
             raise ValueError("truncated:N needs N >= 1")
         if target.source.kind == "gguf" and target.backend_kind in ("cpu", "native"):
-            gguf_info, cfg = open_gguf(target.source.gguf)
-            return _gguf_backend(target.source, gguf_info, cfg, target.name, info.dtype, target.choice,
-                                 str(info.device), n)
+            return _gguf_backend(target.source, target.name, info.dtype, target.choice, str(info.device), n)
         return _hf_dir_backend(target.hf_dir, target.name, info.dtype, target.choice, str(info.device), n)
     weights = shipped_weights("draft", target.name) if spec == "shipped" else Path(spec)
     if spec == "shipped" or is_draft_weights(weights):
@@ -341,7 +338,6 @@ def _load_gguf_draft(target: LoadedModel, spec: str, vocab: int | None,
     if source.kind != "gguf" or target.backend_kind != "cpu":
         raise ValueError("vocab=N, quant=q4_0, skip= and window= need a GGUF draft on the compiled runtime "
                          "(backend cpu); use vocab=full quant=file")
-    info, cfg = open_gguf(source.gguf)
     rows = None if vocab is None else frequent_tokens(source.name, vocab, sorted(tokenizer.added_tokens_decoder))
     tags = ([] if rows is None else [f"vocab {len(rows)}"]) + ([] if requant is None else [requant])
     if shape is not None and shape.skip:
@@ -349,5 +345,5 @@ def _load_gguf_draft(target: LoadedModel, spec: str, vocab: int | None,
     if shape is not None and shape.window:
         tags.append(f"window {shape.window}")
     choice = RuntimeChoice("cpu", None, checkpoint_format(source))  # the file's own blocks
-    return _gguf_backend(source, info, cfg, f"{source.name}[{', '.join(tags)}]", target.backend.info.dtype, choice,
-                         "cpu", head_rows=rows, requant=requant, shape=shape)
+    return _gguf_backend(source, f"{source.name}[{', '.join(tags)}]", target.backend.info.dtype, choice, "cpu",
+                         head_rows=rows, requant=requant, shape=shape)

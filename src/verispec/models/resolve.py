@@ -4,8 +4,9 @@ large is read and nothing converted.
 A catalog entry names a file inside an installed pip package, package data, or a file split into
 pip parts (assembled once: ``package_parts.py``); a path is a Hugging Face directory, a ``.gguf``
 file or a llama2.c ``.bin`` checkpoint. A GGUF's header is parsed here, once (``gguf_file.read_gguf``),
-and travels with the source (``ModelSource.gguf``) to everything that reads the file after: the
-config, the tokenizer, the weights, the cache entry's name.
+and checked and read into an HF-style config once (``gguf_config.open_gguf``); both travel with the
+source (``ModelSource.gguf``, ``ModelSource.config``) to everything that reads the file after: the
+runtime choice, the tokenizer, the weights, the cache entry's name.
 
     source = resolve_model("stories260k")      # ModelSource(kind="llama2c", path=..., tokenizer_path=...)
 """
@@ -20,7 +21,7 @@ from typing import Literal
 
 from verispec.models.base import ModelError
 from verispec.models.catalog import CATALOG, CatalogEntry, PackageFile, PackageParts
-from verispec.models.gguf_config import OPEN_ARRAYS, check_architecture
+from verispec.models.gguf_config import OPEN_ARRAYS, open_gguf
 from verispec.models.gguf_file import GGUFInfo, read_gguf
 from verispec.models.llama2c import find_llama2c_tokenizer, read_llama2c_header, read_llama2c_vocab
 from verispec.models.model_cache import default_cache_dir
@@ -38,18 +39,22 @@ class ModelSource:
     chat: bool = False  # has a chat template (instruct model)
     # a GGUF's header, metadata and tensor table: the one parse of the file, passed down
     gguf: GGUFInfo | None = field(default=None, compare=False, repr=False)
+    # a GGUF's HF-style config (``open_gguf``: every check before a weight is read); None for
+    # the other kinds, whose config is read from their HF directory when they are loaded
+    config: dict | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.kind == "gguf" and self.gguf is None:
-            object.__setattr__(self, "gguf", _read_model_gguf(self.path))
+            info, config = _open_model_gguf(self.path)
+            object.__setattr__(self, "gguf", info)
+            object.__setattr__(self, "config", config)
 
 
-def _read_model_gguf(path: Path) -> GGUFInfo:
-    """The one parse of a GGUF model file: header, tensor table and the arrays ``open_gguf`` reads;
-    an unsupported architecture fails here, before anything large is read."""
-    info = read_gguf(path, OPEN_ARRAYS)
-    check_architecture(info)
-    return info
+def _open_model_gguf(path: Path) -> tuple[GGUFInfo, dict]:
+    """The one parse of a GGUF model file (header, tensor table and the arrays ``open_gguf``
+    reads) and its checked config: a file verispec does not run fails here, before anything large
+    is read."""
+    return open_gguf(read_gguf(path, OPEN_ARRAYS))
 
 
 def resolve_model(name_or_path: str, *, tokenizer_path: str | Path | None = None) -> ModelSource:
@@ -71,8 +76,9 @@ def resolve_model(name_or_path: str, *, tokenizer_path: str | Path | None = None
     if path.is_dir():
         return _resolve_hf_dir(name_or_path, path)
     if path.suffix == ".gguf":
-        info = _read_model_gguf(path)
-        return ModelSource(name_or_path, "gguf", path, chat="tokenizer.chat_template" in info.meta, gguf=info)
+        info, config = _open_model_gguf(path)
+        return ModelSource(name_or_path, "gguf", path, chat="tokenizer.chat_template" in info.meta, gguf=info,
+                           config=config)
     if path.suffix == ".bin":
         header = read_llama2c_header(path)
         tok = (

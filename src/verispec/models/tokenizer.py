@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
     """The tokenizer of any source: a GGUF's own (nothing converted), else the HF directory's."""
     if source.kind == "gguf":
-        return load_gguf_tokenizer(source.gguf)
+        return load_gguf_tokenizer(source.gguf, max_length=source.config["max_position_embeddings"])
     return hf_dir_tokenizer(converted_hf_dir(source))
 
 
