@@ -1,7 +1,11 @@
 """Shared fixtures and the test groups. Tests pin torch to 2 threads (CI machines have 2 cores), whose
-OpenMP workers wait passively (``OMP_WAIT_POLICY``): a spinning worker of these small models' forwards takes
-the core the other one (or another process) needs, so beside a busy process a test burned up to 40x the CPU
-and wall time of a quiet run (stories260K decode steps: 20 runs 0.2 CPU s passive, 0.7-20 s spinning).
+OpenMP workers spin only briefly before they sleep (``GOMP_SPINCOUNT`` 20,000; libgomp's default is 300,000),
+or sleep at once when the run starts on a busy machine (``OMP_WAIT_POLICY=PASSIVE``):
+a worker spinning after these small models' forwards takes the core the other one (or another process) needs,
+so beside a busy process a test burned up to 40x the CPU and wall time of a quiet run; sleeping at once
+(``OMP_WAIT_POLICY=PASSIVE``) pays a wake-up per torch op instead. tests/engine/test_stories.py +
+test_sampling_params.py, 2 cores: quiet 12.8 s (20,000), 13.4 s (spinning), 21.8 s (passive); beside two busy
+loops 41 s (20,000), 26 s (passive); libgomp's default spinning took 138 s beside other work at load ~4.
 
 Layout (by subject): ``unit/`` pure functions, drafters and caches (seconds); ``engine/`` the
 engine and every drafter on toy, tiny random and stories260K models; ``models/`` loading, model
@@ -16,7 +20,20 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when torch loads libgomp: before `import torch`
+
+def _busy() -> bool:
+    """More runnable processes than cores when the run starts (the 1-minute load average)."""
+    try:
+        return os.getloadavg()[0] > len(os.sched_getaffinity(0))
+    except (OSError, AttributeError):
+        return False
+
+
+# read once, when torch loads libgomp: before `import torch`
+if _busy():
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+else:
+    os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
 import pytest
 import torch
