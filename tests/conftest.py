@@ -20,17 +20,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from verispec.system import load_and_cores  # imports no torch
 
-def _busy() -> bool:
-    """More runnable processes than cores when the run starts (the 1-minute load average)."""
-    try:
-        return os.getloadavg()[0] > len(os.sched_getaffinity(0))
-    except (OSError, AttributeError):
-        return False
-
-
-# read once, when torch loads libgomp: before `import torch`
-if _busy():
+# read once, when torch loads libgomp: before `import torch`. Busy: more runnable processes than cores
+_load = load_and_cores()
+if _load is not None and _load[0] > _load[1]:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 else:
     os.environ.setdefault("GOMP_SPINCOUNT", "20000")

@@ -8,12 +8,13 @@ target decode step and kept per configuration (``cached_cost_curve``). Above ``d
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+
+from .system import load_and_cores
 
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32)
 
@@ -120,11 +121,10 @@ def machine_busy() -> str | None:
     """Why timings taken now would be skewed (``"load average 9.8 on 2 cores"``), or None. With more
     runnable processes than 1.5x the cores, even the fastest of several runs waits for a core: a curve
     timed then makes every later draft on this machine look dear, so it is not stored."""
-    try:
-        load = os.getloadavg()[0]
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    except (OSError, AttributeError):  # no load average here (Windows): nothing to judge by
+    measured = load_and_cores()
+    if measured is None:  # no load average here (Windows): nothing to judge by
         return None
+    load, cores = measured
     return f"load average {load:.1f} on {cores} cores" if load > 1.5 * cores else None
 
 

@@ -44,6 +44,17 @@ def threads(n: int | None) -> Iterator[int]:
         torch.set_num_threads(before)
 
 
+def load_and_cores() -> tuple[float, int] | None:
+    """The 1-minute load average and the cores this process may run on, or None where the system
+    keeps no load average (Windows). Reads no torch: the test harness asks before torch loads."""
+    try:
+        load = os.getloadavg()[0]
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    except (OSError, AttributeError):
+        return None
+    return load, cores
+
+
 def dir_bytes(path: Path) -> int:
     """Bytes of the regular files under ``path`` (links not followed; 0 if it does not exist)."""
     total = 0
