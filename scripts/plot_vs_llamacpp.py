@@ -33,14 +33,14 @@ def load(run_dir: Path) -> tuple[dict, list[Record]]:
     return data["meta"], [Record(**{k: v for k, v in r.items() if k in fields}) for r in data["records"]]
 
 
-def rows(records: list[Record]) -> list[dict]:
+def rows(records: list[Record], peer_name: str = PEER) -> list[dict]:
     """One row per (category, method) with llama.cpp plain in the run: tokens/s and ratios over it."""
     groups: dict[tuple[str, str], list[Record]] = {}
     for r in records:
         groups.setdefault((r.category, r.method), []).append(r)
     out = []
     for (category, method), recs in sorted(groups.items()):
-        peer = groups.get((category, PEER))
+        peer = groups.get((category, peer_name))
         if peer is None:
             continue
         mine, theirs = totals(recs), totals(peer)
@@ -64,11 +64,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path, help="output directories of `verispec bench` runs")
     ap.add_argument("--png", type=Path, help="write the plot here")
+    ap.add_argument("--peer", default=PEER, help="the method the ratios are over (e.g. llamacpp-server:fa=1)")
     args = ap.parse_args()
     table = []
     for run in args.runs:
         meta, records = load(run)
-        for row in rows(records):
+        for row in rows(records, args.peer):
             table.append(row | {"run": run.name, "backend": meta.get("backend_detail", "")})
     print("| workload | method | items | tokens | tokens/s (decode) | tau | x llama.cpp plain, e2e (decode) | target |")
     print("|---|---|---|---|---|---|---|---|")
@@ -77,7 +78,7 @@ def main() -> None:
               f"({fmt(r['decode_tok_s'], '.1f')}) | {fmt(r['tau'])} | {fmt(r['x_e2e'])}x ({fmt(r['x_decode'])}x) | "
               f"{'-' if r['target'] is None else format(r['target'], '.1f') + 'x'} |")
     if args.png:
-        plot([r for r in table if r["method"] != PEER], args.png)
+        plot([r for r in table if not r["method"].startswith(PEER)], args.png)
         print(f"plot: {args.png}")
 
 

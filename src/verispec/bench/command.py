@@ -173,7 +173,7 @@ def _llama_server_runner(spec, opts: dict[str, str], lm, o: BenchOptions, shared
     if source.kind != "gguf":
         shared.notices.append(f"{spec.label} skipped: model {o.model} is not a GGUF file")
         return None
-    draft, cfg = None, {"poll": _pop_int(opts, "poll", 50)}
+    draft, cfg = None, {"poll": _pop_int(opts, "poll", 50), "fa": _pop_int(opts, "fa", 0)}
     if spec.name == "llamacpp-server-spec":
         entry = CATALOG.get(lm.name)
         name = opts.pop("model", entry.draft if entry is not None and entry.draft else None)

@@ -24,9 +24,9 @@ PEERS: dict[str, str] = {
     "llamacpp": "llama-cpp-python on the model's GGUF, plain decoding (extra [llamacpp])",
     "llamacpp-pld": "llama-cpp-python with LlamaPromptLookupDecoding (option max_ngram; extra [llamacpp])",
     "llamacpp-server": "llama.cpp's llama-server binary (scripts/build_llamacpp.sh or $LLAMACPP_BIN), plain, greedy "
-                       "(option poll: its --poll, 50; 0 on a busy machine)",
+                       "(options poll: its --poll, 50; 0 on a busy machine; fa=1: its --flash-attn)",
     "llamacpp-server-spec": "llama-server with a draft GGUF (options model=<the target's catalog draft|name|path>, "
-                            "draft_max=4, p_min=0.75, td=threads: its best configuration on our sweeps; poll), greedy",
+                            "draft_max=4, p_min=0.75, td=threads: its best configuration on our sweeps; poll, fa), greedy",
 }
 
 
