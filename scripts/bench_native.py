@@ -12,12 +12,20 @@ to llama.cpp's.
     python scripts/bench_native.py --configs cpu cpu-avx2 native-int4 llamacpp --threads 2 --reps 5
     python scripts/bench_native.py --synthetic-1b --threads 2 --reps 5   # cost curve of a ~1B model
     python scripts/bench_native.py --ab --threads 1 --reps 6   # invariance cost, interleaved
+    python scripts/bench_native.py --model qwen2.5-coder-1.5b-instruct --configs cpu cpu-avx2 --context 2048 \
+        --prefill-logits last      # a long prompt's prefill as the engine runs it
 
 ``cpu`` runs the GGUF file's own Q4_1 blocks with the widest ISA the machine has;
 ``cpu-avx2`` forces the AVX2 kernels (what an AVX2-only CPU runs). ``--synthetic-1b``: a
 random-weight Llama of ~0.85B parameters (dim 2048, 16 layers, 32/8 heads, ffn 5632,
 vocab 32000, untied head) quantized to Q4_1 at load, on
 ``cpu`` and ``cpu-avx2``, to show how the verification cost curve changes with model size.
+
+``--prefill-logits last`` times the prefill as the engine and a draft's feed of new history run it:
+logits of the prompt's last token only, so the LM head runs over one row instead of every prompt
+token's (on the Qwen2.5-Coder 1.5B, a fifth of a 512-token prefill); llama.cpp keeps computing
+every row's logits (``logits_all``, which its steps need). The default, ``all``, keeps earlier
+tables comparable.
 
 Times are the minimum over ``--reps`` runs (the machine may be shared; the minimum is the
 least disturbed). By default the configurations are interleaved: each rep times every
@@ -138,12 +146,12 @@ def measure(runners: list[Runner], ks, reps: int, interleave: bool, gap_s: float
     return [r.result(ks) for r in runners]
 
 
-def native_runner(path, name: str, ids: torch.Tensor, ctx: int) -> Runner:
+def native_runner(path, name: str, ids: torch.Tensor, ctx: int, last_logits: bool) -> Runner:
     dtype = torch.float32 if "fp32" in name or "int4" in name else torch.bfloat16
     quant = next((q for q in ("int8", "int4") if q in name), "none")
     model = NativeLlama.from_hf_dir(path, dtype=dtype, max_length=ids.shape[1] + 64, quant=quant,
                                     batch_invariant="noinv" not in name)
-    return _cache_runner(model, name, ids, ctx, _native_setup(model), model.weight_bytes)
+    return _cache_runner(model, name, ids, ctx, _native_setup(model), model.weight_bytes, last_logits)
 
 
 def _native_setup(model) -> str:
@@ -151,8 +159,10 @@ def _native_setup(model) -> str:
     return f"min_rows={inv.min_rows} attn_min_rows={inv.attn_min_rows}" if inv.on else "invariance off"
 
 
-def _cache_runner(model, name: str, ids: torch.Tensor, ctx: int, setup: str, weight_bytes: int) -> Runner:
-    """A runner for a model with ``new_cache()`` / ``cache.truncate`` (native and cpu runtimes)."""
+def _cache_runner(model, name: str, ids: torch.Tensor, ctx: int, setup: str, weight_bytes: int,
+                  last_logits: bool) -> Runner:
+    """A runner for a model with ``new_cache()`` / ``cache.truncate`` (native and cpu runtimes);
+    ``last_logits``: the prefill computes the last token's logits only."""
     cache = model.new_cache()
     prompt, prompt_pos = ids[:, :ctx], torch.arange(ctx)[None]
     new_ids = {k: ids[:, ctx:ctx + k] for k in range(1, ids.shape[1] - ctx + 1)}
@@ -160,7 +170,7 @@ def _cache_runner(model, name: str, ids: torch.Tensor, ctx: int, setup: str, wei
 
     def prefill():
         cache.truncate(0)
-        model.forward(prompt, prompt_pos, cache)
+        model.forward(prompt, prompt_pos, cache, last_logits_only=last_logits)
 
     def step(k: int):
         cache.truncate(ctx)
@@ -169,9 +179,9 @@ def _cache_runner(model, name: str, ids: torch.Tensor, ctx: int, setup: str, wei
     return Runner(name, setup, ctx, weight_bytes, prefill, step)
 
 
-def cpu_runner(name: str, model, ids: torch.Tensor, ctx: int) -> Runner:
+def cpu_runner(name: str, model, ids: torch.Tensor, ctx: int, last_logits: bool) -> Runner:
     """The compiled runtime (``CpuLlama``)."""
-    return _cache_runner(model, name, ids, ctx, model.description, model.weight_bytes)
+    return _cache_runner(model, name, ids, ctx, model.description, model.weight_bytes, last_logits)
 
 
 def load_cpu(source, name: str, max_length: int, threads: int):
@@ -183,7 +193,7 @@ def load_cpu(source, name: str, max_length: int, threads: int):
                                 isa="avx2" if name.endswith("avx2") else None)
 
 
-def hf_runner(path, name: str, ids: torch.Tensor, ctx: int) -> Runner:
+def hf_runner(path, name: str, ids: torch.Tensor, ctx: int, last_logits: bool) -> Runner:
     from transformers import DynamicCache, LlamaForCausalLM
 
     dtype = torch.float32 if "fp32" in name else torch.bfloat16
@@ -193,7 +203,7 @@ def hf_runner(path, name: str, ids: torch.Tensor, ctx: int) -> Runner:
     @torch.inference_mode()
     def prefill():
         state["cache"] = DynamicCache(config=model.config)
-        model(ids[:, :ctx], past_key_values=state["cache"], use_cache=True)
+        model(ids[:, :ctx], past_key_values=state["cache"], use_cache=True, logits_to_keep=1 if last_logits else 0)
 
     @torch.inference_mode()
     def step(k: int):
@@ -347,6 +357,8 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
     ap.add_argument("--context", type=int, default=512, help="prompt length (prefill) and decode position")
     ap.add_argument("--ks", type=int, nargs="+", default=list(KS), help="new tokens per forward (must include 1)")
+    ap.add_argument("--prefill-logits", choices=("all", "last"), default="all",
+                    help="the prefill's logits: every prompt token's, or the last one's as the engine asks")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sequential", action="store_true", help="one configuration after another (default: interleaved)")
@@ -362,6 +374,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     console = Console(width=200)
     ctx = args.context
+    last = args.prefill_logits == "last"
     bandwidth = copy_bandwidth()
     console.print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
                   f"{'sequential' if args.sequential else 'interleaved'}, {args.reps} reps, gap {args.gap_ms:g} ms")
@@ -370,7 +383,7 @@ def main() -> None:
         models, params, vocab = synthetic_1b(ctx + max(ks), args.threads)
         ids = torch.randint(0, vocab, (1, ctx + max(ks)), generator=torch.Generator().manual_seed(0))
         console.print(f"synthetic Llama: {params / 1e9:.2f} B parameters, Q4_1 (head Q8_0)")
-        runners = [cpu_runner(name, m, ids, ctx) for name, m in models.items()]
+        runners = [cpu_runner(name, m, ids, ctx, last) for name, m in models.items()]
         results = measure(runners, ks, args.reps, not args.sequential, gap_s, console)
         render(results, bandwidth, console, f"synthetic {params / 1e9:.2f} B Llama (Q4_1), context {ctx}")
         if args.markdown:
@@ -389,11 +402,11 @@ def main() -> None:
         if name == "llamacpp":
             runners.append(llamacpp_runner(source, name, ids, ctx, args.threads))
         elif name.startswith("cpu"):
-            runners.append(cpu_runner(name, load_cpu(source, name, ids.shape[1] + 64, args.threads), ids, ctx))
+            runners.append(cpu_runner(name, load_cpu(source, name, ids.shape[1] + 64, args.threads), ids, ctx, last))
         elif name.startswith("hf"):
-            runners.append(hf_runner(path, name, ids, ctx))
+            runners.append(hf_runner(path, name, ids, ctx, last))
         else:
-            runners.append(native_runner(path, name, ids, ctx))
+            runners.append(native_runner(path, name, ids, ctx, last))
         console.print(f"{name}: loaded in {time.perf_counter() - t:.1f} s ({runners[-1].setup})")
     results = measure(runners, ks, args.reps, not args.sequential, gap_s, console)
     render(results, bandwidth, console, f"{args.model}, context {ctx}")

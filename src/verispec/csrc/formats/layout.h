@@ -82,6 +82,27 @@ void matmul_ref(const Matrix& w, int p0, int p1, const QAct& a, int T, float* ou
 
 // The int8 activations of token t, block b.
 inline const int8_t* act_q(const QAct& a, int t, int b) { return a.q + (size_t)t * a.cols + (size_t)b * QK; }
+// The activation rows of TT tokens from t0, found once per tile: a kernel's block loop then indexes
+// them by block, with no multiply by the row strides per block and token (the scalar work of those
+// multiplies held the 8-token AVX-512 tiles below the multiply pipes' rate)
+template <int TT>
+struct ActRows {
+  const int8_t* q[TT];
+  const float* d[TT];
+  const float* s[TT];
+  const int32_t* qsum[TT];
+  const int32_t* qsum16[TT];  // [2 nb]
+  ActRows(const QAct& a, int t0) {
+    for (int t = 0; t < TT; t++) {
+      const size_t row = (size_t)(t0 + t);
+      q[t] = a.q + row * a.cols;
+      d[t] = a.d + row * a.nb;
+      s[t] = a.s + row * a.nb;
+      qsum[t] = a.qsum + row * a.nb;
+      qsum16[t] = a.qsum16 + row * 2 * a.nb;
+    }
+  }
+};
 
 }  // namespace layout
 }  // namespace vs

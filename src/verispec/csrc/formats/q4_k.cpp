@@ -161,6 +161,7 @@ struct K {
   template <int TT>
   static inline void panel(const uint8_t* pw, int cols, const QAct& a, int t0, __m512* acc) {
     using L = Layout<HIGH>;
+    const ActRows<TT> x(a, t0);
     for (int sb = 0; sb < cols / QK_K; sb++) {
       const uint8_t* blk = pw + (size_t)sb * L::PB;
       const __m512 d = half16(blk), dmin = half16(blk + HALF16_BYTES);
@@ -175,9 +176,8 @@ struct K {
         if (HIGH) h1_add(sub + N4_BYTES, w);
         #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
-          const size_t row = (size_t)(t0 + t);
-          const __m512i isum = dot_n4(w, act_q(a, (int)row, b));
-          const __m512 dx = _mm512_set1_ps(a.d[row * a.nb + b]), sx = _mm512_set1_ps(a.s[row * a.nb + b]);
+          const __m512i isum = dot_n4(w, x.q[t] + b * QK);
+          const __m512 dx = _mm512_set1_ps(x.d[t][b]), sx = _mm512_set1_ps(x.s[t][b]);
           acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dsc, dx), _mm512_cvtepi32_ps(isum), acc[t]);
           acc[t] = _mm512_fmadd_ps(nm, sx, acc[t]);
         }

@@ -123,6 +123,7 @@ struct K {
   template <int TT>
   static inline void panel(const uint8_t* pw, int cols, const QAct& a, int t0, __m512* acc) {
     using L = Layout<MIN>;
+    const ActRows<TT> x(a, t0);
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)b * L::PB;
       prefetch(blk + PREFETCH_AHEAD, 6);
@@ -132,12 +133,11 @@ struct K {
       h1_add(blk + L::H1_AT, w);
       #pragma GCC unroll 8
       for (int t = 0; t < TT; t++) {
-        const size_t row = (size_t)(t0 + t);
-        __m512i isum = dot_n4(w, act_q(a, (int)row, b));
-        if (!MIN) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(16 * a.qsum[row * a.nb + b]));
-        const __m512 dx = _mm512_set1_ps(a.d[row * a.nb + b]);
+        __m512i isum = dot_n4(w, x.q[t] + b * QK);
+        if (!MIN) isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(_mm512_set1_epi32(x.qsum[t][b]), 4));  // 16 sum(x)
+        const __m512 dx = _mm512_set1_ps(x.d[t][b]);
         acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum), acc[t]);
-        if (MIN) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.s[row * a.nb + b]), acc[t]);
+        if (MIN) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x.s[t][b]), acc[t]);
       }
     }
   }

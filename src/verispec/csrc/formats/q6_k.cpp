@@ -162,6 +162,7 @@ namespace avx512 {
 struct K {
   template <int TT>
   static inline void panel(const uint8_t* pw, int cols, const QAct& a, int t0, __m512* acc) {
+    const ActRows<TT> x(a, t0);
     for (int sb = 0; sb < cols / QK_K; sb++) {
       const uint8_t* blk = pw + (size_t)sb * PB;
       const __m512 d = half16(blk);
@@ -175,14 +176,13 @@ struct K {
         h2_add(blk32 + N4_BYTES, w);
         #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
-          const size_t row = (size_t)(t0 + t);
           __m512i lo, hi;
-          dot_n4_halves(w, act_q(a, (int)row, b), lo, hi);
-          const int32_t* xs = a.qsum16 + row * 2 * a.nb + 2 * b;
+          dot_n4_halves(w, x.q[t] + b * QK, lo, hi);
+          const int32_t* xs = x.qsum16[t] + 2 * b;  // 32 sum(x) of each half: a shift, no overflow (|xs| <= 16 * 127)
           const __m512i isum =
-              _mm512_add_epi32(_mm512_mullo_epi32(sa, _mm512_sub_epi32(lo, _mm512_set1_epi32(32 * xs[0]))),
-                               _mm512_mullo_epi32(sb2, _mm512_sub_epi32(hi, _mm512_set1_epi32(32 * xs[1]))));
-          const __m512 dx = _mm512_set1_ps(a.d[row * a.nb + b]);
+              _mm512_add_epi32(_mm512_mullo_epi32(sa, _mm512_sub_epi32(lo, _mm512_slli_epi32(_mm512_set1_epi32(xs[0]), 5))),
+                               _mm512_mullo_epi32(sb2, _mm512_sub_epi32(hi, _mm512_slli_epi32(_mm512_set1_epi32(xs[1]), 5))));
+          const __m512 dx = _mm512_set1_ps(x.d[t][b]);
           acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum), acc[t]);
         }
       }

@@ -89,6 +89,7 @@ namespace avx512 {
 struct K {
   template <int TT>
   static inline void panel(const uint8_t* pw, int cols, const QAct& a, int t0, __m512* acc) {
+    const ActRows<TT> x(a, t0);
     for (int b = 0; b < cols / QK; b++) {
       const uint8_t* blk = pw + (size_t)b * PB;
       prefetch(blk + PREFETCH_AHEAD, 9);
@@ -97,16 +98,15 @@ struct K {
       for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void*)(blk + HALF16_BYTES + 64 * g));
       #pragma GCC unroll 8
       for (int t = 0; t < TT; t++) {
-        const size_t row = (size_t)(t0 + t);
-        const int8_t* xq = act_q(a, (int)row, b);
+        const int8_t* xq = x.q[t] + b * QK;
         __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         for (int g = 0; g < 8; g += 2) {
           s0 = _mm512_dpbusd_epi32(s0, w[g], bcast4(xq + 4 * g));
           s1 = _mm512_dpbusd_epi32(s1, w[g + 1], bcast4(xq + 4 * g + 4));
         }
         // weights are stored + 128: subtract 128 * sum(x) to get sum(w * x) exactly
-        const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(128 * a.qsum[row * a.nb + b]));
-        const __m512 dx = _mm512_set1_ps(a.d[row * a.nb + b]);
+        const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_slli_epi32(_mm512_set1_epi32(x.qsum[t][b]), 7));
+        const __m512 dx = _mm512_set1_ps(x.d[t][b]);
         acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum), acc[t]);
       }
     }
