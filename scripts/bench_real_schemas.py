@@ -19,7 +19,8 @@ shared machine weighs on all alike):
 
 Per schema and method: valid (``jsonschema``), token-equal to plain, tau (tokens per decode step),
 tokens per target forward (prefill included), drafted / accepted tokens, the drafter's draft
-tokens the grammar cut before verification and the forced tokens appended after its chains,
+tokens the grammar cut before verification and the forced tokens appended after its chains
+(a choice's branches included),
 the seconds spent drafting (the draft model's prompt prefill included: it starts on its first
 draft, on a constrained request only once the steps without it have forgone as much as that prefill
 costs), the tokens the draft model ran (its prompt prefill, catch-ups and drafts: 0 when it never

@@ -245,7 +245,9 @@ class JumpForward:
 
 def jump_forward(tree: DraftTree, matcher: Matcher, budget: int, sizing: JumpForward | None = None) -> DraftTree:
     """A point-mass chain extended by up to ``budget`` tokens the grammar forces after it, as many
-    as ``sizing`` finds worth verifying where given."""
+    as ``sizing`` finds worth verifying where given; where the whole forced run fits and ends on a
+    choice, the choice's branches (``forced_branches``) after it, as many as ``sizing`` finds worth
+    verifying, or without ``sizing`` only when they all spell one text."""
     if not tree.is_chain or tree.draft_probs is not None:
         return tree
     drafts = list(tree.tokens[1:])
