@@ -19,14 +19,26 @@ shared machine weighs on all alike):
 
 Per schema and method: valid (``jsonschema``), token-equal to plain, tau (tokens per decode step),
 tokens per target forward (prefill included), drafted / accepted tokens, the drafter's draft
-tokens the grammar cut before verification and the forced tokens appended after its chains,
+tokens the grammar cut before verification and the forced tokens appended after its chains
+(a choice's branches included),
 the seconds spent drafting (the draft model's prompt prefill included: it starts on its first
 draft, on a constrained request only once the steps without it have forgone as much as that prefill
 costs), the tokens the draft model ran (its prompt prefill, catch-ups and drafts: 0 when it never
-started), and the end-to-end speed-up over plain (prefill included; the target's prefill is the
-same for all). Totals: the sums of seconds (a schema-heavy workload's wall-clock ratio) and the
-geometric mean of per-schema ratios. Asserts nothing. The schemas are read from a checkout or
-bare clone of the repository (``--repo``), never shipped.
+started), the prefill and decode seconds, decode tok/s, the grammar work per decode step and its
+share of decode time (``GrammarClock``), and the speed-ups over plain in decode time and end to end.
+
+Decode time is the measure of speculation: the target's prompt prefill (113-584 tokens here, for
+answers of 2-138) is the same work in every method and only dilutes the ratio. Both are printed.
+llama.cpp's server reports both too (``timings.prompt_ms``, ``predicted_ms``); its answers differ in
+length from ours, so it is compared by tokens per second.
+
+"Schema-heavy" is defined on the constrained-plain answer alone, before any speed is looked at: the
+share of its tokens the grammar forced (the token is the first of llguidance's forced tokens at that
+point, what jump-forward drafts) is at least ``--heavy`` (50%). Totals, for all schemas and for the
+schema-heavy ones: sums of seconds (a workload's wall-clock ratio) and geometric means of the
+per-schema ratios, decode and end to end; then ours against llama.cpp on the schemas it answered.
+Asserts nothing. The schemas are read from a checkout or bare clone of the repository (``--repo``:
+``git ls-tree`` / ``git show`` of its HEAD), never shipped.
 
     python scripts/bench_real_schemas.py --repo /path/to/jsonschemabench --per-subset 3 -n 320 \\
         --threads 2 --llama-server ~/.cache/verispec/llama.cpp/build/bin/llama-server
@@ -45,9 +57,11 @@ from pathlib import Path
 import jsonschema
 
 from verispec.api import SpecDecoder, encode_prompt, load_model
-from verispec.constraints import speculation
+from verispec.constraints import Matcher, speculation
+from verispec.constraints.speculation import GrammarDraft
 from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.hybrid import HybridDrafter
+from verispec.engine import engine as engine_module
 from verispec.system import set_threads
 from verispec.types import SamplingParams
 
@@ -96,13 +110,46 @@ class DraftShapes:
         return counted
 
 
+class GrammarClock:
+    """The seconds a request spends on grammar work: the engine's per-node masks (``mask_logits``)
+    and draft shaping (``shape_draft``: pruning, forced tokens), a draft model's masked chain
+    (``GrammarDraft.mask``) and every other call into the grammar engine (a hybrid sizing its
+    suffix draft on the grammar: ``Matcher`` methods). Nested calls count once."""
+
+    MATCHER_METHODS = ("fill_bitmask", "advance", "rollback", "valid_prefix", "forced", "allowed")
+
+    def __init__(self) -> None:
+        self.seconds, self._depth, self._t0 = 0.0, 0, 0.0
+        for name in ("mask_logits", "shape_draft"):
+            setattr(engine_module, name, self._timed(getattr(engine_module, name)))
+        setattr(GrammarDraft, "mask", self._timed(GrammarDraft.mask))
+        for name in self.MATCHER_METHODS:
+            setattr(Matcher, name, self._timed(getattr(Matcher, name)))
+
+    def _timed(self, fn):
+        def timed(*args, **kwargs):
+            if self._depth == 0:
+                self._t0 = time.perf_counter()
+            self._depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.seconds += time.perf_counter() - self._t0
+        return timed
+
+
 @dataclass
 class Run:
     """One method's answer to one schema."""
 
     tokens: list[int] = field(default_factory=list)
     verdict: str = ""
-    seconds: float = 0.0
+    seconds: float = 0.0  # end to end: prefill + decode
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    grammar_s: float = 0.0  # grammar work during decode (``GrammarClock``)
     draft_s: float = 0.0
     steps: int = 0
     forwards: int = 0
@@ -115,6 +162,11 @@ class Run:
     @property
     def tau(self) -> float:
         return (self.accepted + self.steps) / max(self.steps, 1)
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens produced by decode steps: all but the first, which the prefill's logits give."""
+        return max(len(self.tokens) - 1, 0)
 
 
 def verdict(text: str, finish: str, schema: dict) -> str:
@@ -129,6 +181,21 @@ def verdict(text: str, finish: str, schema: dict) -> str:
         return "valid JSON (schema not checkable)"  # the schema itself is not valid JSON Schema
 
 
+def forced_count(matcher: Matcher, tokens: list[int]) -> int:
+    """How many of ``tokens`` (an answer, from the grammar's start) the grammar forced: the token is
+    the first of the tokens the grammar forces at that point (llguidance's ``compute_ff_tokens``:
+    what jump-forward drafts). The matcher is walked to the answer's end."""
+    forced = 0
+    for t in tokens:
+        if matcher.ends_at(t) or matcher.stopped:
+            break
+        ff = matcher.forced()
+        forced += bool(ff) and ff[0] == t
+        if not matcher.advance([t]):
+            break
+    return forced
+
+
 def draft_model_of(dec: SpecDecoder) -> DraftModelDrafter | None:
     """The decoder's draft model (alone or a hybrid's learned drafter), if it has one."""
     drafter = dec.drafter.learned if isinstance(dec.drafter, HybridDrafter) else dec.drafter
@@ -136,12 +203,13 @@ def draft_model_of(dec: SpecDecoder) -> DraftModelDrafter | None:
 
 
 def run_ours(dec: SpecDecoder, ids: list[int], params: SamplingParams, plain: bool, shapes: DraftShapes,
-             schema: dict) -> Run:
+             clock: GrammarClock, schema: dict) -> Run:
     shapes.cut = shapes.forced = 0
     draft = draft_model_of(dec)
     fed = draft.fed_tokens if draft is not None else 0
     t0 = time.perf_counter()
     req = dec.engine.add_request(ids, params, draft_limit=0 if plain else None)
+    clock.seconds = 0.0  # grammar work of decode steps only (the prefill's first-token mask is prefill)
     try:
         while not req.finished:
             dec.engine.step(req)
@@ -150,13 +218,15 @@ def run_ours(dec: SpecDecoder, ids: list[int], params: SamplingParams, plain: bo
     seconds = time.perf_counter() - t0
     s = req.stats
     text = dec.model.tokenizer.decode(req.generated)
-    return Run(req.generated, verdict(text, req.finished, schema), seconds, s.draft_s, s.steps, s.target_forwards,
-               s.drafted, s.accepted, shapes.cut, shapes.forced, draft.fed_tokens - fed if draft is not None else 0)
+    return Run(req.generated, verdict(text, req.finished, schema), seconds, s.prefill_s, seconds - s.prefill_s,
+               clock.seconds, s.draft_s, s.steps, s.target_forwards, s.drafted, s.accepted, shapes.cut, shapes.forced,
+               draft.fed_tokens - fed if draft is not None else 0)
 
 
-def run_llama(port: int, ids: list[int], schema: dict, max_new_tokens: int) -> tuple[str, float, int]:
-    """(verdict, seconds prefill + decode, tokens) of llama.cpp's server under ``schema``, greedy;
-    ("refused: ...", 0, 0) when it cannot turn the schema into a grammar."""
+def run_llama(port: int, ids: list[int], schema: dict, max_new_tokens: int) -> Run:
+    """llama.cpp's server under ``schema``, greedy: its verdict, its own ``prompt_ms`` (prefill) and
+    ``predicted_ms`` (decode), and placeholder tokens (its ids are not returned; only the count is
+    used); verdict "refused: ..." when it cannot turn the schema into a grammar."""
     import urllib.error
     import urllib.request
 
@@ -168,10 +238,64 @@ def run_llama(port: int, ids: list[int], schema: dict, max_new_tokens: int) -> t
         with urllib.request.urlopen(req, timeout=3600) as r:
             out = json.loads(r.read())
     except urllib.error.HTTPError as err:
-        return f"refused: {err.read().decode(errors='replace')[:60]}", 0.0, 0
+        return Run(verdict=f"refused: {err.read().decode(errors='replace')[:60]}")
     t = out["timings"]
     finish = "length" if out.get("stop_type") == "limit" else "eos"
-    return verdict(out["content"], finish, schema), (t["prompt_ms"] + t["predicted_ms"]) / 1e3, int(t["predicted_n"])
+    prefill, decode = t["prompt_ms"] / 1e3, t["predicted_ms"] / 1e3
+    # llama.cpp's predicted_n counts the first token too (sampled from the prompt's logits, timed in
+    # prompt_ms), so its decode tokens are predicted_n - 1, as ours
+    return Run([0] * int(t["predicted_n"]), verdict(out["content"], finish, schema), prefill + decode, prefill,
+               decode)
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def totals_table(title: str, names: list[str], results: dict[str, dict[str, Run]], methods: list[str]) -> None:
+    """Sums over ``names`` per method: end-to-end and decode seconds, their ratios to plain (sum of
+    seconds and geometric mean of per-schema ratios), decode tok/s, grammar share, mismatches."""
+    print(f"\n{title}: {len(names)} schemas")
+    print("| method | tokens | prefill s | decode s | e2e s | decode tok/s | e2e tok/s | decode vs plain (sum) "
+          "| geomean | e2e vs plain (sum) | geomean | grammar share of decode | valid | greedy mismatches |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    plain = [results[n]["plain"] for n in names]
+    for m in methods:
+        if m == "llama.cpp":
+            continue
+        runs = [results[n][m] for n in names]
+        tokens = sum(len(r.tokens) for r in runs)
+        pre, dec, e2e = (sum(getattr(r, a) for r in runs) for a in ("prefill_s", "decode_s", "seconds"))
+        dec_ratio = sum(p.decode_s for p in plain) / max(dec, 1e-9)
+        e2e_ratio = sum(p.seconds for p in plain) / max(e2e, 1e-9)
+        dec_geo = geomean([p.decode_s / r.decode_s for p, r in zip(plain, runs) if r.decode_s and p.decode_s])
+        e2e_geo = geomean([p.seconds / r.seconds for p, r in zip(plain, runs) if r.seconds])
+        grammar = sum(r.grammar_s for r in runs) / max(dec, 1e-9)
+        valid = sum(r.verdict == "valid" for r in runs)
+        mism = "" if m == "plain" else sum(r.tokens != p.tokens for p, r in zip(plain, runs))
+        print(f"| {m} | {tokens} | {pre:.2f} | {dec:.2f} | {e2e:.2f} | "
+              f"{sum(r.decode_tokens for r in runs) / max(dec, 1e-9):.1f} | {tokens / max(e2e, 1e-9):.1f} | "
+              f"{dec_ratio:.2f}x | {dec_geo:.2f}x | {e2e_ratio:.2f}x | {e2e_geo:.2f}x | {grammar:.1%} | "
+              f"{valid}/{len(runs)} | {mism} |")
+
+
+def llama_table(names: list[str], results: dict[str, dict[str, Run]], methods: list[str]) -> None:
+    """Ours against llama.cpp on the schemas it answered (valid or cut), by tokens per second: the
+    answers differ in length (its grammar's whitespace and its tokens differ from ours)."""
+    answered = [n for n in names if results[n]["llama.cpp"].tokens]
+    print(f"\nagainst llama.cpp constrained plain decoding, on the {len(answered)} schemas it answered; "
+          "tok/s = sum of tokens / sum of seconds")
+    print("| method | tokens | decode tok/s | vs llama.cpp | e2e tok/s | vs llama.cpp |")
+    print("|---|---|---|---|---|---|")
+    rates = {}
+    for m in ["llama.cpp", *(m for m in methods if m != "llama.cpp")]:
+        runs = [results[n][m] for n in answered]
+        dec = sum(r.decode_tokens for r in runs) / max(sum(r.decode_s for r in runs), 1e-9)
+        e2e = sum(len(r.tokens) for r in runs) / max(sum(r.seconds for r in runs), 1e-9)
+        rates[m] = (dec, e2e)
+        base = rates["llama.cpp"]
+        print(f"| {m} | {sum(len(r.tokens) for r in runs)} | {dec:.1f} | {dec / max(base[0], 1e-9):.2f}x | "
+              f"{e2e:.1f} | {e2e / max(base[1], 1e-9):.2f}x |")
 
 
 def main() -> None:
@@ -183,13 +307,15 @@ def main() -> None:
     ap.add_argument("--max-chars", type=int, default=3000, help="schemas longer than this are passed over")
     ap.add_argument("-n", "--max-new-tokens", type=int, default=320)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--heavy", type=float, default=0.5,
+                    help="schema-heavy: at least this share of the plain answer's tokens forced by the grammar")
     ap.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary: adds it as a peer")
     args = ap.parse_args()
     set_threads(args.threads)
     target = load_model(args.target)
     methods = ["plain", *args.methods.split(",")]
     decs = {m: SpecDecoder(target, "none" if m == "plain" else m, prefix_cache_mb=0) for m in methods}
-    shapes = DraftShapes()
+    shapes, clock = DraftShapes(), GrammarClock()
     llama = None
     if args.llama_server:
         from verispec.bench.peers import LlamaServerRunner
@@ -201,53 +327,53 @@ def main() -> None:
     work = schemas(args.repo, args.per_subset, args.max_chars)
     print(f"{len(work)} schemas from JSONSchemaBench ({args.per_subset} per subset, <= {args.max_chars} chars), "
           f"{args.target} on {target.backend.description}, {args.threads} threads, greedy, "
-          f"max {args.max_new_tokens} new tokens; ratio: end-to-end seconds of plain / the method's\n")
-    print("| schema | method | tokens | valid | equal | tau | tokens/forward | drafted | accepted | cut (-) / forced (+) "
-          "| draft s | draft-model tokens | seconds | vs plain |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    totals = {m: [0.0, 0.0, []] for m in methods[1:]}  # method -> [its seconds, plain's seconds, ratios]
-    mismatches = {m: 0 for m in methods[1:]}
-    counted = 0
+          f"max {args.max_new_tokens} new tokens. e2e = prefill + decode; decode tok/s = tokens after the first / "
+          "decode s; forced = share of plain's answer the grammar forced (schema-heavy: >= "
+          f"{args.heavy:.0%}); grammar = grammar work's share of decode time\n")
+    print("| schema | method | tokens | forced | valid | equal | tau | tokens/forward | drafted | accepted "
+          "| cut (-) / forced (+) | draft s | draft-model tokens | prefill s | decode s | decode tok/s | grammar ms/step "
+          "| grammar share | e2e s | decode vs plain | e2e vs plain |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    results: dict[str, dict[str, Run]] = {}
+    shares: dict[str, float] = {}
     for i, (name, schema) in enumerate(work):
         ids = encode_prompt(target, [{"role": "user", "content": PROMPT + json.dumps(schema)}])
         try:
             constrained = decs["plain"].constrained(params, json_schema=schema)
         except ValueError as err:  # the grammar engine refused the schema (a 400 in the server)
-            print(f"| {name} | all | refused: {str(err).splitlines()[0][:80]} ||||||||||||")
+            print(f"| {name} | all | refused: {str(err).splitlines()[0][:80]} |||||||||||||||||||")
             continue
         order = methods if i % 2 == 0 else [methods[0], *reversed(methods[1:])]
         runs: dict[str, Run] = {}
         for m in order:
             if m == "llama.cpp":
-                v, secs, n = run_llama(llama.port, ids, schema, args.max_new_tokens)
-                runs[m] = Run([0] * n, v, secs)
+                runs[m] = run_llama(llama.port, ids, schema, args.max_new_tokens)
             else:
-                runs[m] = run_ours(decs[m], ids, constrained, m == "plain", shapes, schema)
-        counted += 1
+                runs[m] = run_ours(decs[m], ids, constrained, m == "plain", shapes, clock, schema)
+        results[name] = runs
         plain = runs["plain"]
+        shares[name] = forced_count(constrained.constraint.matcher(), plain.tokens) / max(len(plain.tokens), 1)
         for m in methods:
             r = runs[m]
             ours = m != "llama.cpp"
             equal = "" if m == "plain" or not ours else ("yes" if r.tokens == plain.tokens else "NO")
-            ratio = plain.seconds / r.seconds if r.seconds else float("nan")
-            if m != "plain":
-                mismatches[m] += equal == "NO"
-                if r.seconds:
-                    totals[m][0] += r.seconds
-                    totals[m][1] += plain.seconds
-                    totals[m][2].append(ratio)
-            print(f"| {name} | {m} | {len(r.tokens)} | {r.verdict} | {equal} | "
-                  + (f"{r.tau:.2f} | {len(r.tokens) / max(r.forwards, 1):.2f} | {r.drafted} | {r.accepted} | -{r.cut} / +{r.forced} | "
-                     f"{r.draft_s:.2f} | {r.draft_fed} | " if ours else "|||||||| ")
-                  + f"{r.seconds:.2f} | {ratio:.2f}x |", flush=True)
-    print(f"\n{counted} schemas compiled of {len(work)}")
-    print("| method | seconds, all schemas | plain's | speed-up (sum of seconds) | geometric mean of speed-ups "
-          "| greedy mismatches |")
-    print("|---|---|---|---|---|---|")
-    for m, (secs, plain_secs, ratios) in totals.items():
-        geo = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else float("nan")
-        print(f"| {m} | {secs:.1f} | {plain_secs:.1f} | {plain_secs / max(secs, 1e-9):.2f}x | {geo:.2f}x | "
-              f"{mismatches[m] if m != 'llama.cpp' else ''} |")
+            # llama.cpp's answers differ in length from ours: it is compared by tok/s (``llama_table``)
+            ratios = (f"{plain.decode_s / max(r.decode_s, 1e-9):.2f}x | {plain.seconds / max(r.seconds, 1e-9):.2f}x"
+                      if ours else " | ")
+            counts = (f"{r.tau:.2f} | {len(r.tokens) / max(r.forwards, 1):.2f} | {r.drafted} | {r.accepted} | "
+                      f"-{r.cut} / +{r.forced} | {r.draft_s:.2f} | {r.draft_fed} | ") if ours else "|||||| "
+            grammar = (f"{r.grammar_s / max(r.steps, 1) * 1e3:.2f} | {r.grammar_s / max(r.decode_s, 1e-9):.1%} | "
+                       if ours else "| | ")
+            print(f"| {name} | {m} | {len(r.tokens)} | {shares[name]:.0%} | {r.verdict} | {equal} | {counts}"
+                  f"{r.prefill_s:.2f} | {r.decode_s:.2f} | {r.decode_tokens / max(r.decode_s, 1e-9):.1f} | {grammar}"
+                  f"{r.seconds:.2f} | {ratios} |", flush=True)
+    names = list(results)
+    print(f"\n{len(names)} schemas compiled of {len(work)}")
+    heavy = [n for n in names if shares[n] >= args.heavy]
+    totals_table("all schemas", names, results, methods)
+    totals_table(f"schema-heavy (forced share >= {args.heavy:.0%})", heavy, results, methods)
+    if llama is not None:
+        llama_table(names, results, methods)
 
 
 if __name__ == "__main__":

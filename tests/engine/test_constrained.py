@@ -16,7 +16,8 @@ import pytest
 
 from helpers import TemperedSelfDraft
 from verispec.constraints import GrammarError, constraint_for
-from verispec.constraints.speculation import JumpForward, jump_forward, node_masks, prune
+from verispec.constraints import speculation
+from verispec.constraints.speculation import JumpForward, forced_branches, jump_forward, node_masks, prune
 from verispec.drafters.base import DraftContext, NoDrafter
 from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.hybrid import HybridDrafter
@@ -86,8 +87,9 @@ def test_outputs_valid_for_every_kind(stories):
 
 def test_sampling_follows_the_constrained_law(stories):
     """The answer's law (a short choice, many tokens decided in speculative steps) with a draft
-    that carries its own q (kept, rejected by the law) and point-mass drafts (cut when forbidden)
-    vs constrained plain sampling: two-sample chi-square on the answers."""
+    that carries its own q (kept, rejected by the law), point-mass drafts (cut when forbidden) and
+    forced-only drafts (a choice's branches) vs constrained plain sampling: two-sample chi-square
+    on the answers."""
     choice = constraint_for(stories, "regex", r"(the|a) (big|red) (cat|dog|ball)")
     prompt = prompt_of(stories, "Once upon a time there was a red ball and a big dog and a little cat")
 
@@ -102,7 +104,8 @@ def test_sampling_follows_the_constrained_law(stories):
     from scipy.stats import chi2_contingency
 
     plain = answers(NoDrafter(), range(120), draft_limit=0)
-    for drafter in (TemperedSelfDraft(stories.backend), make_drafter("prompt-lookup", stories, {})):
+    # forced-only: a choice's branches (each with its forced run) are point-mass trees
+    for drafter in (TemperedSelfDraft(stories.backend), make_drafter("prompt-lookup", stories, {}), NoDrafter()):
         spec = answers(drafter, range(1000, 1120))
         keys = [a for a in set(plain) | set(spec) if plain[a] + spec[a] >= 8]
         table = [[h[a] for a in keys] + [sum(h.values()) - sum(h[a] for a in keys)] for h in (plain, spec)]
@@ -294,6 +297,72 @@ def test_forced_tokens_are_sized_by_the_cost_curve(stories, schema):
     assert sizing.size(3, 8) >= sizing.size(6, 8)  # a longer chain before them is less likely to be all accepted
     sizing.observe(3)  # a step with nothing shaped teaches nothing
     assert sizing.size(0, 8) == sizing.size(0, 8)
+
+
+def after_age(schema) -> object:
+    """A matcher of ``schema`` past ``{"name": "Lily", "age": 3``: a number that may go on or end."""
+    m = schema.matcher()
+    assert m.advance(m.vocab.ll.tokenize_str('{"name": "Lily", "age": 3'))
+    return m
+
+
+def test_a_choice_ending_a_number_is_drafted_with_the_forced_run_after_it(stories, schema):
+    m = after_age(schema)
+    assert m.forced() == []  # another digit, or the `,` ending the number
+    branches = forced_branches(m)
+    assert branches and all(stories.tokenizer.decode(b).startswith(',') for b in branches)
+    assert all(m.text(b) == b', "friends": [' for b in branches)
+    tree = jump_forward(DraftTree.chain(7, []), m, budget=32)
+    assert tree.num_drafted == sum(map(len, branches)) and not tree.is_chain  # one branch per `,` token
+    assert list(tree.children[0]) == [1 + sum(map(len, branches[:i])) for i in range(len(branches))]
+    assert m.forced() == [] and forced_branches(m) == branches  # the matcher's state is unchanged
+    assert jump_forward(DraftTree.chain(7, []), m, budget=3).num_drafted == 3  # cut to the budget
+
+
+def test_without_a_cost_curve_only_a_choice_with_one_way_on_is_branched(stories):
+    choice = constraint_for(stories, "regex", r"(the|a) (big|red) (cat|dog|ball)")
+    m = choice.matcher()
+    assert m.advance(m.vocab.ll.tokenize_str("the"))
+    assert sorted(m.text(b) for b in forced_branches(m)) == [b" big", b" red"]
+    assert jump_forward(DraftTree.chain(7, []), m, 16).num_drafted == 0  # two guesses, nothing to weigh them by
+    flat = {n: 1.0 for n in (1, 2, 4, 8, 16)}
+    both = sum(map(len, forced_branches(m)))
+    assert jump_forward(DraftTree.chain(7, []), m, 16, JumpForward(flat)).num_drafted == both  # on a flat curve
+
+
+def test_branches_are_sized_by_the_cost_curve_and_how_often_they_win(stories, schema):
+    m = after_age(schema)
+    flat, steep = {n: 1.0 for n in (1, 2, 4, 8, 16, 32)}, {n: 1.0 + n for n in (1, 2, 4, 8, 16, 32)}
+    assert jump_forward(DraftTree.chain(7, []), m, 32, JumpForward(flat)).num_drafted > 0
+    assert jump_forward(DraftTree.chain(7, []), m, 32, JumpForward(steep)).num_drafted == 0
+    mid = {n: 1.0 + 0.1 * n for n in (1, 2, 4, 8, 16, 32)}
+    sizing = JumpForward(mid)
+    n = len(forced_branches(m)[0])
+    assert sizing.branches(0, 0, forced_branches(m)) >= 1
+    for _ in range(30):  # the target never picks a drafted branch: they stop paying
+        sizing.shaped(0, 0, True)
+        sizing.observe(0)
+    assert sizing.branches(0, 0, forced_branches(m)) == 0
+    for _ in range(60):  # it picks the first every time
+        sizing.shaped(0, 0, True)
+        sizing.observe(n)
+    assert sizing.branches(0, 0, forced_branches(m)) >= 1
+
+
+def test_greedy_with_branches_equals_constrained_plain(stories, schema, monkeypatch):
+    """Forced-only decoding with and without a choice's branches gives constrained plain's tokens;
+    with them a number's end and the key after it take one target forward, not two."""
+    params = SamplingParams(max_new_tokens=120, constraint=schema)
+    prompt = prompt_of(stories, "Tom said: {\"name\": \"Tom\", \"age\": 12, \"friends\": [\"Sam\"]}")
+    plain, plain_req = generate(stories, NoDrafter(), prompt, params, draft_limit=0)
+    forwards = {}
+    for branches in (0, speculation.MAX_BRANCHES):
+        monkeypatch.setattr(speculation, "MAX_BRANCHES", branches)
+        spec, req = generate(stories, NoDrafter(), prompt, params, k=32)
+        assert spec == plain and req.finished == plain_req.finished == "eos"
+        forwards[branches] = req.stats.target_forwards
+    jsonschema.validate(json.loads(stories.tokenizer.decode(plain)), SCHEMA)
+    assert forwards[branches] < forwards[0]
 
 
 @pytest.mark.parametrize("curve", ["flat", "steep"])

@@ -125,6 +125,10 @@ class Matcher:
         """How many of ``tokens``, in order, the grammar allows from here (nothing consumed)."""
         return self._m.validate_tokens(list(tokens)) if tokens else 0
 
+    def text(self, tokens: list[int]) -> bytes:
+        """The bytes ``tokens`` spell."""
+        return self.vocab.ll.decode_bytes(list(tokens))
+
     def forced(self) -> list[int]:
         """Tokens the grammar forces from here (a schema's keys and punctuation), possibly none."""
         return list(self._m.compute_ff_tokens())

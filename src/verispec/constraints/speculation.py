@@ -26,6 +26,12 @@ the target still verifies them, so output never changes, and they are accepted w
 target agrees with the grammar's tokenization. Free to draft is not free to verify: where the
 target's cost curve is known, ``JumpForward`` sizes them like any draft (the size with the most
 tokens per unit of target time), else they fill the draft budget.
+
+Where a forced run ends on a choice among few tokens (after a number's digit: another digit, or
+the `,` or `}` that ends it), the grammar forces nothing, so the forced run after the choice would
+wait a step. ``forced_branches`` drafts the choice's branches that lead to a forced run (`,` then
+`` "next key": ``), each followed by its run, as a tree; the target's pick among them is verified
+with its run in the same step. Point masses like any forced token, so output never changes.
 """
 
 from __future__ import annotations
@@ -144,6 +150,37 @@ class GrammarDraft:
         self.advanced = 0
 
 
+BRANCH_ALLOWED = 32  # a choice among more tokens than this (a string's contents, a key's name) is not branched
+MAX_BRANCHES = 4
+
+
+def forced_branches(matcher: Matcher) -> list[list[int]]:
+    """``[token, *forced]`` for each token the grammar allows next after which it forces a run, where
+    it forces nothing now and allows at most ``BRANCH_ALLOWED`` tokens; [] elsewhere or past
+    ``MAX_BRANCHES`` such tokens. The matcher's state is unchanged."""
+    if matcher.stopped or matcher.forced():
+        return []
+    bits = matcher.new_bitmask(1)
+    matcher.fill_bitmask(bits[0])
+    words = bits[0].nonzero().flatten().tolist()
+    if len(words) > BRANCH_ALLOWED:
+        return []
+    allowed = [32 * w + j for w in words for j in range(32) if has_bit(bits[0], 32 * w + j)]
+    if len(allowed) > BRANCH_ALLOWED:
+        return []
+    out = []
+    for token in allowed:
+        if matcher.ends_at(token) or not matcher.advance([token]):
+            continue
+        try:
+            run = [] if matcher.stopped else matcher.forced()
+        finally:
+            matcher.rollback(1)
+        if run:
+            out.append([token, *run])
+    return out if len(out) <= MAX_BRANCHES else []
+
+
 class JumpForward:
     """One request's forced-token draft sizes from the target's cost curve ``cost`` (t(n), in
     decode steps; ``policies.draft_budget``): after a chain of n drafted tokens, k forced tokens
@@ -157,7 +194,8 @@ class JumpForward:
         self.cost = cost
         self.chain = DepthAcceptance()
         self.forced = DepthAcceptance(mean=0.9)
-        self._shaped: tuple[int, int] | None = None  # (chain tokens, forced tokens) of the draft being verified
+        self.branch = DepthAcceptance(max_depth=1)  # P(the target picks one of the drafted branches)
+        self._shaped: tuple[int, int, bool] | None = None  # (chain tokens, forced tokens, branches?) being verified
 
     def size(self, drafted: int, available: int) -> int:
         """How many of ``available`` forced tokens to append to a chain of ``drafted`` tokens."""
@@ -171,24 +209,45 @@ class JumpForward:
                 best, rate = k, (expected + 1.0) / interpolate(self.cost, drafted + k)
         return best
 
-    def shaped(self, drafted: int, forced: int) -> None:
-        """The draft sent for verification: a chain of ``drafted`` tokens, then ``forced`` ones."""
-        self._shaped = (drafted, forced)
+    def branches(self, drafted: int, forced: int, branches: list[list[int]]) -> int:
+        """How many of ``branches`` (the tree after a chain of ``drafted`` tokens and ``forced`` ones,
+        in order) pay their verification: their value is P(chain and forced tokens all accepted) x
+        P(the target picks a drafted branch) x (1 + the branch's forced tokens' values)."""
+        chain = self.chain.node_values(drafted)
+        reach = chain + [v * (chain[-1] if chain else 1.0) for v in self.forced.node_values(forced)]
+        after, expected, n = (reach[-1] if reach else 1.0), sum(reach), drafted + forced
+        best, rate = 0, (expected + 1.0) / interpolate(self.cost, n)
+        hit = self.branch.rate(1)
+        for i, branch in enumerate(branches, start=1):
+            expected += after * hit / len(branches) * (1.0 + sum(self.forced.node_values(len(branch) - 1)))
+            n += len(branch)
+            if (expected + 1.0) / interpolate(self.cost, n) > rate + 1e-12:
+                best, rate = i, (expected + 1.0) / interpolate(self.cost, n)
+        return best
+
+    def shaped(self, drafted: int, forced: int, branched: bool = False) -> None:
+        """The draft sent for verification: a chain of ``drafted`` tokens, then ``forced`` ones, then
+        (``branched``) a choice's branches."""
+        self._shaped = (drafted, forced, branched)
 
     def observe(self, accepted: int) -> None:
         """Its verification accepted ``accepted`` drafted tokens (a step without a shaped chain: nothing)."""
         if self._shaped is None:
             return
-        (n, k), self._shaped = self._shaped, None
+        (n, k, branched), self._shaped = self._shaped, None
         if n:
             self.chain.update(n, min(accepted, n))
         if k and accepted >= n:
-            self.forced.update(k, accepted - n)
+            self.forced.update(k, min(accepted - n, k))
+        if branched and accepted >= n + k:
+            self.branch.update(1, int(accepted > n + k))
 
 
 def jump_forward(tree: DraftTree, matcher: Matcher, budget: int, sizing: JumpForward | None = None) -> DraftTree:
     """A point-mass chain extended by up to ``budget`` tokens the grammar forces after it, as many
-    as ``sizing`` finds worth verifying where given."""
+    as ``sizing`` finds worth verifying where given; where the whole forced run fits and ends on a
+    choice, the choice's branches (``forced_branches``) after it, as many as ``sizing`` finds worth
+    verifying, or without ``sizing`` only when they all spell one text."""
     if not tree.is_chain or tree.draft_probs is not None:
         return tree
     drafts = list(tree.tokens[1:])
@@ -201,10 +260,42 @@ def jump_forward(tree: DraftTree, matcher: Matcher, budget: int, sizing: JumpFor
             forced = matcher.forced()[:budget]
         finally:
             matcher.rollback(len(drafts))
+    available = len(forced)
     if sizing is not None:
         forced = forced[:sizing.size(len(drafts), len(forced))] if forced else forced
-        sizing.shaped(len(drafts), len(forced))
-    return DraftTree.chain(tree.tokens[0], drafts + forced) if forced else tree
+    chain = drafts + forced
+    branches = _branches_after(chain, matcher, budget) if len(forced) == available else []
+    if sizing is not None:
+        branches = branches[:sizing.branches(len(drafts), len(forced), branches)] if branches else branches
+        sizing.shaped(len(drafts), len(forced), bool(branches))
+    elif len({matcher.text(b) for b in branches}) > 1:
+        branches = []  # no cost curve to weigh guesses by: only a choice with one way on (one text) is drafted
+    if not branches:
+        return DraftTree.chain(tree.tokens[0], chain) if forced else tree
+    tokens, parents = [tree.tokens[0], *chain], list(range(-1, len(chain)))
+    for branch in branches:
+        for j, token in enumerate(branch):
+            parents.append(len(chain) if j == 0 else len(tokens) - 1)
+            tokens.append(token)
+    return DraftTree(tuple(tokens), tuple(parents))
+
+
+def _branches_after(chain: list[int], matcher: Matcher, budget: int) -> list[list[int]]:
+    """``forced_branches`` after ``chain`` (drafted, then forced, tokens), cut to the ``budget`` left."""
+    room = budget - len(chain)
+    if room <= 0 or any(matcher.ends_at(t) for t in chain) or not matcher.advance(chain):
+        return []
+    try:
+        found = forced_branches(matcher)
+    finally:
+        matcher.rollback(len(chain))
+    out = []
+    for branch in found:
+        if room <= 0:
+            break
+        out.append(branch[:room])
+        room -= len(out[-1])
+    return out
 
 
 def shape_draft(tree: DraftTree, matcher: Matcher, greedy: bool, budget: int,
