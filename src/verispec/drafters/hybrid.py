@@ -146,7 +146,7 @@ PROBE_EVERY = 16  # a self-sizing learned drafter judged not to pay is still ask
 MIN_EVIDENCE = 4  # ... and is always asked until this many of its proposals were verified
 CALIBRATION_PRIOR = 8.0  # pseudo-tokens of a request's suffix-draft calibration (``_calibration``)
 ANSWERS_KEPT = 16  # rent_start="predicted": the answer lengths of this many finished requests predict the next's
-PREDICTION_TRUST = 0.5  # ... and its start is bought at this share of its cost if they say it pays, at 1 / it if not
+PREDICTION_TRUST = 0.5  # ... and where they say it does not pay, its start is bought at 1 / this times its cost
 
 
 @dataclass
@@ -395,9 +395,13 @@ class HybridDrafter(DeclaresFeatures):
         saving = max(0.0, 1.0 - 1.0 / rate)
         state.rent += saving
         cost = pending * self.catch_up_cost
-        if not state.learned_started and self.rent_start == "predicted" and self._answers:
+        if not state.learned_started and self.rent_start == "predicted" and (self._answers or ctx.grammar is None):
+            if not self._answers:  # nothing predicts this answer: started at once, as without the rule
+                return True
             left = median(self._answers) - state.answer_length  # the answer's tokens still to come, predicted
-            cost *= PREDICTION_TRUST if left * saving >= cost else 1.0 / PREDICTION_TRUST
+            if left * saving >= cost:  # predicted to pay: bought at once
+                return True
+            cost /= PREDICTION_TRUST  # predicted not to: bought only once the forgone savings are twice its cost
         return cost <= state.rent
 
     def _choose(self, ctx: DraftContext, plan: _Plan, learned: DraftTree | None) -> DraftTree:
