@@ -68,7 +68,16 @@ prefix cache holds (``DraftModelDrafter.prefill_tokens``). On a constrained requ
 the same way: a JSON answer is short next to its prompt (JSONSchemaBench: answers of 2-138 tokens
 for schema prompts of 113-584), the grammar's forced tokens carry its steps meanwhile, and a
 request whose schema the draft model has seen before (a tool's, in an agent's every turn) starts
-it at once. Elsewhere the first start is not deferred.
+it at once. Elsewhere (``rent_start``) the first start is not deferred (``"constrained"``), is rented the
+same way on every request (``"always"``), or follows a prediction (``"predicted"``: ski rental with a
+prediction, Purohit, Svitkina and Kumar 2018, "Improving Online Algorithms via ML Predictions"): the median
+length of the last ANSWERS_KEPT answers, less what this answer already has, predicts the tokens to come; where
+they would save more than the start costs at the tracked rate, or where no answer has finished yet, it is
+bought at once (as without the rule); where not, it is rented until the forgone savings reach twice its cost
+(1 / PREDICTION_TRUST). The draft model's prefill of a long prompt for a short answer (a translation, a
+fill-in-the-middle after 90 lines, an agent turn after 2-3k tokens of history) costs more than its drafts
+save there; on a coding answer it pays, and plain rent-or-buy, at the prior rate of a draft model that has not
+drafted yet, waited for it over a hundred steps (``docs/benchmarks.md``, "The draft model's first start").
 
 The hybrid declares the learned drafter's ``features`` (EAGLE-3: the fused target layers)
 as its own, so the engine hands its observations the features it reads; a learned drafter
