@@ -9,6 +9,10 @@ seconds themselves.
     python scripts/trace_edits.py --limit 3 -n 512 -k 8,32 --steps     # per-step lines too
     python scripts/trace_edits.py --category agent --limit 2 -n 256    # agent replays, turn by turn
     python scripts/trace_edits.py --category agent --limit 1 -n 128 -k 16 --shares --auto "" --auto learned_window=512
+    python scripts/trace_edits.py --category translation --limit 10 -n 256 -k 16 --auto "" --auto rent_start=always
+
+``--category``: the shipped workloads built from real material (edit, agent, fim), a Spec-Bench group
+(translation, ...: each conversation's first turn) or an MT-bench category of Spec-Bench (coding, ...).
 
 It prints one line per (item, configuration) and a summary per configuration:
 ``auto+pred k=32  tau 9.1  tok/fwd 8.9  steps P 40 (drafted 900, acc 850) S 3 (...) L 12 (...)``.
@@ -22,7 +26,9 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from verispec.api import encode_prediction, encode_prompt
-from verispec.bench.datasets import load_workload
+from verispec.bench.datasets import GROUPS, MT_BENCH_CATEGORIES, BenchPrompt, load_spec_bench, \
+    load_spec_bench_category, load_workload
+from verispec.fim import fim_prompt
 from verispec.drafters.base import DeclaresFeatures, DraftContext, Drafter, Observation
 from verispec.drafters.prediction import PredictionDrafter
 from verispec.engine import Engine
@@ -133,6 +139,24 @@ class Clock:
         return "; ".join(shown + [f"rest {rest / wall:4.0%}"]) + f"; {wall:.1f} s"
 
 
+def items_of(category: str, limit: int) -> list[BenchPrompt]:
+    """The first ``limit`` items of a shipped workload, Spec-Bench group or MT-bench category."""
+    if category in GROUPS:
+        return load_spec_bench(categories=(category,), limit_per_category=limit)
+    if category in MT_BENCH_CATEGORIES:
+        return load_spec_bench_category(category, limit)
+    return load_workload(category, limit)
+
+
+def draft_cost(hybrid: Drafter, fed: int, drafted: int) -> float:
+    """The draft model's time in target decode steps, estimated as the hybrid does: one draft forward
+    (``DraftCost.draft``) per drafted token, ``catch_up_cost`` per other token it ran (prompts, catch-ups)."""
+    learned = getattr(hybrid, "learned", None)
+    if getattr(learned, "cost", None) is None:
+        return 0.0
+    return drafted * learned.cost.draft + max(0, fed - drafted) * hybrid.catch_up_cost
+
+
 def options(text: str) -> dict[str, str]:
     """``a=1,b=2`` -> {"a": "1", "b": "2"}."""
     return dict(part.split("=", 1) for part in text.split(",") if part)
@@ -141,7 +165,7 @@ def options(text: str) -> dict[str, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
-    ap.add_argument("--category", default="edit", choices=("edit", "agent"))
+    ap.add_argument("--category", default="edit", choices=("edit", "agent", "fim", *GROUPS, *MT_BENCH_CATEGORIES))
     ap.add_argument("--limit", type=int, default=3)
     ap.add_argument("-n", "--max-new-tokens", type=int, default=512)
     ap.add_argument("-k", "--ks", default="8,32", help="draft budgets to trace, comma-separated")
@@ -158,7 +182,7 @@ def main() -> None:
 def run(args: argparse.Namespace) -> None:
     lm = load_model(args.model)
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
-    items = load_workload(args.category, args.limit)
+    items = items_of(args.category, args.limit)
     plain = Engine(lm.backend, make_drafter("none", lm, {}), 1, prefix_cache=PrefixCache.from_mb(512))
     configs = []
     clocks: dict[str, Clock] = {}
@@ -182,6 +206,7 @@ def run(args: argparse.Namespace) -> None:
     for bp in items:
         prediction = encode_prediction(lm, bp.prediction) if bp.prediction else []
         turns = ([encode_prompt(lm, list(bp.messages[:at])) for at in bp.replayed] if bp.messages is not None
+                 else [fim_prompt(lm.tokenizer, *bp.fim)] if bp.fim is not None
                  else [encode_prompt(lm, [{"role": "user", "content": bp.turns[0]}])])
         for turn, prompt in enumerate(turns):
             t0 = time.perf_counter()
@@ -210,6 +235,8 @@ def run(args: argparse.Namespace) -> None:
                 tot["prompt"] += len(prompt)
                 verify = sum(interpolate(top.cost, d) if top.cost else 1.0 for _, d, _ in steps)
                 tot["verify"] += verify
+                drafting = draft_cost(hybrid, fed, sum(d for src, d, _ in steps if src == "L"))
+                tot["drafting"] += drafting
                 for src, d, a in steps:
                     tot[f"{src}.steps"] += 1
                     tot[f"{src}.drafted"] += d
@@ -217,17 +244,20 @@ def run(args: argparse.Namespace) -> None:
                 acc = sum(a for _, _, a in steps)
                 print(f"{bp.question_id}#{turn} {label:16s} prompt {len(prompt):5d} pred {len(prediction):4d} "
                       f"out {len(out):4d} steps {len(steps):4d} tau {(acc + len(steps)) / max(1, len(steps)):5.2f} "
-                      f"draft-fed {fed:5d} tok/t(n) {len(out) / verify:5.2f} {'OK' if out == ref else 'MISMATCH'}", flush=True)
+                      f"draft-fed {fed:5d} tok/t(n) {len(out) / verify:5.2f} predicted {len(out) / (verify + drafting):5.2f}x "
+                      f"{'OK' if out == ref else 'MISMATCH'}", flush=True)
                 if args.steps:
                     print("   ", " ".join(f"{s}{d}/{a}" for s, d, a in steps), flush=True)
     print("\nsummary (tau = tokens per verified step after the prefill's token; tok/t(n) = tokens per unit of "
           "the verify steps' measured cost t(n), in plain decode steps: the speed-up over plain decoding if drafting "
-          "were free; fed = tokens the draft model ran, of 'prompt' prompt tokens)")
+          "were free; predicted = the same with the draft model's forwards and feeds at their estimated costs: the "
+          "predicted decode speed-up over plain decoding; fed = tokens the draft model ran, of 'prompt' prompt tokens)")
     for label, tot in totals.items():
         by = "  ".join(f"{s} {tot[f'{s}.steps']} ({tot[f'{s}.drafted']} drafted, {tot[f'{s}.accepted']} acc)"
                        for s in "PSLF-" if tot[f"{s}.steps"])
         print(f"{label:16s} tau {(tot['tokens'] - tot['generations']) / max(1, tot['steps']):5.2f} steps {tot['steps']:5d} "
               f"tok/t(n) {tot['tokens'] / max(1e-9, tot['verify']):5.2f} "
+              f"predicted {tot['tokens'] / max(1e-9, tot['verify'] + tot['drafting']):5.2f}x "
               f"fed {tot['fed']:6d}/{tot['prompt']:6d}  mismatches {tot['mismatch']}  {by}")
         if args.shares:
             print(f"{'':16s} time: {clocks[label].report(walls[label])}; plain decoding took {walls['plain']:.1f} s "

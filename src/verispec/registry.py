@@ -207,7 +207,8 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
             target.backend, f"{key}-draft-{learned}-{tag}", repeats=3,
             measure=lambda model, sizes, repeats: measure_draft_cost(model, sub[1], sizes, repeats))
     return HybridDrafter(*sub, mode=mode, min_score=float(opts.pop("min_score", 1.0)), cost=cost,
-                         learned_cost=draft_cost, min_match=min_match, learned_sizing=sizing, catch_up_cost=catch_up)
+                         learned_cost=draft_cost, min_match=min_match, learned_sizing=sizing, catch_up_cost=catch_up,
+                         rent_start=opts.pop("rent_start", "predicted"))
 
 
 def _prompt_lookup(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:

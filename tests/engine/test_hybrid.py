@@ -313,6 +313,8 @@ def test_lifecycle_errors(toy_target):
         HybridDrafter(suffix(), NoDrafter(), learned_sizing="both")
     with pytest.raises(ValueError, match="fallback"):
         HybridDrafter(suffix(), NoDrafter(), mode="fuse", learned_sizing="self")
+    with pytest.raises(ValueError, match="rent_start"):
+        HybridDrafter(suffix(), NoDrafter(), rent_start="never")
 
 
 # ---- the match-length gate and a self-sizing learned drafter ----------------------------------
@@ -391,3 +393,67 @@ def test_a_catch_up_never_blocks_a_learned_drafter_that_must_be_asked():
         assert h.propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1))).num_drafted == 1
         tokens += list(range(10 + 50 * step, 60 + 50 * step))  # 50 tokens committed by someone else
     assert len(learned.asked) == 5
+
+
+class _PromptCached(DraftModelDrafter):
+    """A draft model whose prefix cache holds every prompt: starting a request prefills nothing."""
+
+    def prefill_tokens(self, prompt_ids: list[int]) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("rent_start,catch_up_cost,max_new_tokens,cached,starts",
+                         [("always", 0.0, 12, False, True), ("always", 0.05, 12, False, False),
+                          ("always", 0.05, 60, False, True), ("always", 0.05, 12, True, True),
+                          ("constrained", 0.05, 12, False, True)],
+                         ids=["free", "short", "long", "cached", "not-rented"])
+def test_the_first_start_is_rented_on_every_request(toy_target, rent_start, catch_up_cost, max_new_tokens, cached,
+                                                    starts):
+    """``rent_start="always"``: on an unconstrained request too the draft model's start (its prompt's prefill,
+    81 tokens at ``catch_up_cost`` target steps each) waits until the plain steps the hybrid would have asked
+    it have forgone as much saving (1 - 1/r a step, r = 1.46: its prior on a flat curve at 0.1 a draft
+    forward). Free, it starts on the first step; at 0.05 a token (4.1 steps, and 0.05 more with each token
+    decoded meanwhile: 15 plain steps of rent) a 12-token answer never starts it and a 60-token one does; a prompt its prefix cache holds starts it at
+    once; ``"constrained"`` (the grammar-only rule) starts it at once. Output equals plain decoding."""
+    prompt = [1] + [(7 * i) % 90 + 3 for i in range(80)]
+    params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+    draft = (_PromptCached if cached else DraftModelDrafter)(toy_target)
+    h = HybridDrafter(suffix(), draft, cost=FLAT, learned_cost={n: 0.1 * n for n in FLAT}, min_match=1000,
+                      learned_sizing="self", catch_up_cost=catch_up_cost, rent_start=rent_start)
+    out, stats = run(toy_target, h, prompt, params, k=6)
+    assert out == run(toy_target, NoDrafter(), prompt, params)[0]
+    assert (draft.fed_tokens > 0) == (h.steps["learned"] > 0) == starts
+    if starts and catch_up_cost and not cached and rent_start == "always":  # rented: 15 plain steps first
+        assert h.steps["none"] == 15
+    elif starts:
+        assert h.steps["none"] == 0
+
+
+@pytest.mark.parametrize("earlier", [3, 60], ids=["after-short-answers", "after-long-answers"])
+def test_a_predicted_start_follows_the_answers_seen(toy_target, earlier):
+    """``rent_start="predicted"`` (ski rental with a prediction: Purohit et al. 2018): with no answer finished yet
+    the draft model starts at once (as ``"constrained"`` starts it on an unconstrained request); then the median
+    length of the answers finished so far predicts the next one's. Predicted to pay for its prefill (after
+    60-token answers) the start is bought at once; predicted not to (after 3-token answers) it is rented until
+    the forgone savings reach twice its cost, longer than plain rent-or-buy (``"always"``) waits. Output equals
+    plain decoding every time."""
+    params = SamplingParams(max_new_tokens=earlier, ignore_eos=True)
+    final = SamplingParams(max_new_tokens=30, ignore_eos=True)
+    waited = {}
+    for rent_start in ("always", "predicted"):
+        draft = DraftModelDrafter(toy_target)
+        h = HybridDrafter(suffix(), draft, cost=FLAT, learned_cost={n: 0.1 * n for n in FLAT}, min_match=1000,
+                          learned_sizing="self", catch_up_cost=0.05, rent_start=rent_start)
+        for seed in range(3):
+            prompt = [1] + [(7 * i + seed) % 90 + 3 for i in range(80)]
+            assert run(toy_target, h, prompt, params, k=6)[0] == run(toy_target, NoDrafter(), prompt, params)[0]
+            if seed == 0 and rent_start == "predicted":  # nothing predicted it: started at once
+                assert h.steps["none"] == 0 and h.steps["learned"] > 0
+        before = h.steps["none"]
+        prompt = [1] + [(5 * i) % 90 + 3 for i in range(80)]
+        assert run(toy_target, h, prompt, final, k=6)[0] == run(toy_target, NoDrafter(), prompt, final)[0]
+        waited[rent_start] = h.steps["none"] - before
+    if earlier == 3:
+        assert waited["predicted"] > waited["always"] > 0
+    else:
+        assert waited["predicted"] <= 1 < waited["always"]  # 1: the last step (one token left) has no room for a draft

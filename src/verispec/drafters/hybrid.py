@@ -68,7 +68,16 @@ prefix cache holds (``DraftModelDrafter.prefill_tokens``). On a constrained requ
 the same way: a JSON answer is short next to its prompt (JSONSchemaBench: answers of 2-138 tokens
 for schema prompts of 113-584), the grammar's forced tokens carry its steps meanwhile, and a
 request whose schema the draft model has seen before (a tool's, in an agent's every turn) starts
-it at once. Elsewhere the first start is not deferred.
+it at once. Elsewhere (``rent_start``) the first start is not deferred (``"constrained"``), is rented the
+same way on every request (``"always"``), or follows a prediction (``"predicted"``: ski rental with a
+prediction, Purohit, Svitkina and Kumar 2018, "Improving Online Algorithms via ML Predictions"): the median
+length of the last ANSWERS_KEPT answers, less what this answer already has, predicts the tokens to come; where
+they would save more than the start costs at the tracked rate, or where no answer has finished yet, it is
+bought at once (as without the rule); where not, it is rented until the forgone savings reach twice its cost
+(1 / PREDICTION_TRUST). The draft model's prefill of a long prompt for a short answer (a translation, a
+fill-in-the-middle after 90 lines, an agent turn after 2-3k tokens of history) costs more than its drafts
+save there; on a coding answer it pays, and plain rent-or-buy, at the prior rate of a draft model that has not
+drafted yet, waited for it over a hundred steps (``docs/benchmarks.md``, "The draft model's first start").
 
 The hybrid declares the learned drafter's ``features`` (EAGLE-3: the fused target layers)
 as its own, so the engine hands its observations the features it reads; a learned drafter
@@ -83,9 +92,10 @@ tree's q in a fusion only lowers acceptance. Greedy: any tree verifies to plain 
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from statistics import median
 from typing import ClassVar, Literal
 
 from ..constraints.speculation import keep_nodes, reachable
@@ -144,6 +154,8 @@ class _Plan:
 PROBE_EVERY = 16  # a self-sizing learned drafter judged not to pay is still asked once in this many steps
 MIN_EVIDENCE = 4  # ... and is always asked until this many of its proposals were verified
 CALIBRATION_PRIOR = 8.0  # pseudo-tokens of a request's suffix-draft calibration (``_calibration``)
+ANSWERS_KEPT = 16  # rent_start="predicted": the answer lengths of this many finished requests predict the next's
+PREDICTION_TRUST = 0.5  # ... and where they say it does not pay, its start is bought at 1 / this times its cost
 
 
 @dataclass
@@ -158,6 +170,8 @@ class _Proposal:
     rent: float = 0.0  # decode steps of saving forgone since then by not asking it (``catch_up_cost``)
     proposed: bool = False  # this step's tree is the hybrid's (a wrapper, e.g. a prediction, may draft instead)
     learned_started: bool = False  # the learned drafter has started this request
+    prompt_length: int = 0  # tokens of the prompt ``start`` was given
+    answer_length: int = 0  # tokens committed after it, when the hybrid was last asked
     since_learned: int = 0  # steps since the learned drafter last proposed (self sizing: its probes)
     r_expected: float = 0.0  # this step's retrieval draft: the sum of its scores (the accepted tokens they promise)
     r_promised: float = 0.0  # over this request's retrieval steps: tokens the scores promised
@@ -174,7 +188,8 @@ class HybridDrafter(DeclaresFeatures):
     def __init__(self, retrieval: Drafter, learned: Drafter, mode: Literal["fallback", "fuse"] = "fallback",
                  min_score: float = 1.0, cost: dict[int, float] | None = None,
                  learned_cost: dict[int, float] | None = None, min_match: int = 0,
-                 learned_sizing: Literal["hybrid", "self"] = "hybrid", catch_up_cost: float = 0.0):
+                 learned_sizing: Literal["hybrid", "self"] = "hybrid", catch_up_cost: float = 0.0,
+                 rent_start: Literal["constrained", "always", "predicted"] = "constrained"):
         if mode not in ("fallback", "fuse"):
             raise ValueError(f"mode must be fallback or fuse, not {mode!r}")
         if min_score < 0:
@@ -183,11 +198,13 @@ class HybridDrafter(DeclaresFeatures):
             raise ValueError(f"min_match must be >= 0, got {min_match}")
         if not catch_up_cost >= 0:
             raise ValueError(f"catch_up_cost must be >= 0, got {catch_up_cost}")
+        if rent_start not in ("constrained", "always", "predicted"):
+            raise ValueError(f"rent_start must be constrained, always or predicted, not {rent_start!r}")
         if learned_sizing not in ("hybrid", "self"):
             raise ValueError(f"learned_sizing must be hybrid or self, not {learned_sizing!r}")
         if learned_sizing == "self" and mode == "fuse":
             raise ValueError("learned_sizing=self needs mode=fallback (a fused tree is sized by the hybrid)")
-        self.min_match, self.learned_sizing = min_match, learned_sizing
+        self.min_match, self.learned_sizing, self.rent_start = min_match, learned_sizing, rent_start
         if features_of(retrieval).wanted:
             raise ValueError(f"the retrieval drafter {retrieval.name} must be model-free")
         self.retrieval, self.learned, self.mode, self.min_score = retrieval, learned, mode, min_score
@@ -205,13 +222,14 @@ class HybridDrafter(DeclaresFeatures):
         self._learned_acc = DepthAcceptance()
         self._retrieval_acc = DepthAcceptance()  # node values of drafters without their own
         self._requests: RequestTable[_Proposal] = RequestTable()
+        self._answers: deque[int] = deque(maxlen=ANSWERS_KEPT)  # answer lengths of finished requests (rent_start)
         self.steps: Counter[str] = Counter()  # verified steps by who drafted them ("none": not the hybrid)
         self.drafted: Counter[str] = Counter()  # drafted nodes by source
         self.accepted: Counter[str] = Counter()  # accepted drafted tokens by source
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
-        state = _Proposal()
+        state = _Proposal(prompt_length=len(prompt_ids))
         self._requests.add(request_id, state)
         self.retrieval.start(request_id, prompt_ids)
         if self.learned_enabled and self.features.wanted:  # it reads the prefill's features: start now
@@ -229,6 +247,8 @@ class HybridDrafter(DeclaresFeatures):
 
     def finish(self, request_id: str) -> None:
         state = self._requests.pop(request_id)
+        if state is not None and state.answer_length:
+            self._answers.append(state.answer_length)
         self.retrieval.finish(request_id)
         if state is not None and state.learned_started:
             self.learned.finish(request_id)
@@ -239,6 +259,7 @@ class HybridDrafter(DeclaresFeatures):
         self.learned.reset()
         self._learned_acc.reset()
         self._retrieval_acc.reset()
+        self._answers.clear()
         for counts in (self.steps, self.drafted, self.accepted):
             counts.clear()
 
@@ -345,6 +366,7 @@ class HybridDrafter(DeclaresFeatures):
         """The retrieval draft and its size, and the learned drafter's budget (0: not asked)."""
         state = self._requests.get(ctx.request_id)
         state.source, state.learned_nodes, state.learned_depth, state.proposed = "none", 0, 0, True
+        state.answer_length = len(ctx.tokens) - state.prompt_length
         tree, values = self._retrieval_draft(ctx)
         if ctx.grammar is not None and tree.num_drafted:  # the nodes a grammar forbids would be cut: size the rest
             keep = reachable(tree, ctx.grammar)
@@ -360,8 +382,8 @@ class HybridDrafter(DeclaresFeatures):
             budget = max(1, min(l_n, ctx.budget - r_n)) if fusing else l_n
         # a catch-up is bought by the savings its tracked rate forgoes; a probe, or an ask for evidence, when that
         # rate says no saving (l_rate <= 1: no rent would ever accrue), is paid as it is, or it could never happen
-        if budget and self.catch_up_cost and (state.learned_started or ctx.grammar is not None) and l_rate > 1.0 \
-                and not self._buys(state, ctx, l_rate):
+        rented = state.learned_started or self.rent_start != "constrained" or ctx.grammar is not None
+        if budget and self.catch_up_cost and rented and l_rate > 1.0 and not self._buys(state, ctx, l_rate):
             budget = 0
         return _Plan(tree, r_n, fusing, budget)
 
@@ -379,8 +401,17 @@ class HybridDrafter(DeclaresFeatures):
         pending = len(ctx.tokens) - 1 - state.learned_seen  # the root comes with the draft in any case
         if not state.learned_started and isinstance(self.learned, DraftModelDrafter):  # + the prompt's last token
             pending = self.learned.prefill_tokens(list(ctx.tokens[:-1])) + 1
-        state.rent += max(0.0, 1.0 - 1.0 / rate)
-        return pending * self.catch_up_cost <= state.rent
+        saving = max(0.0, 1.0 - 1.0 / rate)
+        state.rent += saving
+        cost = pending * self.catch_up_cost
+        if not state.learned_started and self.rent_start == "predicted" and (self._answers or ctx.grammar is None):
+            if not self._answers:  # nothing predicts this answer: started at once, as without the rule
+                return True
+            left = median(self._answers) - state.answer_length  # the answer's tokens still to come, predicted
+            if left * saving >= cost:  # predicted to pay: bought at once
+                return True
+            cost /= PREDICTION_TRUST  # predicted not to: bought only once the forgone savings are twice its cost
+        return cost <= state.rent
 
     def _choose(self, ctx: DraftContext, plan: _Plan, learned: DraftTree | None) -> DraftTree:
         state = self._requests.get(ctx.request_id)
