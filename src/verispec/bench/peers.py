@@ -211,8 +211,9 @@ class LlamaServerRunner(Runner):
     (``prompt_ms``, ``predicted_ms``); tau from ``draft_n_accepted``. ``spec["poll"]``: llama.cpp's
     ``--poll`` (50, its default: threads spin while they wait; 0 sleeps: on a machine shared with
     other jobs spinning threads collapse, 10x and worse at load 10 on 2 cores); ``spec["fa"]``: its
-    ``--flash-attn`` (off by default in this version; on, its decoding was 13% faster at short contexts
-    on an AVX-512 Zen 5, so compare with both). After the warm-up
+    ``--flash-attn`` (off by default in this version; on a quiet AVX-512 Zen 5 with 2 threads,
+    ``llama-bench`` gave it no gain: 36.9 vs 36.1 tok/s decoding at depth 0, 28.4 vs 30.7 at depth
+    2048, prefill 126 vs 132 tok/s, so off is its best there). After the warm-up
     its slot is erased (``reset_learned``, as our methods clear their prefix caches): the warm-up runs
     the first measured prompt, whose prefill would otherwise be free."""
 
