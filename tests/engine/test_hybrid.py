@@ -457,3 +457,23 @@ def test_a_predicted_start_follows_the_answers_seen(toy_target, earlier):
         assert waited["predicted"] > waited["always"] > 0
     else:
         assert waited["predicted"] <= 1 < waited["always"]  # 1: the last step (one token left) has no room for a draft
+
+
+def test_a_request_with_a_prediction_rents_the_start(toy_target):
+    """``rent_start="predicted"`` starts the draft model at once where no answer has finished (nothing predicts
+    this one); a request carrying a prediction (Predicted Outputs) rents it instead, as ``"always"`` does: the
+    prediction says what comes. Output equals plain decoding either way."""
+    prompt = [1] + [(7 * i) % 90 + 3 for i in range(80)]
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    plain = run(toy_target, NoDrafter(), prompt, params)[0]
+    waited = {}
+    for prediction in ((), tuple((11 * i) % 90 + 3 for i in range(40))):
+        h = HybridDrafter(suffix(), DraftModelDrafter(toy_target), cost=FLAT, learned_cost={n: 0.1 * n for n in FLAT},
+                          min_match=1000, learned_sizing="self", catch_up_cost=0.05, rent_start="predicted")
+        engine = Engine(toy_target, h, 6, "fixed")
+        req = engine.add_request(prompt, params, prediction=prediction)
+        while not req.finished:
+            engine.step(req)
+        assert req.generated == plain
+        waited[bool(prediction)] = h.steps["none"]
+    assert waited[False] == 0 < waited[True]

@@ -78,6 +78,10 @@ bought at once (as without the rule); where not, it is rented until the forgone 
 fill-in-the-middle after 90 lines, an agent turn after 2-3k tokens of history) costs more than its drafts
 save there; on a coding answer it pays, and plain rent-or-buy, at the prior rate of a draft model that has not
 drafted yet, waited for it over a hundred steps (``docs/benchmarks.md``, "The draft model's first start").
+A request that carries a prediction (Predicted Outputs: an edit sends the file) rents the start plainly, as
+``"always"`` does: the prediction, not the answers before, says what comes, and what it covers the draft
+model need not draft (edits with the prediction, by counts: 4.20x our plain decoding rented, 3.56x by the
+answers' median).
 
 The hybrid declares the learned drafter's ``features`` (EAGLE-3: the fused target layers)
 as its own, so the engine hands its observations the features it reads; a learned drafter
@@ -404,7 +408,8 @@ class HybridDrafter(DeclaresFeatures):
         saving = max(0.0, 1.0 - 1.0 / rate)
         state.rent += saving
         cost = pending * self.catch_up_cost
-        if not state.learned_started and self.rent_start == "predicted" and (self._answers or ctx.grammar is None):
+        if not state.learned_started and self.rent_start == "predicted" and not ctx.prediction \
+                and (self._answers or ctx.grammar is None):  # a Predicted Outputs request rents it plainly
             if not self._answers:  # nothing predicts this answer: started at once, as without the rule
                 return True
             left = median(self._answers) - state.answer_length  # the answer's tokens still to come, predicted
