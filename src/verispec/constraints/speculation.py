@@ -165,7 +165,8 @@ def forced_branches(matcher: Matcher) -> list[list[int]]:
     words = bits[0].nonzero().flatten().tolist()
     if len(words) > BRANCH_ALLOWED:
         return []
-    allowed = [32 * w + j for w in words for j in range(32) if has_bit(bits[0], 32 * w + j)]
+    values = bits[0][words].tolist()  # the few set words as Python ints (int32: bit 31 reads right from a negative)
+    allowed = [32 * w + j for w, v in zip(words, values) for j in range(32) if (v >> j) & 1]
     if len(allowed) > BRANCH_ALLOWED:
         return []
     out = []
