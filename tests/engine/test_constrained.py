@@ -13,13 +13,11 @@ from dataclasses import replace
 
 import jsonschema
 import pytest
-import torch
 
 from helpers import TemperedSelfDraft
 from verispec.constraints import GrammarError, constraint_for
 from verispec.constraints import speculation
-from verispec.constraints.speculation import (JumpForward, forced_branches, jump_forward, mask_logits, node_masks,
-                                              prune)
+from verispec.constraints.speculation import JumpForward, forced_branches, jump_forward, node_masks, prune
 from verispec.drafters.base import DraftContext, NoDrafter
 from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.hybrid import HybridDrafter
@@ -426,40 +424,3 @@ def test_a_constrained_request_starts_the_draft_model_only_once_its_prefill_pays
     assert (draft.fed_tokens > 0) == (hybrid.steps["learned"] > 0) == starts
     if not starts:  # the steps it would have been asked went to forced tokens
         assert hybrid.steps["none"] > 0 and req.stats.target_forwards < max_new_tokens
-
-
-def test_greedy_masking_keeps_every_rows_maximum_and_argmax(stories, schema):
-    """``mask_logits(..., greedy=True)`` masks only the rows whose argmax the grammar forbids (or whose maximum
-    is not finite): every row's maximum and argmax, all greedy verification reads, equal the fully masked
-    logits', with ties between an allowed and a forbidden token, NaN at a forbidden token, and rows the
-    grammar leaves alone; a tree where every argmax is allowed comes back as the logits themselves."""
-    m = after_age(schema)
-    allowed = m.allowed()
-    ok = allowed.nonzero().flatten().tolist()
-    banned = (~allowed).nonzero().flatten().tolist()
-    tree = DraftTree((5, ok[0], ok[1], banned[0], ok[2]), (-1, 0, 0, 0, 1))
-    full_masks = node_masks(tree, m)
-    g = torch.Generator().manual_seed(0)
-    for trial in range(20):
-        logits = torch.randn(tree.size, stories.backend.info.vocab_size, generator=g)
-        for row in range(tree.size):
-            row_ok = full_masks[row].nonzero().flatten().tolist()
-            row_banned = (~full_masks[row]).nonzero().flatten().tolist()
-            kind = (trial + row) % 4
-            if kind == 0 and row_banned:  # a forbidden argmax
-                logits[row, row_banned[0]] = 50.0
-            elif kind == 1 and row_banned:  # a tie: the forbidden token first, then an allowed one
-                first, second = sorted([row_banned[0], row_ok[-1]])
-                logits[row, [first, second]] = 40.0
-            elif kind == 2 and row_banned:  # NaN where the grammar forbids
-                logits[row, row_banned[-1]] = float("nan")
-            else:  # an allowed argmax
-                logits[row, row_ok[0]] = 60.0
-        full, fast = mask_logits(logits, tree, m), mask_logits(logits, tree, m, greedy=True)
-        assert torch.equal(full.max(-1).values, fast.max(-1).values)
-        assert torch.equal(full.argmax(-1), fast.argmax(-1))
-    logits = torch.full((tree.size, stories.backend.info.vocab_size), -5.0)
-    for row in range(tree.size):
-        logits[row, int(full_masks[row].nonzero()[0])] = 1.0  # each row's argmax allowed
-    assert mask_logits(logits, tree, m, greedy=True) is logits
-    assert m.allowed().equal(allowed)  # the walks leave the request's state as it was

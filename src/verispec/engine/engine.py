@@ -211,7 +211,7 @@ class Engine:
         if req.params.adjusts_logits:
             scores = adjust_tree_logits(last, DraftTree.chain(req.prompt_ids[-1], []), req.params, req.prompt_ids, [])
         if req.grammar is not None:
-            scores = mask_logits(scores, DraftTree.chain(req.prompt_ids[-1], []), req.grammar, req.params.greedy)
+            scores = mask_logits(scores, DraftTree.chain(req.prompt_ids[-1], []), req.grammar)
         first = int(scores.argmax()) if req.params.greedy else sample(
             target_probs(scores, req.params)[0].cpu(), req.verify_generator
         )
@@ -256,7 +256,7 @@ class Engine:
         if req.params.adjusts_logits:  # each node scored with its own root-to-node history
             scores = adjust_tree_logits(logits, tree, req.params, req.prompt_ids, req.generated)
         if req.grammar is not None:  # each node masked with its own grammar state
-            scores = mask_logits(scores, tree, req.grammar, req.params.greedy)
+            scores = mask_logits(scores, tree, req.grammar)
         acc = verify_tree(tree, scores, req.params, req.verify_generator)
         if req.jump_forward is not None:
             req.jump_forward.observe(len(acc.path))
