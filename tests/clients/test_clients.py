@@ -116,7 +116,8 @@ def test_openai_streamed_text_with_tools_bound_arrives_as_generated(server):
 
 def test_openai_parse_with_and_without_tools(server):
     client = openai_client(server)
-    for tools in (None, [ORDER_TOOL]):
+    strict = {"type": "function", "function": ORDER_TOOL["function"] | {"strict": True}}  # parse() takes strict tools
+    for tools in (None, [strict]):
         extra = {"tools": tools} if tools else {}
         r = client.chat.completions.parse(model=TARGET, messages=[{"role": "user", "content": INVOICE_ASK}],
                                           response_format=Invoice, temperature=0, max_tokens=120, **extra)
