@@ -40,6 +40,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -67,6 +68,9 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="verispec", lifespan=lifespan)
     app.state.verispec = state
     app.add_middleware(RequestGuard, limits=state.config.limits)
+    cors = state.config.cors.middleware_options()
+    if cors is not None:  # added last, so outermost: a preflight is answered before the guard's key check
+        app.add_middleware(CORSMiddleware, **cors)
     _install_error_handlers(app)
 
     @app.get("/health")
