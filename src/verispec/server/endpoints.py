@@ -29,7 +29,7 @@ from .schemas import ApiError, ChatCompletionRequest, CompletionRequest
 from .state import ServerState
 from .structured import (ConstraintRequest, compile_request, forced_tools, parse_tool_calls,
                          response_format_request, tool_call_request)
-from .validation import check_chat_size, check_prompt_sizes, fim_suffix, max_new_tokens
+from .validation import check_chat_size, check_prompt_sizes, context_overflow, fim_suffix, max_new_tokens
 from .worker import Event
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions (chat: --default-max-tokens)
@@ -103,7 +103,7 @@ class Endpoint(ABC):
 
 
 def render_chat_prompt(state: ServerState, messages: list[dict[str, Any]],
-                       tools: list[dict[str, Any]] | None = None) -> RenderedChat:
+                       tools: list[dict[str, Any]] | None = None, add_generation_prompt: bool = True) -> RenderedChat:
     """A chat through the model's template (``api.encode_prompt``'s checks), on the render
     thread: refuses a rendering longer than ``max_prompt_chars`` (the template's own text
     counts), or past the template's time or memory bound, in one line. ``tools``: rendered
@@ -115,9 +115,10 @@ def render_chat_prompt(state: ServerState, messages: list[dict[str, Any]],
     if state.chat_template is None:
         raise ApiError(400, f"model {state.model.name} has no chat template; use /v1/completions", "messages")
     try:
-        return render_chat(state.model.tokenizer, messages, state.max_prompt_chars, state.chat_template, tools)
+        return render_chat(state.model.tokenizer, messages, state.max_prompt_chars, state.chat_template, tools,
+                           add_generation_prompt)
     except ChatTooLong as e:
-        raise ApiError(400, str(e), "messages", "context_length_exceeded") from None
+        raise context_overflow(state.max_len, None, "messages", why=str(e).rstrip(".")) from None
     except TemplateError as e:
         raise ApiError(400, str(e), "messages", "chat_template_error") from None
 

@@ -113,7 +113,9 @@ def completion_logprobs(tokenizer: Any, logprobs: list[TokenLogprob], offset: in
     return {
         "tokens": [token_text(r) for r in raws],
         "token_logprobs": [lp.logprob for lp in logprobs],
-        "top_logprobs": [{token_text(table(i)): v for i, v in lp.top} for lp in logprobs],
+        # logprobs = 0 asks for no alternatives: the sampled token alone (as vLLM answers), not {}
+        "top_logprobs": [{token_text(table(i)): v for i, v in lp.top} or {token_text(r): lp.logprob}
+                         for lp, r in zip(logprobs, raws)],
         "text_offset": [offsets.feed(b"" if table.special(lp.token_id) else r) for lp, r in zip(logprobs, raws)],
     }
 
