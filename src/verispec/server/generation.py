@@ -31,10 +31,12 @@ class Generation:
     """The jobs of one HTTP request and the event queue they report to (on the event loop)."""
 
     def __init__(self, state: ServerState, base_id: str, prompts: list[list[int]], params: SamplingParams,
-                 drafter: str, n: int = 1, draft_limit: int | None = None, prediction: tuple[int, ...] = ()):
+                 drafter: str, n: int = 1, draft_limit: int | None = None, prediction: tuple[int, ...] = (),
+                 prompt_logprobs: int | None = None, score_only: bool = False):
         """``n`` samples per prompt: choice ``i * n + j`` is sample j of prompt i, seeded
         ``sample_seed(seed, j)`` = ``seed + j`` wrapping past 2^63 - 1 to 0 (as vLLM seeds n > 1
-        children), sharing prompt i's prefill."""
+        children), sharing prompt i's prefill. ``prompt_logprobs``: score each prompt (that many
+        alternatives per token); ``score_only``: generate nothing (``worker.Job``)."""
         loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         self.state, self.prompts, self.base_id = state, prompts, base_id
@@ -47,7 +49,7 @@ class Generation:
 
         self.jobs = [Job(self.ids[k], prompts[k // n], replace(params, seed=sample_seed(params.seed, k % n)), drafter,
                          sink(k), draft_limit=draft_limit, fork_of=self.ids[k - k % n] if k % n else None,
-                         prediction=prediction)
+                         prediction=prediction, prompt_logprobs=prompt_logprobs, score_only=score_only)
                      for k in range(total)]
 
     def submit(self) -> None:
@@ -118,6 +120,7 @@ async def collect(gen: Generation, request: Request) -> tuple[list[dict[str, Any
     texts: list[list[str]] = [[] for _ in range(n)]
     ids: list[list[int]] = [[] for _ in range(n)]
     logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
+    scored: list[list[TokenLogprob] | None] = [None] * n
     done: list[dict[str, Any] | None] = [None] * n
     next_check = time.monotonic() + 0.5
     while gen.open:
@@ -138,10 +141,12 @@ async def collect(gen: Generation, request: Request) -> tuple[list[dict[str, Any
         texts[index].append(ev.text)
         ids[index].extend(ev.token_ids)
         logprobs[index].extend(ev.logprobs or [])
+        if ev.prompt_logprobs is not None:
+            scored[index] = ev.prompt_logprobs
         if ev.finished:
             done[index] = {"finish_reason": FINISH[ev.finished], "stats": ev.stats}
-    choices = [{"text": "".join(t), "token_ids": i, "logprobs": lp, "finish_reason": d["finish_reason"]}
-               for t, i, lp, d in zip(texts, ids, logprobs, done)]  # type: ignore[index]
+    choices = [{"text": "".join(t), "token_ids": i, "logprobs": lp, "finish_reason": d["finish_reason"],
+                "prompt_logprobs": s} for t, i, lp, d, s in zip(texts, ids, logprobs, done, scored)]  # type: ignore[index]
     return choices, [d["stats"] for d in done]  # type: ignore[index]
 
 

@@ -120,6 +120,20 @@ def completion_logprobs(tokenizer: Any, logprobs: list[TokenLogprob], offset: in
     }
 
 
+def prompt_logprobs(tokenizer: Any, prompt_ids: list[int], scored: list[TokenLogprob]) -> dict[str, Any]:
+    """The echoed prompt's part of a completion's ``logprobs``: every prompt token, its text offset
+    from the prompt's start, and ``scored`` (tokens after the first); the first token's
+    ``token_logprobs`` and ``top_logprobs`` are null (nothing precedes it), as in OpenAI's API."""
+    out = completion_logprobs(tokenizer, [TokenLogprob(prompt_ids[0], 0.0), *scored], 0)
+    out["token_logprobs"][0] = out["top_logprobs"][0] = None
+    return out
+
+
+def join_logprobs(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
+    """Two completion ``logprobs`` objects as one (the echoed prompt's, then the completion's)."""
+    return {k: first[k] + then[k] for k in first}
+
+
 def chat_logprobs(tokenizer: Any, logprobs: list[TokenLogprob]) -> dict[str, Any]:
     """The chat ``logprobs`` object: one entry per generated token."""
     table = token_bytes(tokenizer)
