@@ -19,10 +19,7 @@ PROMPT = "Once upon a time there was a little girl named Lily. She liked to play
 
 def direct_logprobs(model, ids: list[int]) -> torch.Tensor:
     """log_softmax of the target's logits in one forward over the whole prompt: [P, V]."""
-    target = model.backend
-    cache = target.new_cache(512)
-    logits = target.forward(torch.tensor([ids]), torch.arange(len(ids))[None], cache).logits[0]
-    return torch.log_softmax(logits.float(), -1)
+    return direct_logprobs_of(model.backend, ids)
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +131,39 @@ def test_loglikelihood_as_lm_evaluation_harness_reads_it(server) -> None:
 def test_echo_refusals(server, body, param) -> None:
     r = httpx.post(f"{server[0]}/v1/completions", json={"model": MODEL} | body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_score_prompt_on_the_compiled_runtime(tmp_path) -> None:
+    """The compiled CPU runtime (a pooled cache row, as the server's batch holds them): the
+    same log-probabilities as log_softmax of one forward, and the row is free again."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from verispec.drafters.base import NoDrafter
+    from verispec.engine import Engine
+    from verispec.engine.batch import BatchEngine
+    from verispec.models import cpu_abi
+
+    assert cpu_abi.available(), "the compiled runtime verispec._vscpu is not built"
+    from verispec.models.cpu import CpuLlama
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    target = CpuLlama.from_hf_dir(tmp_path, max_length=512, threads=2)
+    batch = BatchEngine(target, {"none": Engine(target, NoDrafter())}, max_batch=2, max_length=256)
+    ids = torch.randint(3, 512, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    got = batch.score_prompt(ids, 2)
+    assert batch.cache_rows_in_use == 0
+    want = direct_logprobs_of(target, ids)
+    assert [lp.logprob for lp in got] == pytest.approx([float(want[i, ids[i + 1]]) for i in range(149)], abs=1e-3)
+    assert [[t for t, _ in lp.top] for lp in got] == want[:-1].topk(2).indices.tolist()
+    for bad in ([], [512], [5] * 257):
+        with pytest.raises(ValueError, match="scored prompt"):
+            batch.score_prompt(bad, 0)
+
+
+def direct_logprobs_of(target, ids: list[int]) -> torch.Tensor:
+    cache = target.new_cache(256)
+    logits = target.forward(torch.tensor([ids]), torch.arange(len(ids))[None], cache).logits[0]
+    return torch.log_softmax(logits.float(), -1)

@@ -69,7 +69,7 @@ class _Sampling(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: StrictStr
+    model: StrictStr | None = None  # None: the served model (as vLLM and llama.cpp allow)
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: StrictFloat | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)

@@ -5,8 +5,9 @@ clients count a prompt's tokens before sending it, or turn ids back into text.
   tokenized as /v1/completions does: BOS and the like added unless false) or ``{"model"?,
   "messages": [...], "add_generation_prompt": true}`` (a chat, through the same template and
   literal-content tokenization as /v1/chat/completions) -> ``{"count", "max_model_len",
-  "tokens"}``, with ``"token_strs"`` when ``return_token_strs``; llama.cpp's ``content`` /
-  ``add_special`` / ``with_pieces`` (then ``tokens`` are ``{"id", "piece"}``) also work.
+  "tokens"}``, with ``"token_strs"`` when ``return_token_strs``; llama.cpp's ``content`` (no
+  special tokens unless ``add_special``) and ``with_pieces`` (then ``tokens`` are ``{"id",
+  "piece"}``) also work.
 - ``/detokenize`` ``{"model"?, "tokens": [ids]}`` -> ``{"prompt": text}`` (and llama.cpp's
   ``content``, the same text).
 
@@ -94,7 +95,8 @@ async def tokenize(state: ServerState, body: TokenizeRequest) -> dict[str, Any]:
     text = body.text()
     if text is not None:
         check_prompt_sizes(state, [text], [], "prompt")
-        ids = await off_loop(state, encode_text, state, text, body.special(True))
+        # vLLM's prompt adds BOS and the like unless told not to; llama.cpp's content only when told (add_special)
+        ids = await off_loop(state, encode_text, state, text, body.special(body.prompt is not None))
     else:
         messages = [m.as_template_message() for m in body.messages or ()]
         check_chat_size(state, messages)

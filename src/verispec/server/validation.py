@@ -103,7 +103,7 @@ def max_new_tokens(requested: int | None, default: int, prompt_len: int, max_len
 def check_common(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> tuple[str, int | None]:
     """Model name, unsupported fields and speculation control; returns the drafter name
     and the request's draft cap (None = the server's; 0 = speculation off)."""
-    if body.model not in (state.name, state.model.name):
+    if body.model is not None and body.model not in (state.name, state.model.name):
         raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {state.name!r}",
                        "model", "model_not_found")
     bad = body.unsupported()
