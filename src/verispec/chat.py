@@ -55,17 +55,19 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, str]], max_chars: int |
 
 
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], max_chars: int | None = None,
-                template: ChatTemplate | None = None, tools: list[dict[str, Any]] | None = None) -> RenderedChat:
+                template: ChatTemplate | None = None, tools: list[dict[str, Any]] | None = None,
+                add_generation_prompt: bool = True) -> RenderedChat:
     """Render ``messages`` (``template``, default: the tokenizer's, with default bounds), and
     once more with a sentinel per content to find the contents' spans, in one bounded call.
     ``max_chars``: refuse (``ChatTooLong``) a rendering longer than this (the template's own
     text counts, not only the contents); the sentinel rendering may be longer by the sentinels.
-    ``tools``: function definitions the template renders (a tool-calling request)."""
+    ``tools``: function definitions the template renders (a tool-calling request);
+    ``add_generation_prompt``: end with the assistant turn's opening (as transformers does)."""
     template = template or template_of(tokenizer)
     bound = DEFAULT_MAX_CHARS if max_chars is None else max_chars
     marked = [m | {"content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
     extra = sum(len(_SENTINEL.format(i)) for i in range(len(messages)))
-    text, marked_text = template.render([(messages, bound), (marked, bound + extra)], tools=tools)
+    text, marked_text = template.render([(messages, bound), (marked, bound + extra)], add_generation_prompt, tools)
     return RenderedChat(text, _spans(messages, marked_text, text))
 
 

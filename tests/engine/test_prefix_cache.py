@@ -411,6 +411,7 @@ def test_server_reuses_prefixes_reports_them_and_returns_to_idle(tiny_cpu_model)
                 outs += list(pool.map(lambda p: ask(url, p), prompts))
             texts[mb] = [o["choices"][0]["text"] for o in outs]
             cached = [o["verispec"]["cached_tokens"] for o in outs]
+            assert [o["usage"]["prompt_tokens_details"]["cached_tokens"] for o in outs] == cached  # OpenAI's field
             wait_until(lambda: metrics(url)["verispec_requests_running"] == 0)
             m = metrics(url)
             assert m["verispec_cache_rows_in_use"] == 0 and state.worker.engine.cache_rows_in_use == 0
@@ -421,6 +422,11 @@ def test_server_reuses_prefixes_reports_them_and_returns_to_idle(tiny_cpu_model)
                 assert m["verispec_prefix_cache_queries_total"] == sum(o["usage"]["prompt_tokens"] for o in outs)
                 assert 0 < m["verispec_prefix_cache_hit_rate"] < 1 and m["verispec_prefix_cache_blocks"] > 0
                 assert 0 < m["verispec_prefix_cache_bytes"] <= m["verispec_prefix_cache_max_bytes"] == 64 * 2**20
+                r = httpx.post(f"{url}/v1/completions", timeout=120, json={
+                    "model": "tiny-cpu", "prompt": prompts[2], "max_tokens": 4, "stream": True,
+                    "stream_options": {"include_usage": True}})
+                usage = [line for line in r.text.splitlines() if line.startswith('data: {"id"')][-1]
+                assert '"prompt_tokens_details":{"cached_tokens":' in usage and '"cached_tokens":0}' not in usage
             else:
                 assert cached == [0] * 6
     assert texts[0] == texts[64]

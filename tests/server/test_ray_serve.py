@@ -107,6 +107,11 @@ def test_config_file_is_a_valid_serve_config() -> None:
     assert deployments[ENGINE]["ray_actor_options"]["num_cpus"] >= 1 and FRONTEND in deployments
     with pytest.raises(ValueError, match="unknown verispec args: colour"):
         config_from_args({"colour": "red"})
+    cors = config_from_args({"cors": {"allowed_origins": ["http://localhost:3000"]}}).server.cors
+    assert cors.allowed_origins == ("http://localhost:3000",) and cors.middleware_options() is not None
+    for bad in ({"allowed_origins": "*"}, {"origins": ["*"]}, {"allowed_origins": ["http://a/"]}):
+        with pytest.raises(ValueError, match="cors|allowed-origins"):
+            config_from_args({"cors": bad})
 
 
 def test_ray_config_refuses_what_cannot_deploy() -> None:

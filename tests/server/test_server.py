@@ -302,7 +302,7 @@ BAD = [
     ("completions", {"prompt": "a", "stream": "yes"}, 400, "stream"),
     ("completions", {"prompt": "a", "n": 0}, 400, "n"),
     ("completions", {"prompt": "a", "logprobs": 21}, 400, "logprobs"),
-    ("completions", {"prompt": "a", "echo": True, "logprobs": 1}, 400, "echo"),
+    ("completions", {"prompt": "a", "echo": True, "logprobs": 1, "suffix": "b"}, 400, "suffix"),
     ("completions", {"prompt": "a", "stop": [""]}, 400, "stop"),
     ("completions", {"prompt": "a", "drafter": "nope"}, 400, "drafter"),
     ("completions", {"prompt": "a", "max_tokens": 100_000}, 400, "max_tokens"),

@@ -40,6 +40,9 @@ def serve(
     max_body_bytes: Optional[int] = typer.Option(None, help="largest request body in bytes (default 2 MiB); larger get HTTP 413"),
     header_timeout: float = typer.Option(10.0, help="seconds a connection may take to send its request headers"),
     body_timeout: float = typer.Option(30.0, help="seconds a request body may take to arrive (HTTP 408 after)"),
+    allowed_origins: list[str] = typer.Option([], "--allowed-origins", help="origins whose browser pages may call the server and read its answers (CORS), e.g. http://localhost:3000, or '*' for any; repeatable, comma-separated or vLLM's JSON list; default none: pages on other origins cannot read answers"),
+    allowed_methods: list[str] = typer.Option([], "--allowed-methods", help="with --allowed-origins: HTTP methods a page may use (default any)"),
+    allowed_headers: list[str] = typer.Option([], "--allowed-headers", help="with --allowed-origins: request headers a page may send (default any, Authorization included)"),
     chat_template_timeout: float = typer.Option(2.0, help="seconds the model's chat template may take to render one chat (HTTP 400 after; the render runs in a separate process)"),
     ray: bool = typer.Option(False, "--ray", help="serve engine replicas on Ray Serve: a local Ray instance, or the cluster RAY_ADDRESS names (docs/ray.md)"),
     replicas: int = typer.Option(1, help="--ray: engine replicas, each with --threads Ray CPUs (default 1) and as many threads"),
@@ -47,7 +50,7 @@ def serve(
     """Run an OpenAI-compatible server with batched speculative decoding (see verispec.server)."""
     from ..models.base import ModelError
     from ..server.app import serve as run_server
-    from ..server.guard import Limits
+    from ..server.guard import Cors, Limits, parse_list_option
     from ..server.state import ServerConfig
 
     check(0 <= port <= 65535, f"--port must be in [0, 65535], got {port}")
@@ -61,6 +64,8 @@ def serve(
 
         set_threads(threads)  # before loading: the compiled runtime sizes its pool at load
     try:
+        cors = Cors(parse_list_option(allowed_origins),
+                    *(parse_list_option(v) or ("*",) for v in (allowed_methods, allowed_headers)))
         limits = Limits(header_timeout_s=header_timeout, body_timeout_s=body_timeout, api_key=api_key,
                         **({} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}))
         config = ServerConfig(model=model, backend=backend, dtype=dtype, quant=quant, drafters=tuple(drafter),
@@ -71,7 +76,7 @@ def serve(
                               fixed_cost_rows=fixed_cost_rows, token_budget=token_budget,
                               disable_spec_at=disable_spec_at, served_model_name=served_model_name,
                               prefix_cache_mb=prefix_cache_mb, chat_template_timeout_s=chat_template_timeout,
-                              limits=limits)
+                              limits=limits, cors=cors)
         if ray:
             _serve_ray(config, replicas, threads or 1, host, port)
         else:

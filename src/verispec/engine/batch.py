@@ -35,10 +35,11 @@ from ..drafters.base import features_of
 from ..memory import cache_pool_bytes, check_fits, logits_bytes
 from ..models.base import CausalLM, KVCache
 from ..tree import DraftTree
-from ..types import FinishReason, SamplingParams
+from ..types import FinishReason, SamplingParams, TokenLogprob
 from .engine import Engine, StepResult, host_threads
 from .prefix_cache import PrefixCache
 from .request import Request
+from .scoring import prompt_logprobs
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,19 @@ class BatchEngine:
             raise
         self._active[request_id] = (req, self.engines[drafter])
         return req
+
+    def score_prompt(self, prompt_ids: list[int], num_top: int) -> list[TokenLogprob]:
+        """The prompt's log-probabilities (``scoring.prompt_logprobs``), computed in a cache row
+        taken and returned here (call it where ``add_request`` could take a row)."""
+        vocab = self.target.info.vocab_size
+        if not prompt_ids or len(prompt_ids) > self.max_length or not 0 <= min(prompt_ids) <= max(prompt_ids) < vocab:
+            raise ValueError(f"a scored prompt needs 1 to {self.max_length} token ids in [0, {vocab})")
+        cache = self._new_cache()
+        try:
+            with host_threads(self.target):
+                return prompt_logprobs(self.target, cache, prompt_ids, num_top)
+        finally:
+            self._free_cache(cache)
 
     def release(self, req: Request, reason: FinishReason = "stop") -> None:
         """Finish ``req`` (if it is not finished yet) and free its drafter state and cache row."""

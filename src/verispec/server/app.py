@@ -3,7 +3,8 @@
 Thin by design: parse and validate (pydantic + ``SamplingParams``) -> tokenize -> submit
 jobs to the engine thread (``worker.py``) -> serialize its events as OpenAI JSON or SSE
 chunks. Routes: POST /v1/completions, POST /v1/chat/completions (both streaming and not),
-GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text). This module
+GET /v1/models, GET /v1/models/{id}, POST /tokenize and /detokenize (``tokens.py``), GET /health,
+GET /metrics (Prometheus text). This module
 is the ASGI app, its error handlers and uvicorn; the rest of the package, in request order:
 ``guard.py`` (body size and time, API key), ``schemas.py`` (request bodies, ``ApiError``),
 ``handler.py`` (the one request path of both endpoints) with ``validation.py``,
@@ -40,6 +41,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -48,6 +50,7 @@ from .guard import RequestGuard, header_timeout_protocol
 from .handler import handle_request
 from .schemas import ApiError, ChatCompletionRequest, CompletionRequest, error_body
 from .state import ServerConfig, ServerState, build_state
+from .tokens import add_token_routes
 from .worker import EngineWorker
 
 
@@ -67,6 +70,9 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="verispec", lifespan=lifespan)
     app.state.verispec = state
     app.add_middleware(RequestGuard, limits=state.config.limits)
+    cors = state.config.cors.middleware_options()
+    if cors is not None:  # added last, so outermost: a preflight is answered before the guard's key check
+        app.add_middleware(CORSMiddleware, **cors)
     _install_error_handlers(app)
 
     @app.get("/health")
@@ -93,6 +99,8 @@ def create_app(state: ServerState) -> FastAPI:
             raise ApiError(404, f"the model {model_id!r} does not exist; this server serves {state.name!r}",
                            "model", "model_not_found")
         return card()
+
+    add_token_routes(app, state)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

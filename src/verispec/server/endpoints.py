@@ -24,12 +24,12 @@ from ..chat_template import TemplateError
 from ..constraints import Constraint
 from ..fim import fim_prompt
 from .generation import FINISH
-from .openai_logprobs import TextOffsets, chat_logprobs, completion_logprobs
+from .openai_logprobs import TextOffsets, chat_logprobs, completion_logprobs, join_logprobs, prompt_logprobs
 from .schemas import ApiError, ChatCompletionRequest, CompletionRequest
 from .state import ServerState
 from .structured import (ConstraintRequest, compile_request, forced_tools, parse_tool_calls,
                          response_format_request, tool_call_request)
-from .validation import check_chat_size, check_prompt_sizes, fim_suffix, max_new_tokens
+from .validation import check_chat_size, check_prompt_sizes, context_overflow, fim_suffix, max_new_tokens
 from .worker import Event
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions (chat: --default-max-tokens)
@@ -40,6 +40,8 @@ class Endpoint(ABC):
     ``{"index", <text | message | delta>, "logprobs", "finish_reason"}``; the handler adds the
     token ids a request asks for (``return_token_ids``)."""
 
+    prompt_logprobs: int | None = None  # score the prompts, with this many alternatives per token (echo + logprobs)
+    score_only = False  # generate nothing, only the prompts' scores (max_tokens 0)
     object: ClassVar[str]  # the response's "object"
     chunk_object: ClassVar[str]  # a streamed chunk's
     id_prefix: ClassVar[str]  # of the response's "id"
@@ -103,7 +105,7 @@ class Endpoint(ABC):
 
 
 def render_chat_prompt(state: ServerState, messages: list[dict[str, Any]],
-                       tools: list[dict[str, Any]] | None = None) -> RenderedChat:
+                       tools: list[dict[str, Any]] | None = None, add_generation_prompt: bool = True) -> RenderedChat:
     """A chat through the model's template (``api.encode_prompt``'s checks), on the render
     thread: refuses a rendering longer than ``max_prompt_chars`` (the template's own text
     counts), or past the template's time or memory bound, in one line. ``tools``: rendered
@@ -115,9 +117,10 @@ def render_chat_prompt(state: ServerState, messages: list[dict[str, Any]],
     if state.chat_template is None:
         raise ApiError(400, f"model {state.model.name} has no chat template; use /v1/completions", "messages")
     try:
-        return render_chat(state.model.tokenizer, messages, state.max_prompt_chars, state.chat_template, tools)
+        return render_chat(state.model.tokenizer, messages, state.max_prompt_chars, state.chat_template, tools,
+                           add_generation_prompt)
     except ChatTooLong as e:
-        raise ApiError(400, str(e), "messages", "context_length_exceeded") from None
+        raise context_overflow(state.max_len, None, "messages", why=str(e).rstrip(".")) from None
     except TemplateError as e:
         raise ApiError(400, str(e), "messages", "chat_template_error") from None
 
@@ -177,6 +180,9 @@ class Completions(Endpoint):
         self.echoes: list[str] = []  # per prompt: the text echoed before its choices' ("" without echo)
         self.offsets: list[TextOffsets] = []  # per streamed choice: its logprobs' text_offset
         self.suffix: str | None = None  # fill-in-the-middle: the code after the cursor (set by check_size)
+        self.ids: list[list[int]] = []  # the prompts' token ids
+        self.prompt_logprobs = body.logprobs if body.echo else None  # echo + logprobs: the prompt's too
+        self.score_only = body.max_tokens == 0  # with echo (schemas): the prompt alone
 
     @property
     def samples(self) -> int:
@@ -205,21 +211,28 @@ class Completions(Endpoint):
         self.echoes = [(p if isinstance(p, str) else self.tokenizer.decode(p)) if self.body.echo else ""
                        for p in self.raw]
         self.offsets = [TextOffsets(len(echo)) for echo in self.echoes for _ in range(self.samples)]
+        self.ids = prompts
         return prompts
 
     def max_tokens(self, prompts: list[list[int]]) -> int:
-        return min(max_new_tokens(self.body.max_tokens, COMPLETION_MAX_TOKENS, len(p), self.state.max_len, "prompt")
+        requested = 1 if self.score_only else self.body.max_tokens  # 0: the job generates nothing (score_only)
+        return min(max_new_tokens(requested, COMPLETION_MAX_TOKENS, len(p), self.state.max_len, "prompt")
                    for p in prompts)
 
     def opening_choices(self, total: int) -> list[dict[str, Any]]:
         return [{"index": k, "text": self.echoes[k // self.samples], "logprobs": None, "finish_reason": None}
-                for k in range(total) if self.body.echo]
+                for k in range(total) if self.body.echo and self.prompt_logprobs is None]  # else: with the scores
 
     def stream_choice(self, index: int, ev: Event) -> dict[str, Any]:
         choice = {"index": index, "text": ev.text, "logprobs": None, "finish_reason": FINISH.get(ev.finished or "")}
         if self.shows_logprobs:
             offsets = self.offsets[index]  # completion_logprobs advances it
             choice["logprobs"] = completion_logprobs(self.tokenizer, ev.logprobs or [], offsets)
+        if ev.prompt_logprobs is not None and self.prompt_logprobs is not None:  # the first event: the echo with its scores
+            prompt = index // self.samples
+            choice["text"] = self.echoes[prompt] + ev.text
+            choice["logprobs"] = join_logprobs(prompt_logprobs(self.tokenizer, self.ids[prompt], ev.prompt_logprobs),
+                                               choice["logprobs"])
         return choice
 
     def choice(self, index: int, prompt: int, out: dict[str, Any]) -> dict[str, Any]:
@@ -227,6 +240,9 @@ class Completions(Endpoint):
         choice = {"index": index, "text": echo + out["text"], "logprobs": None, "finish_reason": out["finish_reason"]}
         if self.shows_logprobs:
             choice["logprobs"] = completion_logprobs(self.tokenizer, out["logprobs"], len(echo))
+            if self.prompt_logprobs is not None:
+                choice["logprobs"] = join_logprobs(
+                    prompt_logprobs(self.tokenizer, self.ids[prompt], out["prompt_logprobs"] or []), choice["logprobs"])
         return choice
 
 

@@ -21,6 +21,8 @@ from .schemas import ApiError, error_body
 from .state import ServerState
 from .worker import Event, Job, QueueFull, ShuttingDown
 
+KEEPALIVE_S = 1.0  # a stream silent this long gets an SSE comment line (clients skip comments)
+
 # the engine's finish reasons -> OpenAI's finish_reason
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 
@@ -29,10 +31,12 @@ class Generation:
     """The jobs of one HTTP request and the event queue they report to (on the event loop)."""
 
     def __init__(self, state: ServerState, base_id: str, prompts: list[list[int]], params: SamplingParams,
-                 drafter: str, n: int = 1, draft_limit: int | None = None, prediction: tuple[int, ...] = ()):
+                 drafter: str, n: int = 1, draft_limit: int | None = None, prediction: tuple[int, ...] = (),
+                 prompt_logprobs: int | None = None, score_only: bool = False):
         """``n`` samples per prompt: choice ``i * n + j`` is sample j of prompt i, seeded
         ``sample_seed(seed, j)`` = ``seed + j`` wrapping past 2^63 - 1 to 0 (as vLLM seeds n > 1
-        children), sharing prompt i's prefill."""
+        children), sharing prompt i's prefill. ``prompt_logprobs``: score each prompt (that many
+        alternatives per token); ``score_only``: generate nothing (``worker.Job``)."""
         loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         self.state, self.prompts, self.base_id = state, prompts, base_id
@@ -45,7 +49,7 @@ class Generation:
 
         self.jobs = [Job(self.ids[k], prompts[k // n], replace(params, seed=sample_seed(params.seed, k % n)), drafter,
                          sink(k), draft_limit=draft_limit, fork_of=self.ids[k - k % n] if k % n else None,
-                         prediction=prediction)
+                         prediction=prediction, prompt_logprobs=prompt_logprobs, score_only=score_only)
                      for k in range(total)]
 
     def submit(self) -> None:
@@ -74,14 +78,26 @@ PREDICTION_USAGE = ("accepted_prediction_tokens", "rejected_prediction_tokens")
 
 
 def usage(prompts: list[list[int]], completion_tokens: int, stats: list[dict[str, Any]]) -> dict[str, Any]:
-    """OpenAI's usage; with a prediction, ``completion_tokens_details`` counts its accepted and
-    rejected tokens (summed over the choices, from their statistics)."""
+    """OpenAI's usage; ``prompt_tokens_details.cached_tokens``: prompt tokens the prefix cache gave
+    (``stats`` in choice order, a prompt's samples together: its first sample's count); with a
+    prediction, ``completion_tokens_details`` counts its accepted and rejected tokens (summed over
+    the choices, from their statistics)."""
     p = sum(len(x) for x in prompts)
     out: dict[str, Any] = {"prompt_tokens": p, "completion_tokens": completion_tokens,
-                           "total_tokens": p + completion_tokens}
+                           "total_tokens": p + completion_tokens,
+                           "prompt_tokens_details": {"cached_tokens": cached_tokens(len(prompts), stats)}}
     if any(PREDICTION_USAGE[1] in s for s in stats):
         out["completion_tokens_details"] = {k: sum(s.get(k, 0) for s in stats) for k in PREDICTION_USAGE}
     return out
+
+
+def cached_tokens(num_prompts: int, stats: list[dict[str, Any]]) -> int:
+    """Prompt tokens reused from the prefix cache: per prompt, its first sample's (the others share
+    its prefill); ``stats`` holds each prompt's samples together, in choice order."""
+    if not num_prompts or len(stats) % num_prompts:
+        return 0
+    n = len(stats) // num_prompts
+    return sum(int(stats[i * n].get("cached_tokens", 0)) for i in range(num_prompts))
 
 
 def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
@@ -104,6 +120,7 @@ async def collect(gen: Generation, request: Request) -> tuple[list[dict[str, Any
     texts: list[list[str]] = [[] for _ in range(n)]
     ids: list[list[int]] = [[] for _ in range(n)]
     logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
+    scored: list[list[TokenLogprob] | None] = [None] * n
     done: list[dict[str, Any] | None] = [None] * n
     next_check = time.monotonic() + 0.5
     while gen.open:
@@ -124,10 +141,12 @@ async def collect(gen: Generation, request: Request) -> tuple[list[dict[str, Any
         texts[index].append(ev.text)
         ids[index].extend(ev.token_ids)
         logprobs[index].extend(ev.logprobs or [])
+        if ev.prompt_logprobs is not None:
+            scored[index] = ev.prompt_logprobs
         if ev.finished:
             done[index] = {"finish_reason": FINISH[ev.finished], "stats": ev.stats}
-    choices = [{"text": "".join(t), "token_ids": i, "logprobs": lp, "finish_reason": d["finish_reason"]}
-               for t, i, lp, d in zip(texts, ids, logprobs, done)]  # type: ignore[index]
+    choices = [{"text": "".join(t), "token_ids": i, "logprobs": lp, "finish_reason": d["finish_reason"],
+                "prompt_logprobs": s} for t, i, lp, d, s in zip(texts, ids, logprobs, done, scored)]  # type: ignore[index]
     return choices, [d["stats"] for d in done]  # type: ignore[index]
 
 
@@ -150,26 +169,37 @@ def sse(obj: Any) -> str:
 
 async def stream_events(gen: Generation, chunk: Callable[[int, Event], dict | None], include_usage: bool,
                         usage_chunk: Callable[[dict], dict], first: tuple[dict, ...] = ()) -> AsyncIterator[str]:
-    """SSE stream of a generation; a client disconnect (the task is cancelled) cancels the jobs."""
+    """SSE stream of a generation; a client disconnect (the task is cancelled) cancels the jobs.
+    After ``KEEPALIVE_S`` without an event (queued, a long prefill, another request's prefill
+    stalling the batch) a comment line says the request is alive: ``: queued or prefilling, 3 s``
+    before the first token, ``: keep-alive`` after; SSE clients skip comments, and proxies with
+    idle timeouts keep the connection."""
     completion_tokens = 0
-    stats: list[dict[str, Any]] = []
+    by_choice: dict[int, dict[str, Any]] = {}
+    started, t0 = False, time.monotonic()
     try:
         for c in first:
             yield sse(c)
         while gen.open:
-            index, ev = await gen.next()
+            try:
+                index, ev = await asyncio.wait_for(gen.next(), KEEPALIVE_S)
+            except TimeoutError:
+                yield ": keep-alive\n\n" if started else f": queued or prefilling, {time.monotonic() - t0:.0f} s\n\n"
+                continue
+            started = True
             if ev.error:
                 gen.cancel()
                 yield sse(error_body(ev.error, "server_error" if ev.status >= 500 else "invalid_request_error"))
                 break
             completion_tokens += len(ev.token_ids)
             if ev.stats:
-                stats.append(ev.stats)
+                by_choice[index] = ev.stats
             c = chunk(index, ev)
             if c is not None:
                 yield sse(c)
         else:
             if include_usage:
+                stats = [by_choice[i] for i in sorted(by_choice)]
                 yield sse(usage_chunk(usage(gen.prompts, completion_tokens, stats)) | {"verispec": merge_stats(stats)})
         yield "data: [DONE]\n\n"
     finally:

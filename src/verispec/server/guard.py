@@ -1,6 +1,8 @@
 """What a request must satisfy before the app sees it: an ASGI middleware for the body-size
 limit (413), the body-read deadline (408) and the API key (401); and a uvicorn protocol that
-closes connections whose request headers do not arrive in time.
+closes connections whose request headers do not arrive in time. ``Cors``: which browser pages
+of other origins may read the answers (Starlette's ``CORSMiddleware``, outside the guard, so a
+preflight is answered without the API key, which browsers never send on one).
 
 Reading the whole (bounded) body here, before routing, means a slow or oversized upload never
 reaches JSON parsing or tokenization, and the app only ever sees a complete body.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +48,68 @@ class Limits:
         if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()):
             # HTTP headers carry bytes; clients encode a non-ASCII key as UTF-8 or latin-1 at will
             raise ValueError("the API key must be printable ASCII (clients encode other characters differently)")
+
+
+_ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/\s?#]+$")  # scheme://host[:port], as browsers send Origin
+
+
+@dataclass(frozen=True)
+class Cors:
+    """Cross-origin access (CORS) for browser clients. ``allowed_origins``: origins
+    (``scheme://host[:port]``, no path) whose pages may call the server and read its answers, or
+    ``"*"`` for any; empty (the default) adds no CORS headers, so a page on another origin cannot
+    read answers (nor send the JSON requests, whose preflight fails). With ``"*"`` any web page the
+    user opens could use a server on their machine (its compute, and with tools its answers), which
+    a default must not allow; an API key does not help there, as a page can ask for it. Methods
+    and headers default to any (``*``: the preflight's requested headers are echoed, so
+    ``Authorization`` passes); credentials (cookies) are never allowed: the key is a header."""
+
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+
+    def __post_init__(self) -> None:
+        for origin in self.allowed_origins:
+            if origin != "*" and not _ORIGIN.match(origin):
+                hint = " (drop the trailing '/')" if origin.endswith("/") else ""
+                raise ValueError(f"--allowed-origins: {origin!r} is not an origin like http://localhost:3000 "
+                                 f"or '*'{hint}")
+        for name, values in (("methods", self.allowed_methods), ("headers", self.allowed_headers)):
+            bad = [v for v in values if not v or not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", v)]
+            if bad:
+                raise ValueError(f"--allowed-{name}: {bad[0]!r} is not an HTTP token")
+
+    def middleware_options(self) -> dict[str, Any] | None:
+        """``CORSMiddleware``'s options, None when no origin is allowed (no middleware)."""
+        if not self.allowed_origins:
+            return None
+        return {"allow_origins": list(self.allowed_origins), "allow_methods": list(self.allowed_methods),
+                "allow_headers": list(self.allowed_headers), "allow_credentials": False,
+                "expose_headers": ["Retry-After"], "max_age": 600}
+
+
+def parse_list_option(values: list[str]) -> tuple[str, ...]:
+    """A repeatable list flag: ``--x a --x b``, ``--x a,b`` or vLLM's JSON ``--x '["a", "b"]'``."""
+    out: list[str] = []
+    for value in values:
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                items = json.loads(text)
+            except ValueError:
+                raise ValueError(f"{value!r} is not a JSON list of strings") from None
+            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                raise ValueError(f"{value!r} is not a JSON list of strings")
+            out += [i.strip() for i in items]
+        else:
+            out += [part.strip() for part in text.split(",") if part.strip()]
+    return tuple(out)
+
+
+def is_preflight(scope: dict) -> bool:
+    """A browser's CORS preflight: OPTIONS with ``Origin`` and ``Access-Control-Request-Method``."""
+    return (scope["method"] == "OPTIONS" and _header(scope, b"origin") is not None
+            and _header(scope, b"access-control-request-method") is not None)
 
 
 class _Reject(Exception):
@@ -83,7 +148,7 @@ class RequestGuard:
 
     def _check_key(self, scope: dict) -> None:
         key = self.limits.api_key
-        if key is None or scope["path"] in OPEN_PATHS:
+        if key is None or scope["path"] in OPEN_PATHS or is_preflight(scope):  # browsers send no key on a preflight
             return
         auth = _header(scope, b"authorization") or ""
         scheme, _, token = auth.partition(" ")

@@ -32,7 +32,7 @@ async def handle_request(endpoint: Endpoint, request: Request) -> dict[str, Any]
     params = sampling_params(body, endpoint.max_tokens(prompts), state.model.backend.info.vocab_size,
                              endpoint.logprobs, await endpoint.constraint())
     gen = Generation(state, f"{endpoint.id_prefix}-{uuid.uuid4().hex}", prompts, params, drafter, endpoint.samples,
-                     draft_limit, prediction)
+                     draft_limit, prediction, endpoint.prompt_logprobs, endpoint.score_only)
     gen.submit()
     head = {"id": gen.base_id, "object": endpoint.object, "created": int(time.time()), "model": state.name}
     if body.stream:
@@ -40,7 +40,8 @@ async def handle_request(endpoint: Endpoint, request: Request) -> dict[str, Any]
         first = tuple(head | {"choices": [c]} for c in endpoint.opening_choices(len(gen.ids)))
 
         def chunk(index: int, ev: Event) -> dict | None:
-            if not (ev.text or ev.finished or (ev.token_ids and (body.return_token_ids or endpoint.shows_logprobs))):
+            if not (ev.text or ev.finished or ev.prompt_logprobs is not None
+                    or (ev.token_ids and (body.return_token_ids or endpoint.shows_logprobs))):
                 return None
             choice = endpoint.stream_choice(index, ev)
             if choice is None:  # held back (a tool call's text is sent once parsed)

@@ -113,9 +113,25 @@ def completion_logprobs(tokenizer: Any, logprobs: list[TokenLogprob], offset: in
     return {
         "tokens": [token_text(r) for r in raws],
         "token_logprobs": [lp.logprob for lp in logprobs],
-        "top_logprobs": [{token_text(table(i)): v for i, v in lp.top} for lp in logprobs],
+        # logprobs = 0 asks for no alternatives: the sampled token alone (as vLLM answers), not {}
+        "top_logprobs": [{token_text(table(i)): v for i, v in lp.top} or {token_text(r): lp.logprob}
+                         for lp, r in zip(logprobs, raws)],
         "text_offset": [offsets.feed(b"" if table.special(lp.token_id) else r) for lp, r in zip(logprobs, raws)],
     }
+
+
+def prompt_logprobs(tokenizer: Any, prompt_ids: list[int], scored: list[TokenLogprob]) -> dict[str, Any]:
+    """The echoed prompt's part of a completion's ``logprobs``: every prompt token, its text offset
+    from the prompt's start, and ``scored`` (tokens after the first); the first token's
+    ``token_logprobs`` and ``top_logprobs`` are null (nothing precedes it), as in OpenAI's API."""
+    out = completion_logprobs(tokenizer, [TokenLogprob(prompt_ids[0], 0.0), *scored], 0)
+    out["token_logprobs"][0] = out["top_logprobs"][0] = None
+    return out
+
+
+def join_logprobs(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
+    """Two completion ``logprobs`` objects as one (the echoed prompt's, then the completion's)."""
+    return {k: first[k] + then[k] for k in first}
 
 
 def chat_logprobs(tokenizer: Any, logprobs: list[TokenLogprob]) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from ray.serve.request_router import (
 )
 
 from .app import create_app
-from .guard import Limits, RequestGuard
+from .guard import Cors, Limits, RequestGuard
 from .ray_network import (check_reachable, is_loopback, loopback_ray, no_usage_stats, replica_grpc_on_loopback,
                           warn_if_exposed)
 from .routing import BLOCK_CHARS, MAX_BLOCKS, PrefixTable, prefix_keys, routing_text
@@ -371,7 +371,7 @@ SERVER_KEYS = {f for f in ServerConfig.__dataclass_fields__ if f != "limits"}
 
 def config_from_args(args: dict[str, Any]) -> RayConfig:
     """A ``RayConfig`` from a Ray Serve config file's ``args`` (deploy/ray-serve.yaml): the
-    ``ServerConfig`` fields by name (``drafters`` a list), ``api_key``, ``max_body_bytes``,
+    ``ServerConfig`` fields by name (``drafters`` a list, ``cors`` a mapping of lists), ``api_key``, ``max_body_bytes``,
     and ``prefix_routing`` / ``imbalanced_threshold`` / ``retries``. Replica counts,
     autoscaling and CPUs come from the file's ``deployments`` section."""
     args = dict(args)
@@ -380,6 +380,12 @@ def config_from_args(args: dict[str, Any]) -> RayConfig:
     unknown = set(args) - SERVER_KEYS
     if unknown:
         raise ValueError(f"unknown verispec args: {', '.join(sorted(unknown))}")
+    if "cors" in args:  # {"allowed_origins": [...], "allowed_methods": [...], "allowed_headers": [...]}
+        cors = args["cors"]
+        if (not isinstance(cors, dict) or not all(isinstance(v, list) for v in cors.values())
+                or not set(cors) <= {"allowed_origins", "allowed_methods", "allowed_headers"}):
+            raise ValueError("cors must map allowed_origins / allowed_methods / allowed_headers to lists")
+        args["cors"] = Cors(**{k: tuple(v) for k, v in cors.items()})
     for key in ("drafters", "drafter_options"):
         if key in args:
             args[key] = tuple(tuple(x) if isinstance(x, list) else x for x in args[key])

@@ -1,8 +1,7 @@
 """OpenAI-compatible request bodies (pydantic) and errors (``ApiError``, ``error_body``).
 
 Only what verispec can honour is accepted: fields of the OpenAI API that would change the
-output in ways the engine does not implement (``echo`` with logprobs, streaming ``best_of``,
-...) are declared so that a non-default value is refused with HTTP 400
+output in ways the engine does not implement (streaming ``best_of``, ...) are declared so that a non-default value is refused with HTTP 400
 naming the field, instead of being silently ignored. Unknown fields are ignored (as OpenAI
 clients send extras). Extensions (the openai client sends them through ``extra_body``):
 ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
@@ -70,7 +69,7 @@ class _Sampling(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: StrictStr
+    model: StrictStr | None = None  # None: the served model (as vLLM and llama.cpp allow)
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: StrictFloat | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
@@ -125,6 +124,7 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: StrictInt | None = Field(default=None, ge=0)  # 0 with echo: the prompt alone (its logprobs)
     echo: StrictBool = False
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     best_of: StrictInt | None = Field(default=None, ge=1, le=MAX_N)
@@ -135,7 +135,9 @@ class CompletionRequest(_Sampling):
         if base:
             return base
         checks = [
-            ("echo", self.echo and self.logprobs is not None, "echo with logprobs (prompt logprobs) is not supported"),
+            ("max_tokens", self.max_tokens == 0 and not self.echo, "max_tokens = 0 needs echo (it returns the prompt)"),
+            ("suffix", self.echo and self.logprobs is not None and self.suffix is not None,
+             "echo with logprobs scores a plain prompt, not a fill-in-the-middle one (drop suffix)"),
             ("best_of", self.best_of is not None and self.best_of < self.n, "best_of must be >= n"),
             ("best_of", self.stream and self.best_of not in (None, self.n), "best_of > n cannot stream"),
             ("prompt", isinstance(self.prompt, list) and not self.prompt, "the prompt list is empty"),

@@ -27,7 +27,7 @@ from ..engine.prefix_cache import DEFAULT_MAX_MB as DEFAULT_PREFIX_CACHE_MB
 from ..engine.prefix_cache import PrefixCache
 from ..models.catalog import DEFAULT_MODEL
 from ..registry import best_method, make_drafter
-from .guard import Limits
+from .guard import Cors, Limits
 from .metrics import ServerMetrics
 from .worker import EngineWorker
 
@@ -58,6 +58,7 @@ class ServerConfig:
     chat_template_timeout_s: float = DEFAULT_TIMEOUT_S  # one chat's rendering through the template (400 after)
     chat_template_memory_mb: int = DEFAULT_MEMORY_MB  # what that rendering may allocate (400 beyond)
     limits: Limits = field(default_factory=Limits)
+    cors: Cors = field(default_factory=Cors)  # browser pages of other origins (guard.py; none by default)
 
     def __post_init__(self) -> None:
         if not self.drafters:

@@ -65,28 +65,45 @@ def _logit_bias(bias: dict[str, float] | None, vocab: int) -> tuple[tuple[int, f
     return tuple(out)
 
 
+def context_overflow(max_len: int, prompt_len: int | None, param: str, requested: int | None = None,
+                     why: str | None = None) -> ApiError:
+    """A 400 ``context_length_exceeded`` in OpenAI's wording, which clients match to tell an
+    overflow from other errors (litellm: "maximum context length" -> ``ContextWindowExceededError``):
+    "This model's maximum context length is N tokens. However, you requested M tokens (P in the
+    messages, C in the completion). Please reduce ...". ``why`` replaces the count when the prompt
+    was refused before tokenizing."""
+    what = "messages" if param == "messages" else "prompt"
+    head = f"This model's maximum context length is {max_len} tokens. However, "
+    if why is not None:
+        return ApiError(400, f"{head}{why}. Please reduce the length of the {what}.", param, "context_length_exceeded")
+    if requested is None:
+        return ApiError(400, f"{head}your {what} resulted in {prompt_len} tokens (the context must also hold at least "
+                        f"one new token). Please reduce the length of the {what}.", param, "context_length_exceeded")
+    return ApiError(400, f"{head}you requested {prompt_len + requested} tokens ({prompt_len} in the {what}, "
+                    f"{requested} in the completion). Please reduce the length of the {what} or completion.",
+                    "max_tokens", "context_length_exceeded")
+
+
 def max_new_tokens(requested: int | None, default: int, prompt_len: int, max_len: int, param: str) -> int:
-    """The request's token budget, refusing prompts that do not fit the context.
+    """The request's token budget, refusing prompts that do not fit the context (``context_overflow``).
 
     ``max_new_tokens(None, 256, 100, 2048, "max_tokens") == 256``; ``(None, 256, 2000, 2048)``
     -> 48 (the default shrinks to the room left); ``(100, 256, 2000, 2048)`` -> HTTP 400.
     """
     room = max_len - prompt_len
     if room < 1:
-        raise ApiError(400, f"the prompt has {prompt_len} tokens; this server's context is {max_len} "
-                       "(prompt + at least one new token)", param, "context_length_exceeded")
+        raise context_overflow(max_len, prompt_len, param)
     if requested is None:
         return min(default, room)
     if requested > room:
-        raise ApiError(400, f"prompt ({prompt_len} tokens) + max_tokens ({requested}) exceeds this server's "
-                       f"context of {max_len}", "max_tokens", "context_length_exceeded")
+        raise context_overflow(max_len, prompt_len, param, requested)
     return requested
 
 
 def check_common(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> tuple[str, int | None]:
     """Model name, unsupported fields and speculation control; returns the drafter name
     and the request's draft cap (None = the server's; 0 = speculation off)."""
-    if body.model not in (state.name, state.model.name):
+    if body.model is not None and body.model not in (state.name, state.model.name):
         raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {state.name!r}",
                        "model", "model_not_found")
     bad = body.unsupported()
@@ -106,11 +123,10 @@ def check_prompt_sizes(state: ServerState, texts: list[str], token_lists: list[l
     texts longer than ``max_prompt_chars``."""
     for ids in token_lists:
         if len(ids) >= state.max_len:
-            raise ApiError(400, f"the prompt has {len(ids)} tokens; this server's context is {state.max_len}",
-                           param, "context_length_exceeded")
+            raise context_overflow(state.max_len, len(ids), param)
     if any(len(t) > state.max_prompt_chars for t in texts):
-        raise ApiError(400, f"the prompt is longer than {state.max_prompt_chars} characters, more than this "
-                       f"server's context of {state.max_len} tokens can hold", param, "context_length_exceeded")
+        raise context_overflow(state.max_len, None, param, why=f"the {'messages are' if param == 'messages' else 'prompt is'} "
+                               f"longer than {state.max_prompt_chars} characters, more than the context can hold")
 
 
 def check_chat_size(state: ServerState, messages: list[dict[str, Any]]) -> None:
@@ -118,8 +134,7 @@ def check_chat_size(state: ServerState, messages: list[dict[str, Any]]) -> None:
     content (at least one token), so more messages than context tokens never fit; nor
     do contents longer than ``max_prompt_chars`` in all."""
     if len(messages) >= state.max_len:
-        raise ApiError(400, f"{len(messages)} messages cannot fit this server's context of {state.max_len} tokens",
-                       "messages", "context_length_exceeded")
+        raise context_overflow(state.max_len, None, "messages", why=f"{len(messages)} messages cannot fit it")
     check_prompt_sizes(state, ["".join(m["content"] for m in messages)], [], "messages")
 
 

@@ -23,7 +23,7 @@ from ..detokenize import Detokenizer  # the one incremental detokenizer (stop st
 from ..engine.batch import BatchEngine
 from ..engine.request import Request
 from ..models.base import NonFiniteLogits
-from ..types import SamplingParams, TokenLogprob
+from ..types import RequestStats, SamplingParams, TokenLogprob
 from .metrics import ServerMetrics
 
 
@@ -49,6 +49,8 @@ class Event:
     error: str | None = None
     status: int = 200
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the job asked for them
+    # on the first event of a job that asked for them: the prompt's tokens after the first, scored
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class Job:
     draft_limit: int | None = None  # per-request draft budget cap (0 = no speculation)
     fork_of: str | None = None  # a job of the same prompt whose prefill this one may share (n > 1)
     prediction: tuple[int, ...] = ()  # the predicted output's token ids (Predicted Outputs): drafts only
+    prompt_logprobs: int | None = None  # score the prompt, with this many alternatives per token (echo + logprobs)
+    score_only: bool = False  # generate nothing: only the prompt's scores (max_tokens 0), finished "length"
 
 
 @dataclass
@@ -72,6 +76,7 @@ class _Running:
     admitted: float
     max_batch_size: int = 1
     sent: int = 0  # generated tokens already reported
+    prompt_logprobs: list[TokenLogprob] | None = None  # sent with the first event
 
 
 class EngineWorker:
@@ -177,6 +182,10 @@ class EngineWorker:
 
     def _admit(self, job: Job) -> None:
         try:
+            scored = (None if job.prompt_logprobs is None
+                      else self.engine.score_prompt(job.prompt_ids, job.prompt_logprobs))
+            if job.score_only:
+                return self._scored(job, scored)
             req = self.engine.add_request(job.request_id, job.prompt_ids, job.params, job.drafter,
                                           draft_limit=job.draft_limit, fork_of=job.fork_of, prediction=job.prediction)
         except Exception as e:  # noqa: BLE001
@@ -186,7 +195,7 @@ class EngineWorker:
             self._send(job, Event(job.request_id, "", [], error=str(e), status=400 if bad_request else 500))
             return
         now = time.perf_counter()
-        run = _Running(job, req, Detokenizer(self._tokenizer, job.params.stop), admitted=now)
+        run = _Running(job, req, Detokenizer(self._tokenizer, job.params.stop), admitted=now, prompt_logprobs=scored)
         self._running.append(run)
         self.metrics.first_token(len(job.prompt_ids), now - job.submitted)
         self._progress(run, req.generated)
@@ -213,21 +222,32 @@ class EngineWorker:
         if run.job.params.logprobs is not None:
             logprobs = run.req.logprobs[run.sent: run.sent + len(ids)]
         run.sent += len(ids)
+        scored, run.prompt_logprobs = run.prompt_logprobs, None
         if run.req.finished is None:
-            self._send(run.job, Event(run.req.request_id, delta, ids, logprobs=logprobs))
+            self._send(run.job, Event(run.req.request_id, delta, ids, logprobs=logprobs, prompt_logprobs=scored))
             return
         run.req.stats.new_tokens = len(run.detok.ids)
-        self._end(run, run.req.finished, delta, ids, logprobs)
+        self._end(run, run.req.finished, delta, ids, logprobs, scored)
 
     def _end(self, run: _Running, reason: str, delta: str = "", ids: list[int] | None = None,
-             logprobs: list[TokenLogprob] | None = None) -> None:
+             logprobs: list[TokenLogprob] | None = None, prompt_logprobs: list[TokenLogprob] | None = None) -> None:
         self._release(run)
         self._done_id(run.req.request_id)
         self.engine.engines[run.job.drafter].drafter.record_usage(run.req.request_id, run.req.stats)
         stats = self._stats(run)
         self.metrics.request_stats(run.req.stats, time.perf_counter() - run.job.submitted)
         self.metrics.request_done("cancelled" if reason == "cancelled" else "completed")
-        self._send(run.job, Event(run.req.request_id, delta, ids or [], finished=reason, stats=stats, logprobs=logprobs))
+        self._send(run.job, Event(run.req.request_id, delta, ids or [], finished=reason, stats=stats, logprobs=logprobs,
+                                  prompt_logprobs=prompt_logprobs))
+
+    def _scored(self, job: Job, scored: list[TokenLogprob] | None) -> None:
+        """A job that generates nothing (max_tokens 0): its one, final event carries the prompt's scores."""
+        self._done_id(job.request_id)
+        stats = RequestStats(prompt_tokens=len(job.prompt_ids), target_forwards=int(scored is not None)).as_dict()
+        stats |= {"drafter": job.drafter, "queue_s": round(time.perf_counter() - job.submitted, 4), "max_batch_size": 1}
+        self.metrics.request_done("completed")
+        self._send(job, Event(job.request_id, "", [], finished="length", stats=stats | (
+            {"replica": self.replica} if self.replica is not None else {}), prompt_logprobs=scored))
 
     def _fail(self, run: _Running, message: str, status: int) -> None:
         try:
