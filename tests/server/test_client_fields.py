@@ -11,6 +11,7 @@ import time
 from typing import ClassVar
 
 import httpx
+import openai
 import pytest
 from serving import MODEL, running_server, stories_native_model, with_chat_template
 
@@ -169,3 +170,7 @@ def test_stream_says_it_is_alive_before_the_first_token(server) -> None:
     comments = [line for line in lines[:first_data] if line.startswith(":")]
     assert comments and comments[0].startswith(": queued or prefilling"), lines
     assert lines[-1] == "data: [DONE]"
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)  # its SSE decoder skips comments
+    chunks = list(client.completions.create(model=MODEL, prompt="Once", max_tokens=2, stream=True, temperature=0,
+                                            extra_body={"drafter": "slow-start"}))
+    assert chunks and chunks[-1].choices[0].finish_reason == "length"
