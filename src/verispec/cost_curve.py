@@ -3,20 +3,36 @@
 ``t(n)`` (``measure_cost_curve``), a drafter's ``c(n)`` (``measure_draft_cost``), a draft
 model's decode step against the target's (``measure_draft_step``), each in units of one
 target decode step and kept per configuration (``cached_cost_curve``). Above ``drafters``,
-``models`` and ``policies`` (it drives a model and a drafter), so none of them imports it."""
+``models`` and ``policies`` (it drives a model and a drafter), so none of them imports it
+(they hold a ``ContextCostCurve`` they were given and call its methods).
+
+By context (``ContextCostCurve``, ``cached_context_curve``): a step's costs depend on how many
+tokens the step attends to. Verifying n tokens reads the weights once and the K/V of the whole
+context once per token, so at 2-3k tokens of history t(n) is steeper than at 128 (the compiled
+runtime on Qwen2.5-Coder 1.5B: t(4)/t(1) 1.51 at 2048 against 1.24 at 512, ``docs/benchmarks.md``),
+and a draft model's step and its feed of the history cost more there. Each curve is timed at a
+few contexts (``CONTEXT_GRID``) and read at the request's length, linearly between them."""
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
+from .policies.draft_budget import interpolate
 from .system import load_and_cores
 
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32)
+PROBE_CONTEXT = 128  # the context every curve was timed at before curves by context (and still the first)
+CONTEXT_GRID = (PROBE_CONTEXT, 1024, 3072)  # the contexts curves are timed at (``cached_context_curve``)
+FEED_TOKENS = 64  # a draft model's feed of the history is timed as one forward over this many tokens
 
 
 def _bushy_parents(n: int) -> list[int]:
@@ -158,21 +174,103 @@ def cached_cost_curve(model, key: str, sizes: Sequence[int] = DEFAULT_SIZES, rep
     return curve
 
 
-def measure_draft_step(target, draft, rounds: int = 7) -> dict[int, float]:
-    """{1: one draft decode step / one target decode step}, 128-token context: the fastest of
-    ``rounds`` each, the two models alternating, so that load on a shared machine (which
-    only ever adds delay) weighs on both alike."""
-    steps = []
-    for model in (target, draft):
-        cache, _, out = _probe_context(model, 128, 1)
-        root = out.logits[0, -1:].argmax(-1)[None]
+def measure_draft_step(target, draft, rounds: int = 7, context: int = PROBE_CONTEXT,
+                       sizes: Sequence[int] = (1,)) -> dict[int, float]:
+    """{n: a draft forward over n tokens / one target decode step}, both after a ``context``-token
+    prefill: n = 1 is a draft step, n = FEED_TOKENS a feed of the history (a catch-up). The fastest of
+    ``rounds`` each, the models alternating, so that load on a shared machine (which only ever adds
+    delay) weighs on both alike."""
+    dev = torch.device("cpu")
+    cache, _, out = _probe_context(target, context, 1)
+    root = out.logits[0, -1:].argmax(-1)[None]
 
-        def step(model=model, cache=cache, root=root):
-            model.forward(root, torch.tensor([[128]]), cache)
-            cache.truncate(128)
-        steps.append(step)
-    best = [float("inf"), float("inf")]
+    def target_step():
+        target.forward(root, torch.tensor([[context]]), cache)
+        cache.truncate(context)
+    dcache, _, dout = _probe_context(draft, context, max(sizes))
+    droot = dout.logits[0, -1:].argmax(-1)[None]
+
+    def draft_forward(n: int):
+        ids = droot if n == 1 else torch.arange(n).remainder(draft.info.vocab_size - 1).add(1)[None]
+        draft.forward(ids, torch.arange(context, context + n)[None], dcache, last_logits_only=True)
+        dcache.truncate(context)
+    steps = [target_step, *(partial(draft_forward, n) for n in sizes)]
+    best = [float("inf")] * len(steps)
     for _ in range(rounds):
         for i, step in enumerate(steps):
-            best[i] = min(best[i], _seconds(step, 1, torch.device("cpu")))
-    return {1: best[1] / best[0]}
+            best[i] = min(best[i], _seconds(step, 1, dev))
+    return {n: b / best[0] for n, b in zip(sizes, best[1:])}
+
+
+@dataclass(frozen=True)
+class ContextCostCurve:
+    """``t(n | context)``: cost curves (size n -> cost, in units of one target decode step at that
+    context) timed at a few contexts, read at any context linearly between the two timed contexts
+    around it and held at the nearest timed one outside them (extrapolating a noisy slope could make
+    a long context dearer than it is). Between sizes a curve is read as ``policies.draft_budget.
+    interpolate`` reads it. One context (``single``) is one curve at every context: the behaviour
+    before curves by context. Every curve has the same sizes.
+
+    >>> c = ContextCostCurve({128: {1: 1.0, 4: 1.2}, 2048: {1: 1.1, 4: 1.6}})
+    >>> c.t(4, 1088), c.t(1, 4096), c.at(100), c.contexts
+    (1.4, 1.1, {1: 1.0, 4: 1.2}, (128, 2048))
+    """
+
+    curves: Mapping[int, Mapping[int, float]]
+
+    def __post_init__(self):
+        if not self.curves:
+            raise ValueError("a cost curve by context needs at least one context")
+        sizes = None
+        for context, curve in self.curves.items():
+            if context < 0 or not curve or any(n < 0 or not math.isfinite(t) or t < 0 for n, t in curve.items()):
+                raise ValueError(f"cost curve at context {context}: needs sizes >= 0 and finite costs >= 0, "
+                                 f"got {dict(curve)}")
+            if sizes is not None and set(curve) != sizes:
+                raise ValueError(f"cost curves by context need the same sizes at every context, got {self.curves}")
+            sizes = set(curve)
+        object.__setattr__(self, "curves", {c: dict(sorted(self.curves[c].items())) for c in sorted(self.curves)})
+
+    @classmethod
+    def single(cls, curve: Mapping[int, float], context: int = PROBE_CONTEXT) -> ContextCostCurve:
+        """One curve, used at every context."""
+        return cls({context: dict(curve)})
+
+    @property
+    def contexts(self) -> tuple[int, ...]:
+        return tuple(self.curves)
+
+    def at(self, context: int) -> dict[int, float]:
+        """The curve at ``context`` tokens (a new dict)."""
+        cs = self.contexts
+        if context <= cs[0] or len(cs) == 1:
+            return dict(self.curves[cs[0]])
+        if context >= cs[-1]:
+            return dict(self.curves[cs[-1]])
+        i = bisect.bisect_right(cs, context)
+        lo, hi = self.curves[cs[i - 1]], self.curves[cs[i]]
+        w = (context - cs[i - 1]) / (cs[i] - cs[i - 1])
+        return {n: round(t + (hi[n] - t) * w, 12) for n, t in lo.items()}
+
+    def t(self, n: int, context: int, at_zero: float = 1.0) -> float:
+        """The cost of size ``n`` at ``context`` tokens (``at_zero`` at size 0: 1 for a verify curve,
+        plain decoding; 0 for a drafter's cost, no call)."""
+        return interpolate(self.at(context), n, at_zero)
+
+
+def cached_context_curve(model, key: str, contexts: Sequence[int] = CONTEXT_GRID,
+                         sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, context_repeats: int = 3,
+                         cache_dir: str | Path | None = None, measure: Callable[..., dict[int, float]] = measure_cost_curve,
+                         max_length: int | None = None) -> ContextCostCurve:
+    """``measure(model, sizes, repeats, context=C)`` at each context C of ``contexts`` whose probe fits
+    ``max_length`` (the model's unless given: C plus the largest size and its root), each kept as
+    ``cached_cost_curve`` keeps it: at PROBE_CONTEXT under ``key`` with ``repeats`` (the curve cached
+    before curves by context), elsewhere under ``key-ctxC`` with ``context_repeats`` (longer forwards,
+    fewer repeats: the minimum of few is already the quiet figure). None fits: PROBE_CONTEXT alone."""
+    room = (model.info.max_length if max_length is None else max_length) - max(sizes, default=0) - 2
+    fitting = sorted(c for c in set(contexts) if 0 < c <= room) or [PROBE_CONTEXT]
+    curves = {}
+    for c in fitting:
+        at_key, r = (key, repeats) if c == PROBE_CONTEXT else (f"{key}-ctx{c}", context_repeats)
+        curves[c] = cached_cost_curve(model, at_key, sizes, r, cache_dir, measure=partial(measure, context=c))
+    return ContextCostCurve(curves)

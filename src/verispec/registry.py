@@ -49,6 +49,9 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     stop = str(opts.pop("stop", "auto"))
     if stop not in ("auto", "cost", "fixed"):
         raise ValueError(f"stop must be auto, cost or fixed, got {stop!r}")
+    contexts = layer_list(str(opts.pop("cost_contexts", "128+1024+3072")), "cost_contexts")
+    if len(contexts) > 8:
+        raise ValueError(f"cost_contexts: at most 8 contexts (each is timed), got {len(contexts)}")
     try:
         draft = load_draft_model(target, model, None if vocab == "full" else int(vocab), requant, shape)
     except OtherTokenizer as e:  # another vocabulary: it drafts through text, its file's weights, full head
@@ -59,15 +62,20 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     if stop == "auto":  # a separate draft model sizes its drafts by cost; layer-skip and distilled drafts keep k
         stop = "cost" if model not in ("shipped",) and not model.startswith("truncated:") else "fixed"
     cost = None
-    if stop == "cost":
-        from .cost_curve import cached_cost_curve, measure_draft_step
+    if stop == "cost":  # the target's t(n) and the draft's step and feed, each by context (cost_curve)
+        from .cost_curve import FEED_TOKENS, PROBE_CONTEXT, cached_context_curve, measure_draft_step
         from .drafters.draft_model import DraftCost
 
-        key = _cost_key(target)
-        curve = cached_cost_curve(target.backend, key)
-        ratio = cached_cost_curve(draft, f"{key}-draftstep-{draft.info.name}", sizes=(1,), repeats=7,
-                                  measure=lambda m, sizes, repeats: measure_draft_step(target.backend, m, repeats))
-        cost = DraftCost(ratio[1], curve)
+        if not contexts or min(contexts) != PROBE_CONTEXT:
+            raise ValueError(f"cost_contexts must start at {PROBE_CONTEXT} (e.g. 128+1024+3072), got {contexts}")
+        key, room = _cost_key(target), min(target.backend.info.max_length, draft.info.max_length)
+        curves = cached_context_curve(target.backend, key, contexts, max_length=room)
+        steps = cached_context_curve(  # one draft step (size 1) and a feed of the history (FEED_TOKENS)
+            draft, f"{key}-draftstep-{draft.info.name}", curves.contexts, sizes=(1, FEED_TOKENS), repeats=7,
+            context_repeats=3, max_length=room,
+            measure=lambda m, sizes, repeats, context: measure_draft_step(target.backend, m, repeats, context, sizes))
+        at_probe = steps.at(PROBE_CONTEXT)
+        cost = DraftCost(at_probe[1], curves.at(PROBE_CONTEXT), *((curves, steps) if len(contexts) > 1 else ()))
     return DraftModelDrafter(draft, min_confidence=min_conf, cost=cost, pool_rows=pool_rows,
                              prefix_cache=PrefixCache.from_mb(prefix_mb))
 
@@ -82,15 +90,16 @@ def _cross_tokenizer(target: "LoadedModel", model: str, min_conf: float, opts: d
                                  max_draft=max_draft, min_confidence=min_conf)
 
 
-def layer_list(text: str) -> tuple[int, ...]:
-    """Layer ids of ``skip=``: numbers and ranges joined by '+' (``3+10-13`` = 3, 10, 11, 12, 13)."""
+def layer_list(text: str, option: str = "skip") -> tuple[int, ...]:
+    """Layer ids of ``skip=`` (numbers of ``option=``): numbers and ranges joined by '+' (``3+10-13`` =
+    3, 10, 11, 12, 13)."""
     ids: list[int] = []
     for part in filter(None, text.split("+")):
         lo, dash, hi = part.partition("-")
         if not lo.isdigit() or (dash and not hi.isdigit()):
-            raise ValueError(f"skip must list layer numbers or ranges joined by '+' (3+10-13), got {text!r}")
+            raise ValueError(f"{option} must list numbers or ranges joined by '+' (3+10-13), got {text!r}")
         if hi and not 0 <= int(hi) - int(lo) <= 4096:
-            raise ValueError(f"skip range {part!r} must run upwards and be shorter than any model")
+            raise ValueError(f"{option} range {part!r} must run upwards and be shorter than any model")
         ids.extend(range(int(lo), int(hi or lo) + 1))
     return tuple(ids)
 
@@ -172,7 +181,7 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     import hashlib
 
     from .cost_curve import cached_cost_curve, measure_draft_cost
-    from .drafters.hybrid import HybridDrafter
+    from .drafters.hybrid import HybridDrafter, catch_up_per_token
 
     retrieval, learned = str(opts.pop("retrieval", "suffix")), str(opts.pop("learned", "eagle"))
     if retrieval not in ("suffix", "prompt-lookup") or learned not in ("eagle", "eagle3", "draft"):
@@ -181,7 +190,12 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     if budget not in ("measured", "fixed") or mode not in ("fallback", "fuse"):
         raise ValueError(f"needs budget=measured|fixed and mode=fallback|fuse (got {budget}, {mode})")
     # the hybrid applies its own min_score: the suffix drafter hands over every draft
-    r_opts = {"min_score": 0.0} if retrieval == "suffix" else {}
+    r_opts: dict[str, Any] = {"min_score": 0.0} if retrieval == "suffix" else {}
+    global_suffix = str(opts.pop("global_suffix", "true")).lower()
+    if global_suffix not in ("true", "false") or (global_suffix == "false" and retrieval != "suffix"):
+        raise ValueError(f"global_suffix must be true or false (with retrieval=suffix), got {global_suffix!r}")
+    if global_suffix == "false":  # no global suffix trie over earlier requests: each request's own only
+        r_opts["max_global_tokens"] = 0
     l_opts = {k.removeprefix("learned_"): opts.pop(k) for k in list(opts) if k.startswith("learned_")}
     if learned in ("eagle", "eagle3"):  # the hybrid sizes each step itself
         l_opts.setdefault("budget", "fixed")
@@ -190,15 +204,13 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     # a draft model with its cost rule sizes its own drafts: the hybrid only picks who proposes
     sizing = "self" if isinstance(sub[1], DraftModelDrafter) and sub[1].cost is not None and mode == "fallback" \
         else "hybrid"
-    cost = draft_cost = None
+    cost = draft_cost = by_context = None
     catch_up = 0.0
     if budget == "measured" and sizing == "self":
         cost = sub[1].cost.curve  # the same t(n) the draft model sizes by
         draft_cost = {n: n * sub[1].cost.draft for n in cost}  # c(n): n draft forwards
-        # a catch-up of many tokens, per token: the target's marginal cost at its largest measured sizes,
-        # scaled by the draft's forward over the target's (both compute-bound there)
-        (n0, t0), (n1, t1) = sorted(cost.items())[-2:] if len(cost) > 1 else ((0, 1.0), *cost.items())
-        catch_up = sub[1].cost.draft * (t1 - t0) / (n1 - n0)
+        catch_up = catch_up_per_token(sub[1].cost)  # at the probe context; by context with its curves
+        by_context = sub[1].cost if sub[1].cost.curve_by_context is not None else None
     elif budget == "measured":  # t(n) of the target and c(n) of the learned drafter, measured once
         key = _cost_key(target)
         cost = cached_cost_curve(target.backend, key)
@@ -208,7 +220,7 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
             measure=lambda model, sizes, repeats: measure_draft_cost(model, sub[1], sizes, repeats))
     return HybridDrafter(*sub, mode=mode, min_score=float(opts.pop("min_score", 1.0)), cost=cost,
                          learned_cost=draft_cost, min_match=min_match, learned_sizing=sizing, catch_up_cost=catch_up,
-                         rent_start=opts.pop("rent_start", "predicted"))
+                         rent_start=opts.pop("rent_start", "predicted"), context_costs=by_context)
 
 
 def _prompt_lookup(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
@@ -227,7 +239,7 @@ def _suffix(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         max_spec_factor=float(opts.pop("max_spec_factor", 2.0)),
         min_token_prob=float(opts.pop("min_token_prob", 0.1)),
         max_global_tokens=int(opts.pop("max_global_tokens", 100_000)),
-        min_score=float(opts.pop("min_score", 1.5)),
+        min_score=float(opts.pop("min_score", 1.5)), max_global_mb=float(opts.pop("max_global_mb", 64.0)),
     )
 
 
@@ -291,13 +303,13 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "prompt-lookup": (_prompt_lookup, "n-gram match over prompt + output (options: max_ngram, min_ngram, num_candidates)"),
     "eagle": (_eagle, "EAGLE feature head on target hidden states, EAGLE-2 dynamic trees (options: mode=tree|chain, depth, top_k, weights=<dir>, runtime=auto|compiled|torch, head_quant=q8_0|f32, budget=measured|fixed)"),
     "eagle3": (lambda target, opts: _eagle(target, opts, "eagle3"), "EAGLE-3 head: fused low/mid/high target layers, trained with training-time test; EAGLE-2 trees (options: mode=tree|chain, depth, top_k, weights=<dir>, runtime=auto|compiled|torch, head_quant=q8_0|f32, budget=measured|fixed)"),
-    "suffix": (_suffix, "SuffixDecoding: per-request + global suffix tries, adaptive trees (options: max_depth, max_match, max_spec_factor, min_token_prob, min_score, max_global_tokens)"),
+    "suffix": (_suffix, "SuffixDecoding: per-request + global suffix tries, adaptive trees (options: max_depth, max_match, max_spec_factor, min_token_prob, min_score, max_global_tokens (0: no global trie), max_global_mb)"),
     "token-recycling": (_token_recycling, "Token Recycling: [V, k] successor matrix from past verifications, static tree template (options: k, max_depth)"),
     "lookahead": (_lookahead, "Lookahead decoding: Jacobi window + n-gram pool in one forward; give -k >= (window+guesses)*(ngram-1) (options: window, ngram, guesses, max_keys)"),
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
-    "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, min_match (suffix drafts only after a match this long), budget=measured|fixed, rent_start=predicted|always|constrained (when a draft model's first start on a request is deferred), learned_<option> passed to the learned drafter)"),
-    "draft": (_draft_model, "a small LM: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation: max_draft=N target tokens a step, default 3) (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), skip=3+10-12 (layers of a GGUF draft left out), window=N (each draft layer attends to its last N keys), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence, prefix_cache_mb (the draft's own prefix cache across requests, default 256, 0 = off))"),
+    "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, min_match (suffix drafts only after a match this long), budget=measured|fixed, rent_start=predicted|always|constrained (when a draft model's first start on a request is deferred), global_suffix=true|false (the suffix drafter's global trie over earlier requests), learned_<option> passed to the learned drafter)"),
+    "draft": (_draft_model, "a small LM: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation: max_draft=N target tokens a step, default 3) (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), skip=3+10-12 (layers of a GGUF draft left out), window=N (each draft layer attends to its last N keys), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence, prefix_cache_mb (the draft's own prefix cache across requests, default 256, 0 = off), cost_contexts=128+1024+3072 (the contexts stop=cost times its costs at, read at each request's length; 128 alone: one curve for every context))"),
 }
 
 

@@ -30,16 +30,40 @@ from ..tree import DraftTree
 from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
 
 if TYPE_CHECKING:
+    from ..cost_curve import ContextCostCurve
     from ..engine.prefix_cache import PrefixCache
 
 
 @dataclass(frozen=True)
 class DraftCost:
     """Measured costs in target decode steps: ``draft`` one draft forward; ``curve`` the target
-    forward over the root and n drafted tokens at measured n (``policies.tree_shape``)."""
+    forward over the root and n drafted tokens at measured n (``policies.tree_shape``); both at the
+    probe context (128 tokens). By context, where measured (``cost_curve.ContextCostCurve``):
+    ``curve_by_context`` the target's t(n | context), ``draft_by_context`` the draft's forward over
+    n tokens (size 1: a draft step; a larger size: a feed of the history) over the target's decode
+    step at that context; ``at(context)`` reads both there."""
 
     draft: float
     curve: dict[int, float]
+    curve_by_context: ContextCostCurve | None = None
+    draft_by_context: ContextCostCurve | None = None
+
+    def at(self, context: int) -> DraftCost:
+        """The costs at ``context`` tokens (itself where nothing was measured by context)."""
+        if self.curve_by_context is None and self.draft_by_context is None:
+            return self
+        curve = self.curve if self.curve_by_context is None else self.curve_by_context.at(context)
+        draft = self.draft if self.draft_by_context is None else self.draft_by_context.t(1, context, at_zero=0.0)
+        return DraftCost(draft, curve)
+
+    def feed(self, context: int) -> float | None:
+        """A token of history fed to the draft model at ``context`` tokens, in target decode steps there
+        (its measured feed forward over its size), or None where no feed was measured."""
+        by = self.draft_by_context
+        largest = None if by is None else max(by.curves[by.contexts[0]])
+        if largest is None or largest <= 1:
+            return None
+        return by.t(largest, context, at_zero=0.0) / largest
 
     def verify(self, n: int) -> float:
         """t(n), interpolated linearly between measured sizes (t(0) = 1, a decode step)."""
@@ -85,6 +109,7 @@ class _Chain:
     grammar: GrammarDraft | None = None  # a constrained request's grammar, walked along the chain
     forwards: int = 0  # draft forwards whose logits gave a draft (tokens the grammar forces need none)
     ended: bool = False  # a draft ended the answer (EOS, or the grammar is complete)
+    cost: DraftCost | None = None  # the drafter's costs at this request's context (``DraftCost.at``)
     # a sampled chain on a backend that drafts in one call: one uniform per token of the budget, drawn up front (the
     # one call's randomness, and the Python loop's there, so a request drafts the same chain alone or batched)
     uniforms: list[float] | None = None
@@ -264,7 +289,7 @@ class DraftModelDrafter(DeclaresFeatures):
         budget allows (a chain that stops early leaves the rest unused), so the seed alone
         still fixes the drafts; q comes back with them for the rejection sampler."""
         feed, budget, params = self._catch_up(state, chain.ctx), max(chain.budget, 0), chain.ctx.params
-        cost = None if self.cost is None else (self.cost.draft, [self.cost.verify(n) for n in range(budget + 2)])
+        cost = None if chain.cost is None else (chain.cost.draft, [chain.cost.verify(n) for n in range(budget + 2)])
         sampled = None if chain.uniforms is None else (params, chain.uniforms)
         drafts, fed, q = self.model.draft_chain(state.cache, feed, budget, self.min_confidence, cost, sampled)
         state.fed.extend((feed + drafts)[:fed])
@@ -310,7 +335,8 @@ class DraftModelDrafter(DeclaresFeatures):
         if self.model.caps.chain_drafting and not ctx.params.greedy and ctx.grammar is None:
             uniforms = torch.rand(max(budget, 0), generator=ctx.generator, dtype=torch.float64).tolist()
         grammar = None if ctx.grammar is None else GrammarDraft(ctx.grammar)
-        return _Chain(ctx, budget, grammar=grammar, uniforms=uniforms)
+        cost = None if self.cost is None else self.cost.at(len(ctx.tokens))
+        return _Chain(ctx, budget, grammar=grammar, uniforms=uniforms, cost=cost)
 
     @staticmethod
     def _catch_up(state: _DraftState, ctx: DraftContext) -> list[int]:
@@ -356,14 +382,14 @@ class DraftModelDrafter(DeclaresFeatures):
             token = sample(q, ctx.generator)
         if self.min_confidence and logits.float().softmax(-1).max() < self.min_confidence:
             return None
-        if self.cost is not None:  # keep token i + 1 only if it raises tokens per unit time
+        if chain.cost is not None:  # keep token i + 1 only if it raises tokens per unit time
             # acceptance guessed from the top probability of the law drafted from (the argmax's, or q's largest): a
             # sampled draft x is accepted with min(1, p(x) / q(x)), often where q(x) is small (a flat q, a target as
             # flat); q's largest tracks acceptance better than q(x) (Qwen2.5-Coder 0.5B for the 1.5B at T = 0.7:
             # drafts of q(x) < 0.3 accepted ~60% of the time) and sizes chains that yield more per unit time
             conf = float(q.max()) if q is not None else float(logits.float().softmax(-1)[token])
             keep_p = chain.accept_all * conf
-            if not self.cost.keeps(i, chain.expected, keep_p, chain.forwards + 1):
+            if not chain.cost.keeps(i, chain.expected, keep_p, chain.forwards + 1):
                 return None
             chain.accept_all, chain.expected = keep_p, chain.expected + keep_p
         chain.drafts.append(token)
@@ -375,7 +401,7 @@ class DraftModelDrafter(DeclaresFeatures):
         feed = [token, *self._forced(chain)]
         if chain.ended or len(chain.drafts) >= chain.budget:
             return None
-        if self.cost is not None and not self.cost.pays_another(len(chain.drafts) - 1, chain.expected,
+        if chain.cost is not None and not chain.cost.pays_another(len(chain.drafts) - 1, chain.expected,
                                                                 chain.accept_all * conf, chain.forwards):
             return None
         return feed
@@ -389,10 +415,10 @@ class DraftModelDrafter(DeclaresFeatures):
         out = []
         for token in chain.grammar.forced():
             i = len(chain.drafts)
-            if i >= chain.budget or (self.cost is not None
-                                     and not self.cost.keeps(i, chain.expected, chain.accept_all, chain.forwards)):
+            if i >= chain.budget or (chain.cost is not None
+                                     and not chain.cost.keeps(i, chain.expected, chain.accept_all, chain.forwards)):
                 break
-            if self.cost is not None:
+            if chain.cost is not None:
                 chain.expected += chain.accept_all
             chain.drafts.append(token)
             out.append(token)

@@ -106,7 +106,7 @@ from ..constraints.speculation import keep_nodes, reachable
 from ..policies.draft_budget import DepthAcceptance, best_size
 from ..tree import DraftTree
 from .base import NO_FEATURES, DeclaresFeatures, DraftContext, Drafter, Observation, RequestTable, features_of
-from .draft_model import DraftModelDrafter
+from .draft_model import DraftCost, DraftModelDrafter
 from .suffix_tree import SuffixDecodingDrafter
 
 Source = Literal["retrieval", "learned", "fused", "none"]
@@ -137,6 +137,18 @@ def fuse(base: DraftTree, other: DraftTree, budget: int) -> DraftTree:
             parents.append(where[p])
         where.append(child[key])
     return DraftTree(tuple(tokens), tuple(parents))
+
+
+def catch_up_per_token(cost: DraftCost) -> float:
+    """A token of history fed to a draft model, in target decode steps, where its feed was not timed:
+    the target's marginal cost per token at its largest measured sizes, scaled by the draft's forward
+    over the target's (both compute-bound there).
+
+    >>> catch_up_per_token(DraftCost(0.25, {16: 2.0, 32: 3.6}))
+    0.025
+    """
+    (n0, t0), (n1, t1) = sorted(cost.curve.items())[-2:] if len(cost.curve) > 1 else ((0, 1.0), *cost.curve.items())
+    return cost.draft * (t1 - t0) / (n1 - n0)
 
 
 def truncate(tree: DraftTree, n: int) -> DraftTree:
@@ -193,7 +205,8 @@ class HybridDrafter(DeclaresFeatures):
                  min_score: float = 1.0, cost: dict[int, float] | None = None,
                  learned_cost: dict[int, float] | None = None, min_match: int = 0,
                  learned_sizing: Literal["hybrid", "self"] = "hybrid", catch_up_cost: float = 0.0,
-                 rent_start: Literal["constrained", "always", "predicted"] = "constrained"):
+                 rent_start: Literal["constrained", "always", "predicted"] = "constrained",
+                 context_costs: DraftCost | None = None):
         if mode not in ("fallback", "fuse"):
             raise ValueError(f"mode must be fallback or fuse, not {mode!r}")
         if min_score < 0:
@@ -215,6 +228,10 @@ class HybridDrafter(DeclaresFeatures):
         self.cost, self.learned_cost = cost, learned_cost
         self.verify_cost = cost
         self.catch_up_cost = catch_up_cost if cost is not None and not features_of(learned).wanted else 0.0
+        if context_costs is not None and (cost is None or learned_sizing != "self"):
+            raise ValueError("context_costs prices a self-sizing draft model (learned_sizing=self, with cost)")
+        self.context_costs = context_costs
+        self.declined = 0  # steps the learned drafter was left out because at their context it could not pay
         # a learned drafter that loses to plain decoding even if every node were accepted
         # is left out entirely (no hidden states, no calls): it could never propose
         largest = max(cost or {0: 1.0})  # the largest measured size
@@ -320,20 +337,38 @@ class HybridDrafter(DeclaresFeatures):
         values = self._retrieval_acc.node_values(max(tree.depths))
         return tree, [values[d - 1] for d in tree.depths[1:]]
 
-    def _sizes(self, ctx: DraftContext, values: list[float]) -> tuple[int, float, int, float]:
-        """(retrieval size, its rate, learned size, its rate); size 0 = not a candidate."""
+    def _sizes(self, ctx: DraftContext, values: list[float], cost: dict[int, float] | None,
+               learned_cost: dict[int, float] | None) -> tuple[int, float, int, float]:
+        """(retrieval size, its rate, learned size, its rate); size 0 = not a candidate. ``cost`` and
+        ``learned_cost``: t(n) and c(n) at this step's context (``_priced``)."""
         hit = bool(values) and sum(values) >= self.min_score
-        if self.cost is None:  # plain fallback: retrieval on a hit, else the learned drafter
+        if cost is None:  # plain fallback: retrieval on a hit, else the learned drafter
             return (len(values), 1.0, ctx.budget, 0.0) if hit else (0, 0.0, ctx.budget, 1.0)
-        r_n, r_rate = best_size(values, self.cost) if hit else (0, 1.0)
+        r_n, r_rate = best_size(values, cost) if hit else (0, 1.0)
         if not self.learned_enabled:
+            return r_n, r_rate, 0, 0.0
+        if self.context_costs is not None and best_size([1.0] * max(cost), cost, learned_cost)[0] == 0:
+            self.declined += 1  # at this context it loses to plain decoding even if every node were accepted
             return r_n, r_rate, 0, 0.0
         if self.learned_sizing == "self" and r_n:  # retrieval pays: the learned drafter is not asked
             return r_n, r_rate, 0, 0.0
-        l_n, l_rate = best_size(self._learned_acc.node_values(ctx.budget), self.cost, self.learned_cost)
+        l_n, l_rate = best_size(self._learned_acc.node_values(ctx.budget), cost, learned_cost)
         if self.learned_sizing == "self":  # the learned drafter sizes itself, when it is worth asking
             return (0, 1.0, ctx.budget, l_rate) if self._self_sizer_pays(ctx, l_n > 0) else (0, 1.0, 0, 0.0)
         return r_n, r_rate, l_n, l_rate
+
+    def _priced(self, context: int) -> tuple[dict[int, float] | None, dict[int, float] | None, float]:
+        """t(n), the learned drafter's c(n) and its catch-up per token at ``context`` tokens: with
+        ``context_costs`` (a draft model's ``DraftCost`` by context) read there (c(n) = n draft steps; the
+        catch-up its measured feed per token, else ``catch_up_per_token``), else the curves given."""
+        if self.context_costs is None:
+            return self.cost, self.learned_cost, self.catch_up_cost
+        here = self.context_costs.at(context)
+        catch_up = 0.0
+        if self.catch_up_cost:
+            feed = self.context_costs.feed(context)
+            catch_up = catch_up_per_token(here) if feed is None else feed
+        return here.curve, {n: n * here.draft for n in here.curve}, catch_up
 
     def _self_sizer_pays(self, ctx: DraftContext, tracked_pays: bool) -> bool:
         """Whether a self-sizing learned drafter is worth asking this step: its tracked per-depth
@@ -378,7 +413,8 @@ class HybridDrafter(DeclaresFeatures):
         raw = values
         if self._scored and values:  # the trie's scores, scaled by how well they kept their promise so far
             values = [v * self._calibration(state) for v in values]
-        r_n, r_rate, l_n, l_rate = self._sizes(ctx, values)
+        cost, learned_cost, catch_up = self._priced(len(ctx.tokens))
+        r_n, r_rate, l_n, l_rate = self._sizes(ctx, values, cost, learned_cost)
         state.r_expected = sum(raw[:r_n])
         fusing = self.mode == "fuse" and r_n > 0
         budget = 0
@@ -387,7 +423,7 @@ class HybridDrafter(DeclaresFeatures):
         # a catch-up is bought by the savings its tracked rate forgoes; a probe, or an ask for evidence, when that
         # rate says no saving (l_rate <= 1: no rent would ever accrue), is paid as it is, or it could never happen
         rented = state.learned_started or self.rent_start != "constrained" or ctx.grammar is not None
-        if budget and self.catch_up_cost and rented and l_rate > 1.0 and not self._buys(state, ctx, l_rate):
+        if budget and catch_up and rented and l_rate > 1.0 and not self._buys(state, ctx, l_rate, catch_up):
             budget = 0
         return _Plan(tree, r_n, fusing, budget)
 
@@ -399,15 +435,16 @@ class HybridDrafter(DeclaresFeatures):
         drafts are sized, or left to the draft model, by what they actually yield."""
         return min(1.0, (state.r_accepted + CALIBRATION_PRIOR) / (state.r_promised + CALIBRATION_PRIOR))
 
-    def _buys(self, state: _Proposal, ctx: DraftContext, rate: float) -> bool:
+    def _buys(self, state: _Proposal, ctx: DraftContext, rate: float, catch_up: float) -> bool:
         """Rent or buy (module docstring): is the learned drafter's catch-up (or its start) paid
-        for this step? ``rate``: its best rate on the tracked acceptance (``_sizes``)."""
+        for this step? ``rate``: its best rate on the tracked acceptance (``_sizes``); ``catch_up``:
+        a token fed to it, in target decode steps at this context (``_priced``)."""
         pending = len(ctx.tokens) - 1 - state.learned_seen  # the root comes with the draft in any case
         if not state.learned_started and isinstance(self.learned, DraftModelDrafter):  # + the prompt's last token
             pending = self.learned.prefill_tokens(list(ctx.tokens[:-1])) + 1
         saving = max(0.0, 1.0 - 1.0 / rate)
         state.rent += saving
-        cost = pending * self.catch_up_cost
+        cost = pending * catch_up
         if not state.learned_started and self.rent_start == "predicted" and not ctx.prediction \
                 and (self._answers or ctx.grammar is None):  # a Predicted Outputs request rents it plainly
             if not self._answers:  # nothing predicts this answer: started at once, as without the rule

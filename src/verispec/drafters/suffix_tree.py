@@ -2,14 +2,20 @@
 Emerging AI Applications", arXiv 2411.04975).
 
 Two suffix tries with occurrence counts: a per-request trie over prompt + output (grown as
-tokens are committed) and a global trie over the responses of earlier requests (bounded
-by ``max_global_tokens``; the oldest responses are evicted first). To draft, the longest
-suffix of the context (at most ``max_match`` tokens) that has a continuation is matched in
-each trie; from the matched node a continuation tree is grown best-first by empirical
-path probability (product of child count / sum of sibling counts), at most
-``floor(max_spec_factor * match_length)`` tokens and never a node whose path probability
-is below ``min_token_prob``. The draft with the higher score (sum of path probabilities,
-the expected number of accepted tokens if the counts were the truth) is proposed.
+tokens are committed) and a global trie over the responses (and what the prompts added) of
+earlier requests, shared by a server's requests (one drafter per engine) and bounded by
+``max_global_tokens`` tokens and ``max_global_mb`` of estimated memory; the least recently
+used documents are evicted first (Arctic Inference's suffix cache evicts the oldest request; a
+document is used here when a draft is read from it, or when a new request continues the session
+it belongs to, so an agent session that is still running keeps its tool outputs and answers while
+idle sessions' go). To draft, the longest suffix of the context (at most ``max_match`` tokens)
+that has a continuation is matched in the request's trie, and, while that match is shorter than
+``max_match``, in the global trie; from the matched node a continuation tree is grown best-first
+by empirical path probability (product of child count / sum of sibling counts: candidates scored
+by frequency, as the paper does), at most ``floor(max_spec_factor * match_length)`` tokens and
+never a node whose path probability is below ``min_token_prob``. The draft with the higher score
+(sum of path probabilities, the expected number of accepted tokens if the counts were the truth)
+is proposed.
 
 The tries themselves (documents, occurrences, leaf refs, the memory bound) are ``suffix_trie.py``.
 """
@@ -17,7 +23,7 @@ The tries themselves (documents, occurrences, leaf refs, the memory bound) are `
 from __future__ import annotations
 
 from array import array
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -34,6 +40,7 @@ class _RequestState:
     # the prefill's token is committed without an observation; the first observe adds it
     # (it is that step's root), so until then the trie lags the context by one token
     has_root: bool = False
+    session: tuple[int, ...] = ()  # global documents of the session this request continues, and its own
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -58,7 +65,8 @@ class SuffixDecodingDrafter(DeclaresFeatures):
     ``max_spec_factor`` (draft <= factor x match length, 2.0), ``min_token_prob`` (0.1),
     ``min_score`` (draft nothing when the best tree's score, its expected number of accepted
     tokens by the counts, is below this; 1.5), ``max_global_tokens`` (global trie size
-    bound, 100k tokens; 0 disables the global trie), ``global_prompts`` (index the new part of
+    bound, 100k tokens; 0 disables the global trie), ``max_global_mb`` (its estimated memory,
+    ``SuffixTrie.memory_bytes``, at most this; 64), ``global_prompts`` (index the new part of
     each prompt in the global trie too; True).
 
     Sessions (agents, chats: every request carries the whole history): the request's own trie
@@ -69,7 +77,9 @@ class SuffixDecodingDrafter(DeclaresFeatures):
     output, file view or task; a new session's whole prompt). A file another session read, or a
     tool output that recurs, then drafts in this one. Recent requests (prompt + response) are
     kept for that comparison within ``max_global_tokens`` tokens, oldest dropped first; all of
-    it is bounded per drafter (one per server engine) and forgotten by ``reset``.
+    it is bounded per drafter (one per server engine) and forgotten by ``reset``. Eviction is least
+    recently used (module docstring): a request that continues a remembered one touches the
+    documents of that session.
 
     Why ``min_score`` (and factor 2.0 rather than ArcticInference's 1.0): on a CPU target a
     forward over root + 1 draft token costs about 1.7x a forward over the root alone
@@ -86,19 +96,24 @@ class SuffixDecodingDrafter(DeclaresFeatures):
 
     def __init__(self, max_depth: int = 64, max_match: int = 32, max_spec_factor: float = 2.0,
                  min_token_prob: float = 0.1, max_global_tokens: int = 100_000, min_score: float = 1.5,
-                 global_prompts: bool = True):
+                 global_prompts: bool = True, max_global_mb: float = 64.0):
         if not 1 <= max_match < max_depth:
             raise ValueError("suffix drafter needs 1 <= max_match < max_depth")
         if max_spec_factor <= 0 or not 0.0 <= min_token_prob <= 1.0 or max_global_tokens < 0 or min_score < 0:
             raise ValueError("need max_spec_factor > 0, 0 <= min_token_prob <= 1, max_global_tokens >= 0, "
                              "min_score >= 0")
+        if not max_global_mb > 0:
+            raise ValueError(f"max_global_mb must be > 0, got {max_global_mb}")
         self.max_depth, self.max_match = max_depth, max_match
         self.max_spec_factor, self.min_token_prob, self.min_score = max_spec_factor, min_token_prob, min_score
         self.max_global_tokens, self.global_prompts = max_global_tokens, global_prompts
+        self.max_global_bytes = int(max_global_mb * 2**20)
         self._global = SuffixTrie(max_depth)
+        self._lru: OrderedDict[int, None] = OrderedDict()  # the global trie's documents, least recently used first
         self._next_doc = 0
         self._requests: RequestTable[_RequestState] = RequestTable()
-        self._recent: deque[array] = deque()  # recent requests' prompt + response, oldest first
+        # recent requests' prompt + response and their session's global documents, oldest first
+        self._recent: deque[tuple[array, tuple[int, ...]]] = deque()
         self._recent_tokens = 0
 
     @property
@@ -108,29 +123,55 @@ class SuffixDecodingDrafter(DeclaresFeatures):
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
         trie = SuffixTrie(self.max_depth)
         trie.add_document(0, prompt_ids)
-        self._requests.add(request_id, _RequestState(trie, len(prompt_ids)))
+        state = _RequestState(trie, len(prompt_ids))
+        self._requests.add(request_id, state)
         if self.max_global_tokens and self.global_prompts:
             prompt = array("i", prompt_ids)
-            known = max((common_prefix_length(prompt, seen) for seen in self._recent), default=0)
-            self._add_global(prompt[known:])
+            known, session = max(((common_prefix_length(prompt, seen), docs) for seen, docs in self._recent),
+                                 default=(0, ()), key=lambda pair: pair[0])
+            session = session if known else ()
+            self._touch(session)  # a turn of a remembered session: its documents are in use again
+            added = self._add_global(prompt[known:])
+            state.session = self._live(session if added is None else (*session, added))
 
-    def _add_global(self, tokens: Sequence[int]) -> None:
-        """One sealed document of the global trie, evicting the oldest to stay within the bound."""
+    def _live(self, docs: Sequence[int]) -> tuple[int, ...]:
+        """The documents of ``docs`` still in the global trie (a session's list stays bounded)."""
+        return tuple(doc for doc in docs if doc in self._lru)
+
+    def _touch(self, docs: Sequence[int]) -> None:
+        """Mark global documents as just used (those evicted since are skipped)."""
+        for doc in docs:
+            if doc in self._lru:
+                self._lru.move_to_end(doc)
+
+    def _add_global(self, tokens: Sequence[int]) -> int | None:
+        """One sealed document of the global trie (its id; None when empty), evicting the least recently
+        used to stay within ``max_global_tokens`` and ``max_global_bytes`` (a document over the memory
+        bound alone is not kept)."""
         tokens = tokens[len(tokens) - self.max_global_tokens:] if len(tokens) > self.max_global_tokens else tokens
         if not tokens:
-            return
-        docs = self._global.documents  # insertion order = age
-        while docs and self._global.num_tokens + len(tokens) > self.max_global_tokens:
-            self._global.remove_document(docs.pop(0))
-        self._global.add_document(self._next_doc, list(tokens), sealed=True)
+            return None
+        while self._lru and self._global.num_tokens + len(tokens) > self.max_global_tokens:
+            self._evict()
+        doc = self._next_doc
         self._next_doc += 1
+        self._global.add_document(doc, list(tokens), sealed=True)
+        self._lru[doc] = None
+        while self._lru and self._global.memory_bytes() > self.max_global_bytes:
+            self._evict()
+        return doc if doc in self._lru else None
 
-    def _remember(self, sequence: array) -> None:
-        """Keep a finished request's prompt + response for ``start``'s comparison (bounded)."""
-        self._recent.append(sequence)
+    def _evict(self) -> None:
+        doc, _ = self._lru.popitem(last=False)
+        self._global.remove_document(doc)
+
+    def _remember(self, sequence: array, session: tuple[int, ...]) -> None:
+        """Keep a finished request's prompt + response and its session's documents for ``start``'s
+        comparison (bounded)."""
+        self._recent.append((sequence, session))
         self._recent_tokens += len(sequence)
         while self._recent and self._recent_tokens > self.max_global_tokens:
-            self._recent_tokens -= len(self._recent.popleft())
+            self._recent_tokens -= len(self._recent.popleft()[0])
 
     def speculate(self, ctx: DraftContext) -> SuffixDraft:
         """The better-scoring continuation of the request and global tries (nodes in
@@ -142,9 +183,11 @@ class SuffixDecodingDrafter(DeclaresFeatures):
                              f"the context has {len(ctx.tokens)} (an observation was missed)")
         args = (ctx.tokens, ctx.budget, self.max_match, self.max_spec_factor, self.min_token_prob)
         best = state.trie.speculate(*args)
-        if self.max_global_tokens:
+        if self.max_global_tokens and best.match_length < self.max_match:  # its own match is short: the global
             other = self._global.speculate(*args)
-            best = other if other.score > best.score else best
+            if other.score > best.score:
+                self._touch(other.sources)
+                best = other
         return best
 
     def propose(self, ctx: DraftContext) -> DraftTree:
@@ -165,13 +208,14 @@ class SuffixDecodingDrafter(DeclaresFeatures):
         if state is None or not self.max_global_tokens:
             return
         sequence = state.trie.document(0)
-        self._add_global(sequence[state.prompt_length:])
+        added = self._add_global(sequence[state.prompt_length:])
         if self.global_prompts:
-            self._remember(array("i", sequence))
+            self._remember(array("i", sequence), self._live(state.session if added is None else (*state.session, added)))
 
     def reset(self) -> None:
         """Forget the global trie (earlier responses and prompts); requests in flight are kept."""
         self._global = SuffixTrie(self.max_depth)
+        self._lru.clear()
         self._recent.clear()
         self._recent_tokens = 0
 

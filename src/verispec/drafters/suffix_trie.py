@@ -83,6 +83,7 @@ class SuffixDraft:
     parents: tuple[int, ...]
     probs: tuple[float, ...]  # path probability of each node
     match_length: int
+    sources: tuple[int, ...] = ()  # documents the drafted continuation was read from (a global trie's recency)
 
     @property
     def score(self) -> float:
@@ -314,6 +315,8 @@ class SuffixTrie:
                 tick += 1
 
         push(cur, -1, 1.0)
+        sources: dict[int, None] = {}  # documents of the drafted nodes (insertion-ordered set)
+        last = cur
         while heap and len(tokens) < limit:
             neg, _, parent, t, kc = heapq.heappop(heap)
             if -neg < min_token_prob:
@@ -322,7 +325,27 @@ class SuffixTrie:
             parents.append(parent)
             probs.append(-neg)
             push(kc, len(tokens) - 1, -neg)
-        return SuffixDraft(tuple(tokens), tuple(parents), tuple(probs), m)
+            if kc.node is None:
+                sources[kc.doc] = None
+            last = kc
+        if tokens and not sources and (doc := self.source(last)) is not None:
+            sources[doc] = None
+        return SuffixDraft(tuple(tokens), tuple(parents), tuple(probs), m, tuple(sources))
+
+    def source(self, cur: _Cursor) -> int | None:
+        """A document holding the string ``cur`` spells (its own for an implicit chain; below a
+        materialised node, the first leaf ref reached going down), or None where none is below."""
+        node = cur.node
+        for _ in range(self.max_depth + 1):
+            if node is None:
+                return cur.doc
+            child = next(iter(node.children.values()), None)
+            if child is None:
+                return None
+            if isinstance(child, int):
+                return unleaf(child)[0]
+            node = child
+        return None
 
     # ---- integrity -----------------------------------------------------------------------
     def check_integrity(self) -> None:
