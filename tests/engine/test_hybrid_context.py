@@ -1,0 +1,137 @@
+"""The hybrid prices its draft model at the request's context (``HybridDrafter(context_costs=...)``,
+``cost_curve.ContextCostCurve``): at a context where verifying and drafting are dear enough that even
+a draft accepted in full loses to plain decoding it is not asked (nor started), where they are cheap
+it is; a catch-up of the history is priced by the draft's feed at that context. Greedy output equals
+plain decoding either way (only who proposes changes). Fake curves throughout: speed is never
+asserted."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import run
+from verispec.cost_curve import ContextCostCurve
+from verispec.drafters.base import DraftContext, NoDrafter
+from verispec.drafters.draft_model import DraftCost, DraftModelDrafter
+from verispec.drafters.hybrid import HybridDrafter
+from verispec.drafters.prompt_lookup import PromptLookupDrafter
+from verispec.drafters.suffix_tree import SuffixDecodingDrafter
+from verispec.sampling import make_generator
+from verispec.tree import DraftTree
+from verispec.types import SamplingParams
+
+SIZES = (1, 2, 4, 8, 16)
+FLAT = {n: 1.0 for n in SIZES}  # verifying is free
+DEAR = {n: 1.0 + 0.7 * n for n in SIZES}  # each verified token costs 0.7 of a decode step
+GREEDY = SamplingParams(max_new_tokens=8, ignore_eos=True)
+
+
+class _Asked(NoDrafter):
+    """A learned drafter that drafts token 5 and records the contexts it is asked for."""
+
+    name = "draft"
+
+    def __init__(self):
+        self.asked: list[int] = []
+
+    def propose_batch(self, ctxs):
+        self.asked += [len(c.tokens) for c in ctxs]
+        return [DraftTree.chain(c.tokens[-1], [5]) for c in ctxs]
+
+
+def priced(short: int, long: int, feed: tuple[float, float] | None = None) -> DraftCost:
+    """A draft model's costs: free verification and 0.1 a draft step at ``short`` tokens; at ``long``
+    DEAR verification and 0.5 a draft step (a draft of n tokens accepted in full: (n + 1) / (1 + 1.2n),
+    below plain decoding). ``feed``: its feed per token at the two contexts (timed over 64)."""
+    verify = ContextCostCurve({short: FLAT, long: DEAR})
+    steps = {short: {1: 0.1}, long: {1: 0.5}} if feed is None else \
+        {short: {1: 0.1, 64: 64 * feed[0]}, long: {1: 0.1, 64: 64 * feed[1]}}
+    if feed is not None:
+        verify = ContextCostCurve({short: FLAT, long: FLAT})
+    return DraftCost(0.1, FLAT, verify, ContextCostCurve(steps))
+
+
+def hybrid(learned, costs: DraftCost | None, catch_up: float = 0.0) -> HybridDrafter:
+    return HybridDrafter(PromptLookupDrafter(), learned, min_score=0.0, cost=FLAT,
+                         learned_cost={n: 0.1 * n for n in SIZES}, learned_sizing="self",
+                         catch_up_cost=catch_up, context_costs=costs)
+
+
+def ask(h: HybridDrafter, tokens: list[int]) -> DraftTree:
+    return h.propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1)))
+
+
+@pytest.mark.parametrize("by_context", [True, False], ids=["by-context", "one-curve"])
+def test_the_draft_model_is_declined_where_its_priced_gain_is_negative(by_context):
+    """At 2,100 tokens of history the curves timed there say no draft pays: the hybrid leaves the draft
+    model out (the free drafter carries the step) and counts it; at 10 tokens it asks it. With one curve
+    (timed at the probe context, the behaviour before) it is asked at every context."""
+    learned = _Asked()
+    h = hybrid(learned, priced(128, 2048) if by_context else None)
+    h.start("r", [1, 2])
+    assert ask(h, list(range(10, 20))).num_drafted == 1 and learned.asked == [10]
+    history = list(range(10, 2110))  # no repeats: prompt lookup finds nothing
+    tree = ask(h, history)
+    if by_context:
+        assert tree.num_drafted == 0 and learned.asked == [10] and h.declined == 1
+    else:
+        assert tree.num_drafted == 1 and learned.asked == [10, 2100] and h.declined == 0
+
+
+def test_between_the_timed_contexts_the_gain_is_read_there():
+    """At 600 tokens (between FLAT at 128 and DEAR at 2048: t(n) = 1 + 0.17n, 0.2 a draft step) a draft
+    accepted in full still pays: asked; at 1,900 tokens (t(n) = 1 + 0.65n, 0.47 a step) none does: declined."""
+    learned = _Asked()
+    h = hybrid(learned, priced(128, 2048))
+    h.start("r", [1, 2])
+    assert ask(h, list(range(10, 610))).num_drafted == 1
+    assert ask(h, list(range(10, 1910))).num_drafted == 0 and learned.asked == [600]
+
+
+def _waits(h: HybridDrafter, learned: _Asked, context: int) -> int | None:
+    """Start on a ``context``-token history (asked at once), commit 200 more tokens by other drafters,
+    then count the plain steps before the learned drafter is asked again (None: not within 40)."""
+    tokens = list(range(10, 10 + context))  # no repeats: prompt lookup finds nothing
+    h.start("r", tokens[:-1])
+    assert ask(h, tokens).num_drafted == 1
+    tokens += list(range(3000, 3200))
+    for step in range(40):
+        ask(h, tokens + [5000 + step])
+        tokens.append(5000 + step)
+        if len(learned.asked) > 1:
+            return step
+    return None
+
+
+def test_a_catch_up_is_priced_by_the_feed_at_its_context():
+    """The same 200 tokens to catch up cost ~0.013 a token fed after a short prompt and 0.1 after 2,000
+    tokens (the feed timed there): the rent rule buys the first after a few plain steps and not the
+    second within 40; priced at the probe context alone (``catch_up_cost`` 0.01) both wait alike."""
+    short, long = (_waits(hybrid(learned := _Asked(), priced(128, 2048, (0.01, 0.1)), 0.01), learned, n)
+                   for n in (3, 2000))
+    assert short is not None and short < 10 and long is None
+    fixed = [_waits(hybrid(learned := _Asked(), None, 0.01), learned, n) for n in (3, 2000)]
+    assert fixed[0] == fixed[1] is not None
+
+
+@pytest.mark.parametrize("prompt_length,learned_steps", [(80, False), (4, True)])
+def test_greedy_equals_plain_with_the_draft_model_priced_by_context(toy_target, toy_draft, prompt_length,
+                                                                    learned_steps):
+    """The toy pair with costs that turn dear past 64 tokens: an 80-token prompt never asks (nor starts)
+    the draft model, a 4-token one does; output equals plain decoding either way."""
+    prompt = [1] + [(7 * i) % 90 + 3 for i in range(prompt_length - 1)]
+    params = SamplingParams(max_new_tokens=30, ignore_eos=True)
+    costs = priced(8, 64)
+    draft = DraftModelDrafter(toy_draft, cost=costs)
+    h = HybridDrafter(SuffixDecodingDrafter(min_score=0.0, max_global_tokens=0), draft, cost=FLAT,
+                      learned_cost={n: 0.1 * n for n in SIZES}, min_match=1000, learned_sizing="self",
+                      context_costs=costs)
+    out, _ = run(toy_target, h, prompt, params, k=6)
+    assert out == run(toy_target, NoDrafter(), prompt, params)[0]
+    assert (h.steps["learned"] > 0) == learned_steps == (draft.fed_tokens > 0)
+    assert (h.declined > 0) != learned_steps
+
+
+def test_context_costs_need_a_self_sizing_draft_model():
+    with pytest.raises(ValueError, match="context_costs"):
+        HybridDrafter(PromptLookupDrafter(), _Asked(), cost=FLAT, context_costs=priced(128, 2048))
