@@ -135,3 +135,25 @@ def test_greedy_equals_plain_with_the_draft_model_priced_by_context(toy_target, 
 def test_context_costs_need_a_self_sizing_draft_model():
     with pytest.raises(ValueError, match="context_costs"):
         HybridDrafter(PromptLookupDrafter(), _Asked(), cost=FLAT, context_costs=priced(128, 2048))
+
+
+def test_options_from_the_registry(stories_native, tmp_path, monkeypatch):
+    """``cost_contexts`` (a draft model sizing by cost times its costs at these contexts; the hybrid
+    prices it there) and ``global_suffix=false`` (no global trie); bad values are one clear error."""
+    from verispec.registry import make_drafter
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))  # curves timed here, not in the user's cache
+    monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))
+    h = make_drafter("hybrid", stories_native, {"learned": "draft", "learned_stop": "cost",
+                                                "learned_cost_contexts": "128+256", "global_suffix": "false"})
+    assert h.context_costs is not None and h.context_costs.curve_by_context.contexts == (128, 256)
+    assert h.context_costs.feed(256) > 0 and h.retrieval.max_global_tokens == 0
+    one = make_drafter("hybrid", stories_native, {"learned": "draft", "learned_stop": "cost",
+                                                  "learned_cost_contexts": "128"})
+    assert one.context_costs is None and one.retrieval.max_global_tokens > 0  # one curve: as before
+    for opts, match in (({"global_suffix": "maybe"}, "global_suffix"),
+                        ({"learned_cost_contexts": "128+x"}, "cost_contexts"),
+                        ({"learned_cost_contexts": "128-4000"}, "at most 8"),
+                        ({"learned_stop": "cost", "learned_cost_contexts": "256+512"}, "start at 128")):
+        with pytest.raises(ValueError, match=match):
+            make_drafter("hybrid", stories_native, {"learned": "draft", **opts})

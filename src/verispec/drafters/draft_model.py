@@ -136,7 +136,8 @@ class DraftModelDrafter(DeclaresFeatures):
     With P the probability that every token drafted so far is accepted and E = 1 + sum of
     those P (the expected tokens of a step), a token is kept while it raises E / time, and
     another draft forward is paid for while the next token, guessed as likely as the last,
-    would. Output is unchanged either way: only how much is drafted.
+    would. Output is unchanged either way: only how much is drafted. Where ``cost`` was timed at
+    several contexts (``DraftCost.at``) both are read at the request's length.
 
     ``propose_batch`` drafts for several requests at once on a backend with batched forwards
     (``BackendCaps.batched``): their caches are rows of one pool (``pool_rows`` of them; later

@@ -83,6 +83,15 @@ A request that carries a prediction (Predicted Outputs: an edit sends the file) 
 model need not draft (edits with the prediction, by counts: 4.20x our plain decoding rented, 3.56x by the
 answers' median).
 
+By context (``context_costs``: a self-sizing draft model's ``DraftCost`` with curves timed at several
+contexts, ``cost_curve.ContextCostCurve``): every price above (t(n), the draft model's c(n) = n draft
+steps, a catch-up's cost per token: its measured feed of the history there) is read at the request's
+current length, not at the 128 tokens a single curve was timed at. Verifying and drafting cost more at
+2-3k tokens of agent history, and feeding that history to the draft model most of all; where, at that
+context, even a draft accepted in full would lose to plain decoding (``best_size`` of all-ones values
+is 0) the draft model is not asked, nor started (``declined`` counts those steps): the free drafters
+carry the turn. Elsewhere its tracked acceptance is priced there as above.
+
 The hybrid declares the learned drafter's ``features`` (EAGLE-3: the fused target layers)
 as its own, so the engine hands its observations the features it reads; a learned drafter
 left out asks for nothing.
