@@ -39,13 +39,16 @@ def gguf_tensor(info: GGUFInfo, name: str) -> torch.Tensor:
     qtype = GGMLQuantizationType(t.type_id)
     block, type_size = GGML_QUANT_SIZES[qtype]
     rows = int(np.prod(t.shape[1:], dtype=np.int64)) if len(t.shape) > 1 else 1
-    raw = np.memmap(info.path, dtype=np.uint8, mode="r", offset=t.offset, shape=(rows, t.shape[0] // block * type_size))
+    nbytes = rows * (t.shape[0] // block * type_size)
+    raw = info.view(t.offset, nbytes).reshape(rows, -1)
     try:
         array = dequantize(raw, qtype)
     except NotImplementedError as err:
         raise ModelError(f"{info.path}: tensor {name} is {qtype.name} ({one_line(err)}): expected a type the "
                          "gguf package dequantizes") from None
     w = torch.from_numpy(np.array(array, dtype=np.float32, copy=True).reshape(rows, t.shape[0]))
+    del raw, array
+    info.release(t.offset, nbytes)
     return w if len(t.shape) > 1 else w.reshape(-1)
 
 
