@@ -11,40 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .config import DEFAULT_MAX_BODY_BYTES as DEFAULT_MAX_BODY_BYTES  # defined there
+from .config import Limits as Limits
 from .schemas import error_body
 
 OPEN_PATHS = ("/health", "/metrics")  # with an API key, every other path (/v1/*, /docs, /openapi.json) needs it
-DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024  # 2 MiB: about 500K tokens of text, far above any context here
-
-
-@dataclass(frozen=True)
-class Limits:
-    """``max_body_bytes``: the largest request body (413 above it). ``header_timeout_s``:
-    seconds a connection may take to send its request headers. ``body_timeout_s``: seconds
-    the whole body may take after the headers (408 after). ``api_key`` (printable ASCII): when
-    set, every path but /health and /metrics (so /v1/*, /docs, /openapi.json) needs
-    ``Authorization: Bearer <api_key>`` (401 otherwise)."""
-
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    api_key: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_body_bytes < 1:
-            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
-        if not (self.header_timeout_s > 0 and self.body_timeout_s > 0):
-            raise ValueError("header and body timeouts must be > 0 seconds")
-        if self.api_key is not None and not self.api_key.strip():
-            raise ValueError("the API key must not be empty")
-        if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()):
-            # HTTP headers carry bytes; clients encode a non-ASCII key as UTF-8 or latin-1 at will
-            raise ValueError("the API key must be printable ASCII (clients encode other characters differently)")
 
 
 class _Reject(Exception):
