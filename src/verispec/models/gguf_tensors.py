@@ -14,6 +14,7 @@ import re
 import numpy as np
 import torch
 
+from verispec.models.architectures import ARCHITECTURES
 from verispec.models.base import ModelError, one_line
 from verispec.models.gguf_config import GLOBAL_TENSORS, LAYER_TENSORS
 from verispec.models.gguf_file import GGUFInfo
@@ -55,9 +56,9 @@ def gguf_tensor(info: GGUFInfo, name: str) -> torch.Tensor:
 def gguf_state_dict(info: GGUFInfo, cfg: dict, num_layers: int | None = None) -> dict[str, torch.Tensor]:
     """Every tensor (of the first ``num_layers`` layers) dequantized to float32 under its HF name.
 
-    llama-architecture files store Q/K rows for interleaved RoPE, so they are permuted back to
-    HF's rotate_half order; qwen2 files (NEOX RoPE in llama.cpp) keep HF's order already."""
-    permute = cfg["model_type"] == "llama"
+    Files whose architecture stores Q/K rows for interleaved RoPE (``Architecture.rope``: llama)
+    are permuted back to HF's rotate_half order; NEOX ones (qwen2) keep HF's order already."""
+    permute = ARCHITECTURES[cfg["gguf_architecture"]].rope == "interleaved"
     n_layers = num_layers or cfg["num_hidden_layers"]
     state = {}
     for name in info.tensors:
