@@ -172,6 +172,11 @@ class RequestStats:
         for i in range(num_accepted):
             self.accepted_at[i] += 1
 
+    def record_time(self, draft_s: float, step_s: float) -> None:
+        """One step's drafting time and its whole time (draft, verify, commit)."""
+        self.draft_s += draft_s
+        self.decode_s += step_s
+
     @property
     def tau(self) -> float:
         return (self.accepted + self.steps) / self.steps if self.steps else 0.0

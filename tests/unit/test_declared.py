@@ -165,3 +165,26 @@ def test_no_test_imports_a_private_name():
     assert found == []
     assert _private_imports("from verispec.api import _Detokenizer, SpecDecoder\nfrom verispec import __version__\n"
                             "def f():\n    from verispec.models.cpu import _LIB\n") == ["_Detokenizer", "_LIB"]
+
+
+def test_readers_do_not_branch_on_architecture_names() -> None:
+    """What an architecture decides is a field of its row (``Architecture``): no module of
+    ``models/`` but ``architectures.py`` compares a value with an architecture's name or
+    model_type (``arch == "qwen2"``, ``cfg["model_type"] == "llama"``, ``in ("gemma3", ...)``)."""
+    import ast
+    from pathlib import Path
+
+    from verispec.models import architectures
+
+    names = {a.name for a in architectures.ARCHITECTURES.values()} | \
+        {a.model_type for a in architectures.ARCHITECTURES.values()}
+    found = []
+    for path in sorted(Path(architectures.__file__).parent.rglob("*.py")):
+        if path.name == "architectures.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                for c in ast.walk(node):
+                    if isinstance(c, ast.Constant) and c.value in names:
+                        found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "architecture names branched on outside architectures.py:\n" + "\n".join(found)

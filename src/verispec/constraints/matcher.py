@@ -1,7 +1,7 @@
 """The grammar engine behind constrained decoding: llguidance (Microsoft's guidance-ai, MIT),
 adapted to verispec's token ids. The only module that imports it.
 
-llguidance was chosen by measurement (docs/structured.md, ``scripts/grammar_engines.py``): on
+llguidance was chosen by measurement (docs/structured.md, "The grammar engine"): on
 Qwen2.5-Coder's 151,936-token vocabulary a token mask costs ~15 us (a 1.5B decode step here
 is ~70-90 ms), a matcher rolls back any number of tokens exactly and forks (``deep_copy``) in
 ~10 us, it reads JSON Schema, Lark, GBNF, regexes and choice lists, it bounds the work a hostile

@@ -41,7 +41,7 @@ RESYNC_WINDOW = 3  # the draft's last tokens re-tokenized with appended text (a 
 RESYNC_TRIES = 8  # further start points tried before re-tokenizing the whole text
 UTF8_HOLD = 4  # at most this many trailing tokens held back for an incomplete UTF-8 character
 GREEDY = SamplingParams(temperature=0.0)
-# target tokens proposed per step at most: SmolLM2-135M for the Qwen2.5-Coder 1.5B paid most at 2-3 (docs/benchmarks.md)
+# target tokens proposed per step at most: SmolLM2-135M for the Qwen2.5-Coder 1.5B paid most at 2-3 (docs/history/benchmarks-2026-11.md)
 DEFAULT_MAX_DRAFT = 3
 
 

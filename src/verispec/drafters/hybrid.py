@@ -1,97 +1,58 @@
 """Hybrid drafting: a model-free (retrieval) drafter and a learned drafter, chosen or fused
 per step, each step's size from the measured cost curve.
 
-Retrieval (SuffixDecoding, prompt lookup) is nearly free and wins where the answer copies
-the context; a learned drafter (EAGLE, EAGLE-3, a distilled draft LM) is the only help on
-novel text but costs model calls. Per step (``mode="fallback"``):
+Retrieval (SuffixDecoding, prompt lookup) is nearly free and wins where the answer copies the
+context; a learned drafter (EAGLE, EAGLE-3, a distilled draft LM) is the only help on novel
+text but costs model calls. Per step (``mode="fallback"``):
 
-  1. the retrieval draft, its nodes in best-first order with values (SuffixDecoding: the
-     tries' path probabilities; prompt lookup: its tracked per-depth acceptance); it is a
-     candidate only when its score (sum of values) reaches ``min_score``;
-  2. each option's best size and rate (``policies/draft_budget.py``, Sequoia's
-     hardware-aware rule per step): retrieval ``(E_r(n) + 1) / t(n)``; learned
-     ``(E_l(n) + 1) / (t(n) + c(n))`` with ``E_l`` from the learned drafter's tracked
-     per-depth acceptance and ``c(n)`` its measured drafting time; plain decoding 1;
-  3. the option with the highest rate proposes (retrieval wins ties); the learned drafter
-     is called only when it proposes. A learned drafter that would lose to plain decoding
-     even if every node were accepted (``(n + 1) / (t(n) + c(n)) <= 1`` for every n) is
-     left out at construction (``learned_enabled``): no calls, no hidden states.
+  1. the retrieval draft, best-first with node values (SuffixDecoding: the tries' path
+     probabilities; prompt lookup: its tracked per-depth acceptance), is a candidate when its
+     score (sum of values) reaches ``min_score`` and (SuffixDecoding) the context suffix it
+     continues is at least ``min_match`` tokens;
+  2. each option's best size and rate (``policies/draft_budget.py``, Sequoia's hardware-aware
+     rule per step): retrieval ``(E_r(n) + 1) / t(n)``; learned ``(E_l(n) + 1) / (t(n) + c(n))``
+     with ``E_l`` its tracked per-depth acceptance and ``c(n)`` its measured drafting time;
+     plain decoding 1;
+  3. the highest rate proposes (retrieval wins ties); the learned drafter is called only when
+     it proposes. One that would lose to plain decoding even if every node were accepted is left
+     out at construction (``learned_enabled``); with ``learned_cost`` one whose tracked
+     acceptance says it loses is asked only once in PROBE_EVERY steps.
 
-``mode="fuse"`` merges the retrieval draft into the learned tree by longest shared prefix
-(RASD: Quan et al. 2025, "Retrieval-Augmented Speculative Decoding", arXiv 2503.03434,
-tree fusion), at the learned drafter's chosen size plus the retrieval's, within the budget.
-
-Without a cost curve (``cost=None``) the rule is the plain fallback: retrieval when its
-score reaches ``min_score``, else the learned drafter at the full budget.
-
-``min_match`` gates SuffixDecoding drafts by the length of the context suffix they continue:
-below it the trie's path probabilities are not worth trusting. On the Qwen2.5-Coder pair
-(tuning prompts: our own code tasks, GSM8K train, stdlib rewrites outside the benchmark),
-drafts after matches of 2-3 tokens were accepted for 0.4-1.6 tokens per step whatever their
-score, against 19 of 20 after matches of 12 or more (a function being copied).
-``learned_sizing="self"`` is for a learned drafter that sizes its own drafts from the cost
-curves (the draft model's cost rule): when retrieval is not a candidate it gets the full
-budget, and retrieval proposes whenever it passes the gates and pays (its ``best_size`` > 0).
-With ``learned_cost`` (its c(n)) the learned drafter is asked only while its tracked acceptance
-says it beats plain decoding at some size, and probed once in PROBE_EVERY steps otherwise: on a
-machine whose verify curve is steep (AVX2 without VNNI) a draft model must not spend a step's
-worth of drafting and verification for fewer tokens than plain decoding gives.
-This rule (``min_match=6``) was chosen by offline greedy simulation on those prompts
-(``scripts/simulate_hybrid.py``): it drafts like the draft model alone on new code and beats
-SuffixDecoding alone on rewrites by ~8%, where the rate rule below lost to both.
-
+``mode="fuse"`` merges the retrieval draft into the learned tree by longest shared prefix (RASD:
+Quan et al. 2025, "Retrieval-Augmented Speculative Decoding", arXiv 2503.03434). Without a cost
+curve the rule is the plain fallback: retrieval when it passes its gates, else the learned
+drafter at the full budget. ``learned_sizing="self"``: the learned drafter sizes its own drafts
+(the draft model's cost rule) and gets the full budget when retrieval is not a candidate.
 Under a constraint (``ctx.grammar``) the retrieval draft loses the nodes the grammar forbids
-before it is sized (the engine would cut them before verification anyway), so a draft the
-grammar cuts to nothing leaves the step to the learned drafter, whose drafts the grammar masks.
+before it is sized.
 
-Both sub-drafters observe every step, whoever proposed (the learned one reads the target's
-hidden states of whatever tree was verified), so each stays in sync with the committed
-context. The prefill observation goes only to sub-drafters that need hidden states. A learned
-drafter that reads no features (a draft model) starts a request only when it is first asked to
-propose, with everything committed before that step as its prompt: a request whose steps the
-retrieval drafts carry (an edit, a turn of an agent session whose history the target reuses from
-the prefix cache) never pays the draft model's prompt prefill.
+Both sub-drafters observe every step, whoever proposed; the prefill observation goes only to
+sub-drafters that need hidden states. A learned drafter that reads no features (a draft model)
+starts a request only when first asked to propose, with everything committed so far as its
+prompt, and, when next asked, feeds itself every token committed since it last drafted.
+Asking it then is a rent-or-buy decision (ski rental, Karlin et al. 1988, "Competitive snoopy
+caching"): each step decoded without it forgoes ``1 - 1/r`` decode steps (r its rate on the
+cost curve), the catch-up costs ``pending * catch_up_cost``; it is asked once the forgone
+savings reach that cost (within twice the better choice in hindsight); a short catch-up is paid
+at once. Its first start (the prompt's prefill past its own prefix cache) is rented by
+``rent_start``: ``"constrained"`` on constrained requests only (a schema the draft model has
+seen starts it at once), ``"always"`` on every request, ``"predicted"`` after a prediction (ski
+rental with a prediction, Purohit, Svitkina and Kumar 2018, "Improving Online Algorithms via ML
+Predictions"): the median length of the last ANSWERS_KEPT answers, less what this answer has,
+predicts the tokens to come; the start is bought at once where they would save more than it
+costs (or no answer has finished yet), else rented until the forgone savings reach twice its
+cost (1 / PREDICTION_TRUST). A request that carries a prediction (Predicted Outputs) rents the
+start plainly. The measurements behind ``min_match``, the rent rules and their defaults:
+docs/benchmarks.md, "How auto chooses".
 
-Catching up (``catch_up_cost``, target decode steps per token): a started learned drafter that reads
-no features feeds itself, when next asked, every token committed since it last drafted; after a
-long run of retrieval or prediction drafts (an edit copying a function) that is a prefill of
-hundreds of tokens in the draft model, for a step that may be the answer's last (the closing
-fence, then EOS). Asking it is a rent-or-buy decision (ski rental, Karlin et al. 1988, "Competitive
-snoopy caching"): each step decoded without it forgoes ``1 - 1/r`` decode steps of saving, r its
-measured rate on the cost curve, and the catch-up costs ``pending * catch_up_cost``; it is asked
-once the forgone savings reach the catch-up's cost, within twice the cost of the better choice in
-hindsight whatever the length of the stretch it would draft. A short catch-up (a few tokens) is
-paid at once.
+The hybrid declares the learned drafter's ``features`` as its own, so the engine hands its
+observations the features it reads; a learned drafter left out asks for nothing.
 
-Its first start is a catch-up too: the prompt's prefill, past the prefix the draft model's own
-prefix cache holds (``DraftModelDrafter.prefill_tokens``). On a constrained request it is rented
-the same way: a JSON answer is short next to its prompt (JSONSchemaBench: answers of 2-138 tokens
-for schema prompts of 113-584), the grammar's forced tokens carry its steps meanwhile, and a
-request whose schema the draft model has seen before (a tool's, in an agent's every turn) starts
-it at once. Elsewhere (``rent_start``) the first start is not deferred (``"constrained"``), is rented the
-same way on every request (``"always"``), or follows a prediction (``"predicted"``: ski rental with a
-prediction, Purohit, Svitkina and Kumar 2018, "Improving Online Algorithms via ML Predictions"): the median
-length of the last ANSWERS_KEPT answers, less what this answer already has, predicts the tokens to come; where
-they would save more than the start costs at the tracked rate, or where no answer has finished yet, it is
-bought at once (as without the rule); where not, it is rented until the forgone savings reach twice its cost
-(1 / PREDICTION_TRUST). The draft model's prefill of a long prompt for a short answer (a translation, a
-fill-in-the-middle after 90 lines, an agent turn after 2-3k tokens of history) costs more than its drafts
-save there; on a coding answer it pays, and plain rent-or-buy, at the prior rate of a draft model that has not
-drafted yet, waited for it over a hundred steps (``docs/benchmarks.md``, "The draft model's first start").
-A request that carries a prediction (Predicted Outputs: an edit sends the file) rents the start plainly, as
-``"always"`` does: the prediction, not the answers before, says what comes, and what it covers the draft
-model need not draft (edits with the prediction, by counts: 4.20x our plain decoding rented, 3.56x by the
-answers' median).
-
-The hybrid declares the learned drafter's ``features`` (EAGLE-3: the fused target layers)
-as its own, so the engine hands its observations the features it reads; a learned drafter
-left out asks for nothing.
-
-Lossless: every proposed tree is a sub-drafter's own tree (with its draft probabilities,
-if any) or a fused point-mass tree. A point-mass node is verified by recursive rejection
-(accept x with probability p(x), else sample the residual), whose output law is p for
-*any* x chosen independently of the verification's randomness, so dropping the learned
-tree's q in a fusion only lowers acceptance. Greedy: any tree verifies to plain decoding.
+Lossless: every proposed tree is a sub-drafter's own tree (with its draft probabilities, if
+any) or a fused point-mass tree. A point-mass node is verified by recursive rejection, whose
+output law is p for *any* x chosen independently of the verification's randomness, so dropping
+the learned tree's q in a fusion only lowers acceptance. Greedy: any tree verifies to plain
+decoding.
 """
 
 from __future__ import annotations

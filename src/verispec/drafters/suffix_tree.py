@@ -77,7 +77,7 @@ class SuffixDecodingDrafter(DeclaresFeatures):
     about 3-5%; a draft worth less than about 1.5 expected tokens slows decoding down, and
     once a step pays for a draft, drafting up to twice the match length is nearly free.
     Offline greedy simulation on recorded SmolLM2 outputs with the measured cost curve
-    (scripts/simulate_drafters.py): predicted decode speedup at k = 8 from 1.24x to 1.41x on
+    (a one-off script, docs/history): predicted decode speedup at k = 8 from 1.24x to 1.41x on
     Spec-Bench and from 2.13x to 2.33x on the agentic workload; neutral (within 2%) with the
     native backend's flatter small-draft costs. Drafting nothing is always lossless.
     """

@@ -17,7 +17,8 @@ from ..constraints.speculation import JumpForward, mask_logits, shape_draft
 from ..drafters.base import DraftContext, Drafter, Observation, features_of
 from ..logits_processing import adjust_tree_logits
 from ..logprobs import step_rows, token_logprobs
-from ..models.base import CausalLM, KVCache, NonFiniteLogits
+from ..errors import NonFiniteLogits
+from ..models.base import CausalLM, KVCache
 from ..policies.draft_length import DraftLengthPolicy, PolicyName
 from ..sampling import check_logits, sample, target_probs
 from ..tree import DraftTree
@@ -238,7 +239,9 @@ class Engine:
             tree = self.propose(req)
             t1 = time.perf_counter()
             logits, hidden = self.forward_tree(req, tree)
-            return self.complete_step(req, tree, logits, hidden, t0, t1)
+            result = self.complete_step(req, tree, logits, hidden)
+            req.stats.record_time(t1 - t0, time.perf_counter() - t0)
+            return result
 
     def complete_step(
         self,
@@ -246,8 +249,6 @@ class Engine:
         tree: DraftTree,
         logits: torch.Tensor,  # [N, V] target logits at the tree's nodes
         hidden: torch.Tensor | None,  # [N, H] or None
-        t0: float,  # perf_counter() when the step started
-        t1: float,  # perf_counter() when drafting ended
     ) -> StepResult:
         """Verify, roll the cache back to root + accepted path, observe, commit. Expects
         the tree's K/V to have just been appended to ``req.cache`` (by ``forward_tree`` or
@@ -269,8 +270,6 @@ class Engine:
         if req.hidden_rows is not None:  # the root's and the accepted nodes' features, now in the cache
             req.hidden_rows.append(hidden[[0, *acc.path]])
         committed = self._commit(req, new, logprobs)
-        req.stats.draft_s += t1 - t0
-        req.stats.decode_s += time.perf_counter() - t0
         return StepResult(committed, tree.num_drafted, len(acc.path), req.finished,
                           None if logprobs is None else req.logprobs[len(req.logprobs) - len(committed):])
 

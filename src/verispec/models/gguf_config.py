@@ -143,7 +143,7 @@ def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
         "torch_dtype": "float32",
     }
-    if arch == "qwen2":
+    if decl.window_switch:
         cfg["use_sliding_window"] = False
     cfg |= _variant_config(info, decl, cfg, size, positive)
     if info.tensors:
@@ -164,13 +164,13 @@ def _variant_config(info: GGUFInfo, decl: Architecture, cfg: dict, size: Callabl
         out["sliding_window"] = window
         out["layer_types"] = ["sliding_attention" if s else "full_attention"
                               for s in sliding_layers(decl, cfg["num_hidden_layers"], window)]
-        if decl.name == "qwen2":
+        if decl.window_switch:
             out["use_sliding_window"] = True
     if info.meta.get(key("rope.scaling.type")) == "linear":
         out["rope_scaling"] = {"rope_type": "linear", "factor": positive("rope.scaling.factor")}
     if decl.local_rope_base is not None:
         out["rope_local_base_freq"] = decl.local_rope_base
-    if decl.name == "gemma3":  # llama.cpp's f_attention_scale: 1/sqrt(head_dim), the 27B (62 layers) 1/sqrt(dim/heads)
+    if decl.attention_scalar:  # llama.cpp's f_attention_scale: 1/sqrt(head_dim), the 27B (62 layers) 1/sqrt(dim/heads)
         big = cfg["num_hidden_layers"] == 62
         out["query_pre_attn_scalar"] = cfg["hidden_size"] // cfg["num_attention_heads"] if big else cfg["head_dim"]
     if key("final_logit_softcapping") in info.meta:
@@ -189,9 +189,7 @@ def _rope_freq_factors(info: GGUFInfo, decl: Architecture, head_dim: int) -> lis
     if t.format != WeightFormat.F32 or t.shape != (head_dim // 2,):
         raise ModelError(f"{info.path}: tensor rope_freqs.weight is {t.type_name} {list(t.shape)}: expected F32 "
                          f"[{head_dim // 2}] (head_dim / 2)")
-    with info.path.open("rb") as f:
-        f.seek(t.offset)
-        factors = np.frombuffer(f.read(t.nbytes), dtype=np.float32)
+    factors = info.view(t.offset, t.nbytes).view(np.float32)
     if len(factors) != head_dim // 2 or not (np.isfinite(factors).all() and (factors > 0).all()):
         raise ModelError(f"{info.path}: tensor rope_freqs.weight: expected {head_dim // 2} finite positive factors")
     return [float(x) for x in factors]

@@ -18,57 +18,16 @@ from dataclasses import dataclass, field, replace
 
 from ..api import LoadedModel, load_model
 from ..chat import max_text_chars, template_of
-from ..chat_template import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, ChatTemplate, RenderBounds, RenderWorker
+from ..chat_template import ChatTemplate, RenderWorker
 from ..drafters.base import Drafter
 from ..drafters.prediction import PredictionDrafter
 from ..engine import Engine
 from ..engine.batch import BatchEngine, SpecSchedule
-from ..engine.prefix_cache import DEFAULT_MAX_MB as DEFAULT_PREFIX_CACHE_MB
 from ..engine.prefix_cache import PrefixCache
-from ..models.catalog import DEFAULT_MODEL
 from ..registry import best_method, make_drafter
-from .guard import Cors, Limits
+from .config import ServerConfig as ServerConfig  # defined there; importable from here too
 from .metrics import ServerMetrics
 from .worker import EngineWorker
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Everything ``verispec serve`` can set. ``drafters``: the drafter names requests may
-    pick (the first is the default); ``drafter_options`` apply to the default drafter."""
-
-    model: str = DEFAULT_MODEL
-    backend: str = "auto"
-    dtype: str = "float32"
-    quant: str = "auto"
-    drafters: tuple[str, ...] = ("auto", "none")
-    drafter_options: tuple[tuple[str, str], ...] = ()
-    num_draft_tokens: int = 4
-    policy: str = "fixed"
-    max_batch: int = 16
-    max_queue: int = 64
-    max_model_len: int = 2048  # 0: what fits (fits_context)
-    default_max_tokens: int = 256
-    spec_schedule: str = "goodput"
-    fixed_cost_rows: float = SpecSchedule.fixed_cost_rows  # a forward's fixed cost in token rows (derived there)
-    token_budget: int = 32
-    disable_spec_at: int = 0
-    served_model_name: str | None = None
-    prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB  # 0 = off (engine/prefix_cache.py)
-    chat_template_timeout_s: float = DEFAULT_TIMEOUT_S  # one chat's rendering through the template (400 after)
-    chat_template_memory_mb: int = DEFAULT_MEMORY_MB  # what that rendering may allocate (400 beyond)
-    limits: Limits = field(default_factory=Limits)
-    cors: Cors = field(default_factory=Cors)  # browser pages of other origins (guard.py; none by default)
-
-    def __post_init__(self) -> None:
-        if not self.drafters:
-            raise ValueError("serve needs at least one drafter")
-        if self.default_max_tokens < 1:
-            raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
-        self.template_bounds()  # checks them
-
-    def template_bounds(self) -> RenderBounds:
-        return RenderBounds(self.chat_template_timeout_s, self.chat_template_memory_mb)
 
 
 @dataclass

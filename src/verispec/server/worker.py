@@ -22,7 +22,7 @@ from typing import Any
 from ..detokenize import Detokenizer  # the one incremental detokenizer (stop strings, UTF-8 hold-back)
 from ..engine.batch import BatchEngine
 from ..engine.request import Request
-from ..models.base import NonFiniteLogits
+from ..errors import NonFiniteLogits
 from ..types import RequestStats, SamplingParams, TokenLogprob
 from .metrics import ServerMetrics
 
