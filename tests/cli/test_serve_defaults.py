@@ -9,7 +9,7 @@ import inspect
 from dataclasses import MISSING, fields
 
 from verispec.cli.serving import serve
-from verispec.server.config import Limits, ServerConfig
+from verispec.server.config import Cors, Limits, ServerConfig
 
 # the options that set a field of another name
 RENAMED = {"drafter": "drafters", "drafter_option": "drafter_options", "chat_template_timeout": "chat_template_timeout_s",
@@ -23,18 +23,18 @@ def _defaults(cls) -> dict[str, object]:
 
 
 def test_every_serve_option_defaults_to_the_server_configs_field() -> None:
-    config, limits = _defaults(ServerConfig), _defaults(Limits)
+    config, limits = _defaults(ServerConfig), _defaults(Limits) | _defaults(Cors)
     checked = set()
     for name, param in inspect.signature(serve).parameters.items():
         field = RENAMED.get(name, name)
         default = param.default.default
         if name in PROCESS:
             continue
-        assert field in config or field in limits, f"--{name.replace('_', '-')} sets no ServerConfig or Limits field"
+        assert field in config or field in limits, f"--{name.replace('_', '-')} sets no ServerConfig, Limits or Cors field"
         want = config[field] if field in config else limits[field]
         assert (tuple(default) if isinstance(default, list) else default) == want, (name, default, want)
         checked.add(field)
-    assert {"max_model_len", "drafters", "prefix_cache_mb", "fixed_cost_rows", "max_body_bytes"} <= checked
+    assert {"max_model_len", "drafters", "prefix_cache_mb", "fixed_cost_rows", "max_body_bytes", "allowed_origins"} <= checked
 
 
 def test_the_context_default_is_what_fits_everywhere() -> None:

@@ -8,10 +8,10 @@ from typing import Optional
 
 import typer
 
-from ..server.config import Limits, ServerConfig
+from ..server.config import Cors, Limits, ServerConfig
 from .common import PREFIX_CACHE_HELP, QUANT_HELP, THREADS_HELP, check, check_model_arg, fail, parse_options
 
-C, L = ServerConfig, Limits  # the defaults of every option that sets one of their fields (server/config.py)
+C, L, O = ServerConfig, Limits, Cors()  # the defaults of every option that sets one of their fields (server/config.py)
 
 
 def serve(
@@ -42,9 +42,9 @@ def serve(
     max_body_bytes: int = typer.Option(L.max_body_bytes, help="largest request body in bytes; larger get HTTP 413"),
     header_timeout: float = typer.Option(L.header_timeout_s, help="seconds a connection may take to send its request headers"),
     body_timeout: float = typer.Option(L.body_timeout_s, help="seconds a request body may take to arrive (HTTP 408 after)"),
-    allowed_origins: list[str] = typer.Option([], "--allowed-origins", help="origins whose browser pages may call the server and read its answers (CORS), e.g. http://localhost:3000, or '*' for any; repeatable, comma-separated or vLLM's JSON list; default none: pages on other origins cannot read answers"),
-    allowed_methods: list[str] = typer.Option([], "--allowed-methods", help="with --allowed-origins: HTTP methods a page may use (default any)"),
-    allowed_headers: list[str] = typer.Option([], "--allowed-headers", help="with --allowed-origins: request headers a page may send (default any, Authorization included)"),
+    allowed_origins: list[str] = typer.Option(list(O.allowed_origins), "--allowed-origins", help="origins whose browser pages may call the server and read its answers (CORS), e.g. http://localhost:3000, or '*' for any; repeatable, comma-separated or vLLM's JSON list; default none: pages on other origins cannot read answers"),
+    allowed_methods: list[str] = typer.Option(list(O.allowed_methods), "--allowed-methods", help="with --allowed-origins: HTTP methods a page may use (default any)"),
+    allowed_headers: list[str] = typer.Option(list(O.allowed_headers), "--allowed-headers", help="with --allowed-origins: request headers a page may send (default any, Authorization included)"),
     chat_template_timeout: float = typer.Option(C.chat_template_timeout_s, help="seconds the model's chat template may take to render one chat (HTTP 400 after; the render runs in a separate process)"),
     ray: bool = typer.Option(False, "--ray", help="serve engine replicas on Ray Serve: a local Ray instance, or the cluster RAY_ADDRESS names (docs/ray.md)"),
     replicas: int = typer.Option(1, help="--ray: engine replicas, each with --threads Ray CPUs (default 1) and as many threads"),
@@ -52,7 +52,7 @@ def serve(
     """Run an OpenAI-compatible server with batched speculative decoding (see verispec.server)."""
     from ..models.base import ModelError
     from ..server.app import serve as run_server
-    from ..server.config import Cors, parse_list_option
+    from ..server.config import parse_list_option
 
     check(0 <= port <= 65535, f"--port must be in [0, 65535], got {port}")
     check(threads >= 0, f"--threads must be >= 0 (0 = torch default), got {threads}")
@@ -65,8 +65,7 @@ def serve(
 
         set_threads(threads)  # before loading: the compiled runtime sizes its pool at load
     try:
-        cors = Cors(parse_list_option(allowed_origins),
-                    *(parse_list_option(v) or ("*",) for v in (allowed_methods, allowed_headers)))
+        cors = Cors(*(parse_list_option(v) for v in (allowed_origins, allowed_methods, allowed_headers)))
         limits = Limits(header_timeout_s=header_timeout, body_timeout_s=body_timeout, api_key=api_key,
                         max_body_bytes=max_body_bytes)
         config = ServerConfig(model=model, backend=backend, dtype=dtype, quant=quant, drafters=tuple(drafter),
