@@ -86,7 +86,7 @@ def tool_grammar(fmt: ToolFormat, tools: list[Tool], forced: bool, parallel: boo
     if fmt.array:
         lines.append("rest: GAP?")
     else:
-        lines.append(f"rest: FENCE_END?{more} GAP?")
+        lines.append(f"rest: {more} GAP?")
     if forced:
         lines.insert(0, "start: one_call rest")
         return "\n".join(lines) + "\n"
@@ -103,7 +103,7 @@ def tool_grammar(fmt: ToolFormat, tools: list[Tool], forced: bool, parallel: boo
         name = t.function.name
         lines.append(f'pre_{i}[lazy]: /(?s:.*)\\{{[ \\t\\n]*"name"[ \\t\\n]*:[ \\t\\n]*"{name}"/')
         lines.append(f"args_{i}: %json {json.dumps(arguments_schema(t) | options)}")
-        starts.append(f'pre_{i} /[ ]?,[ ]?"{fmt.args_key}"[ ]?:[ ]?/ args_{i} "}}" rest')
+        starts.append(f'pre_{i} /[ ]?,[ ]?"{fmt.args_key}"[ ]?:[ ]?/ args_{i} "}}" FENCE_END? rest')
     if fmt.tag and _token(tokenizer, fmt.tag[0]) is None:  # a tag that is text: found by a lazy lexeme too
         lines.append(f"pre_tag[lazy]: /(?s:.*){_regex_text(fmt.tag[0])}/")
         starts.append(f'pre_tag "\\n" call "\\n" {json.dumps(fmt.tag[1])} rest')
@@ -138,4 +138,4 @@ def _tag(tokenizer: Any, text: str) -> str:
 
 def _regex_text(text: str) -> str:
     """``text`` as a literal inside a Lark ``/regex/``."""
-    return "".join("\\" + c if not c.isalnum() and c != "_" else c for c in text).replace("/", "\\/")
+    return "".join("\\" + c if c in "\\.+*?()|[]{}^$/-#&~" else c for c in text)
