@@ -70,6 +70,8 @@ def test_a_call_cut_by_max_tokens_leaves_no_markup():
         assert parse_tool_calls("I'll look. " + cut, HERMES, NAMES, cut=True) == ("I'll look.", [])
     done = "<tool_call>\n" + WEATHER + "\n</tool_call>\n<tool_call>\n{\"name\": \"get_ti"
     assert _calls(done, cut=True) == (None, [("get_weather", {"city": "Paris"})])
+    for closing in ("\n</tool", "\n", ""):  # the call's JSON is whole: it counts, its markup is not content
+        assert _calls("<tool_call>\n" + WEATHER + closing, cut=True) == (None, [("get_weather", {"city": "Paris"})])
     assert parse_tool_calls("", HERMES) == (None, [])
 
 

@@ -43,7 +43,7 @@ import regex
 
 NAME = r'"(?P<name>[A-Za-z0-9_.\-]{1,64})"'
 _NAMED = regex.compile(r'"name"\s*:\s*"([^"]*)"')  # a call start's name, once complete
-MAX_HELD = 4096  # characters held while a call start is unresolved (a start is far shorter)
+MAX_HELD = 512  # characters held while a call start is unresolved (a start is far shorter)
 
 
 @dataclass(frozen=True)
@@ -194,8 +194,9 @@ class ToolCallStream:
         out: list[Event] = []
         while self._step(out, final=not cut):
             pass
-        if self.state == "close" and regex.fullmatch(r"\s*\}[\s`\]]*", self.buf):
-            self._end_call(out, complete=True)  # the JSON closed; the closing markup was not written
+        if self.state == "close" and regex.match(r"\s*\}", self.buf) and regex.fullmatch(
+                self._closer(), self.buf, partial=True):
+            self._end_call(out, complete=True)  # the call's JSON closed; its closing markup was cut short
         elif self.state == "text" and self.buf and not cut:
             self._text(out, self.buf)
         else:
