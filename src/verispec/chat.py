@@ -10,9 +10,10 @@ Content spans are found by rendering the template once more with a sentinel per 
 the template rewrites contents (strip, truncation, ...) the spans are unknown, and a content
 that holds a control-token string is refused instead of guessed at.
 
-The tools' JSON (names, descriptions, parameter schemas, enum values) is client text too: each
-control-token string in a tool's strings is rendered as a sentinel, then put back as a literal
-span (whatever the template does around it, the string itself is tokenized as plain text).
+The tools' JSON (names, descriptions, parameter schemas, enum values) and the messages' earlier
+tool calls (names, arguments, ids) are client text too: each control-token string in them is
+rendered as a sentinel, then put back as a literal span (whatever the template does around it,
+the string itself is tokenized as plain text).
 
 Templates are rendered by ``chat_template`` (a worker process, under time, memory and size
 bounds: the template is the model file's code); a server renders (``render_chat``, a wait of
@@ -71,11 +72,15 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], max_chars: int |
     ``tools``: function definitions the template renders (a tool-calling request)."""
     template = template or template_of(tokenizer)
     bound = DEFAULT_MAX_CHARS if max_chars is None else max_chars
-    controls = control_strings(tokenizer) if tools else []
-    marked_tools = _mark_controls(tools, controls) if controls else tools
-    if marked_tools == tools:
-        controls = []  # no control-token string in the tools
-    tools = marked_tools
+    calls = any(set(m) - {"role", "content"} for m in messages)  # tool_calls, tool_call_id: client text too
+    controls = control_strings(tokenizer) if tools or calls else []
+    if controls:
+        marked_tools = _mark_controls(tools, controls)
+        marked_messages = [{k: v if k in ("role", "content") else _mark_controls(v, controls) for k, v in m.items()}
+                           for m in messages]
+        if marked_tools == tools and marked_messages == messages:
+            controls = []  # no control-token string outside the contents
+        tools, messages = marked_tools, marked_messages
     marked = [m | {"content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
     extra = sum(len(_SENTINEL.format(i)) for i in range(len(messages)))
     text, marked_text = template.render([(messages, bound), (marked, bound + extra)], tools=tools)
