@@ -178,8 +178,15 @@ class ToolCall(BaseModel):
 class Function(BaseModel):
     name: StrictStr = Field(pattern=FUNCTION_NAME)
     description: StrictStr | None = None
-    parameters: dict[str, Any] | None = None  # a JSON schema
+    parameters: dict[str, Any] | None = None  # a JSON schema of an object (OpenAI's rule: arguments are an object)
     strict: StrictBool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type", "object") != "object":
+            raise ValueError("a function's parameters must be a JSON schema of an object: {\"type\": \"object\", ...}")
+        return v
 
 
 class Tool(BaseModel):
