@@ -1,7 +1,7 @@
 """The grammar a tool-calling chat request is decoded under (llguidance's Lark, ``constraints``).
 
 Every call's JSON is ``{"name": <one of the tools>, <args key>: <that function's parameters>}``,
-written compactly (``constraints.compile.JSON_OPTIONS``), in one of the family's forms
+with whitespace as the model writes it (pretty-printed or compact), in one of the family's forms
 (``tool_calls.ToolFormat``): tags, a ```` ```json ```` fence, bare JSON, a prefix token, a list.
 
 - ``required`` / a named function: the answer is calls only, 1 to ``MAX_CALLS`` of them
@@ -63,7 +63,11 @@ def tool_grammar(fmt: ToolFormat, tools: list[Tool], forced: bool, parallel: boo
     named; ``schema``: the ``response_format`` JSON schema an answer without calls follows
     (``True``: any JSON object)."""
     lenient = not all(t.function.strict for t in tools)  # OpenAI's strict: false: unenforceable keywords ignored
-    options = {"x-guidance": JSON_OPTIONS | ({"lenient": True} if lenient else {})}
+    # whitespace as the model writes it: the small models pretty-print their calls, and a call forced
+    # compact drifts from the model's own text (it then wrote the call twice)
+    # (a space, or a line break and its indentation: bounded, so a model cannot pad a call forever)
+    layout = {"whitespace_flexible": True, "whitespace_pattern": "( ?|\n[ \t]{0,24})"}
+    options = {"x-guidance": JSON_OPTIONS | layout | ({"lenient": True} if lenient else {})}
     most = MAX_CALLS if parallel else 1
     lines = [f"call: %json {json.dumps(call_schema(tools, fmt.args_key) | options)}",
              'GAP: /[ \\t\\n]{1,4}/', 'FENCE_END: /[ \\t\\n]{0,4}```/']
@@ -103,7 +107,8 @@ def tool_grammar(fmt: ToolFormat, tools: list[Tool], forced: bool, parallel: boo
         name = t.function.name
         lines.append(f'pre_{i}[lazy]: /(?s:.*)\\{{[ \\t\\n]*"name"[ \\t\\n]*:[ \\t\\n]*"{name}"/')
         lines.append(f"args_{i}: %json {json.dumps(arguments_schema(t) | options)}")
-        starts.append(f'pre_{i} /[ ]?,[ ]?"{fmt.args_key}"[ ]?:[ ]?/ args_{i} "}}" FENCE_END? rest')
+        ws = "[ \\t\\n]{0,8}"  # the model's own layout around the arguments (a pretty-printed call)
+        starts.append(f'pre_{i} /{ws},{ws}"{fmt.args_key}"{ws}:{ws}/ args_{i} /{ws}\\}}/ FENCE_END? rest')
     if fmt.tag and _token(tokenizer, fmt.tag[0]) is None:  # a tag that is text: found by a lazy lexeme too
         lines.append(f"pre_tag[lazy]: /(?s:.*){_regex_text(fmt.tag[0])}/")
         starts.append(f'pre_tag "\\n" call "\\n" {json.dumps(fmt.tag[1])} rest')
