@@ -46,6 +46,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .endpoints import Chat, Completions
 from .guard import RequestGuard, header_timeout_protocol
 from .handler import handle_request
+from .responses import add_response_routes
 from .schemas import ApiError, ChatCompletionRequest, CompletionRequest, error_body
 from .state import ServerConfig, ServerState, build_state
 from .worker import EngineWorker
@@ -102,6 +103,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await handle_request(Chat(state, body), request)
 
+    add_response_routes(app, state)  # POST /v1/responses, GET and DELETE /v1/responses/{id}
     return app
 
 
