@@ -7,7 +7,9 @@ numbered, their deltas adding up to the whole answer; usage; the store per API k
 
 from __future__ import annotations
 
+import asyncio
 import json
+from types import SimpleNamespace
 from typing import Annotated
 
 import httpx
@@ -17,7 +19,8 @@ import pytest
 from pydantic import BaseModel, Field
 from serving import MODEL, assert_error, running_server, stories_native_model, with_chat_template
 
-from verispec.server.responses import response_usage
+from verispec.server.responses import Turn, response_usage, stream_response
+from verispec.server.responses_schema import ResponsesRequest
 from verispec.server.responses_store import ResponseStore, owner_of
 
 TOOL_TEMPLATE = ("{% if tools %}tools: {{ tools | tojson }}\n{% endif %}{% for m in messages %}{{ m['role'] }}: "
@@ -317,3 +320,52 @@ def test_the_openai_client_reads_responses(url):
     client.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(r.id)
+
+
+def test_streamed_tool_calls_in_pieces_become_call_events():
+    """The chat stream as OpenAI sends tool calls (id and name first, then the arguments in
+    pieces; text before them), read into a message item, then one function_call item per call."""
+    def delta(**d) -> dict:
+        return {"choices": [{"index": 0, "delta": d, "finish_reason": None}]}
+
+    chunks = [delta(role="assistant", content=""), delta(content="Let me "), delta(content="check."),
+              delta(tool_calls=[{"index": 0, "id": "call_a", "type": "function",
+                                 "function": {"name": "get_weather", "arguments": ""}}]),
+              delta(tool_calls=[{"index": 0, "function": {"arguments": '{"city"'}}]),
+              delta(tool_calls=[{"index": 0, "function": {"arguments": ': "Paris"}'}}]),
+              delta(tool_calls=[{"index": 1, "id": "call_b", "type": "function",
+                                 "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]),
+              {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+              {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 30, "total_tokens": 39},
+               "verispec": {"cached_tokens": 0}}]
+
+    async def chat_chunks():
+        for c in chunks:
+            yield c
+
+    async def run() -> list[dict]:
+        body = ResponsesRequest(model=MODEL, input="Weather in Paris and Rome?", tools=[WEATHER])
+        store = ResponseStore()
+        turn = Turn(SimpleNamespace(name=MODEL), body, [])
+        text = "".join([e async for e in stream_response(turn, chat_chunks(), store, "")])
+        assert store.get("", turn.id) is not None
+        return [json.loads(block.split("\n")[1][6:]) for block in text.strip().split("\n\n")]
+
+    evs = asyncio.run(run())
+    assert [e["type"] for e in evs] == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    assert [e["sequence_number"] for e in evs] == list(range(len(evs)))
+    final = evs[-1]["response"]
+    text, paris, rome = final["output"]
+    assert text["content"][0]["text"] == final["output_text"] == "Let me check."
+    assert (paris["call_id"], paris["name"], paris["arguments"]) == ("call_a", "get_weather", '{"city": "Paris"}')
+    assert (rome["call_id"], rome["arguments"]) == ("call_b", '{"city": "Rome"}')
+    assert [e["output_index"] for e in evs if e["type"] == "response.output_item.added"] == [0, 1, 2]
+    assert final["usage"]["output_tokens"] == 30 and final["status"] == "completed"
