@@ -17,7 +17,7 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
-from serving import MODEL, assert_error, running_server, stories_native_model, with_chat_template
+from serving import MODEL, assert_error, metrics, running_server, stories_native_model, wait_until, with_chat_template
 
 from verispec.server.responses import Turn, response_usage, stream_response
 from verispec.server.responses_schema import ResponsesRequest
@@ -263,6 +263,17 @@ def test_engine_failure_ends_the_stream_with_response_failed(url):
     evs = events(r)
     assert evs[-1]["type"] == "response.failed" and evs[-1]["response"]["status"] == "failed"
     assert evs[-1]["response"]["error"]["message"]
+
+
+def test_stream_disconnect_cancels_generation(url):
+    key = 'verispec_requests_total{outcome="cancelled"}'
+    before = metrics(url)[key]
+    body = {"model": MODEL, "input": "Once upon a time", "max_output_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/responses", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        assert any("response.output_text.delta" in next(lines) for _ in range(40))
+    wait_until(lambda: metrics(url)[key] == before + 1)  # the client went away: its job was cancelled
+    assert metrics(url)["verispec_requests_running"] == 0
 
 
 @pytest.mark.parametrize("body,status,param", [
