@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from serving import MODEL, assert_error, metrics, running_server, stories_native_model, wait_until, with_chat_template
 
 from verispec.server.responses import Turn, response_usage, stream_response
-from verispec.server.responses_schema import ResponsesRequest
+from verispec.server.responses_schema import ResponsesRequest, chat_messages
 from verispec.server.responses_store import ResponseStore, owner_of
 
 TOOL_TEMPLATE = ("{% if tools %}tools: {{ tools | tojson }}\n{% endif %}{% for m in messages %}{{ m['role'] }}: "
@@ -380,3 +380,28 @@ def test_streamed_tool_calls_in_pieces_become_call_events():
     assert (rome["call_id"], rome["arguments"]) == ("call_b", '{"city": "Rome"}')
     assert [e["output_index"] for e in evs if e["type"] == "response.output_item.added"] == [0, 1, 2]
     assert final["usage"]["output_tokens"] == 30 and final["status"] == "completed"
+
+
+def test_items_become_chat_messages():
+    """One turn's text and calls are one assistant message; outputs are tool messages; reasoning
+    items are skipped; empty instructions add no system message."""
+    items = [{"type": "message", "role": "user", "content": "Paris and Rome?"},
+             {"type": "reasoning", "id": "rs_1", "summary": []},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+             {"type": "function_call", "call_id": "a", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+             {"type": "function_call", "call_id": "b", "name": "get_weather", "arguments": '{"city": "Rome"}'},
+             {"type": "function_call_output", "call_id": "a", "output": "sunny"},
+             {"type": "function_call_output", "call_id": "b", "output": [{"type": "input_text", "text": "rain"}]},
+             {"type": "function_call", "call_id": "c", "name": "get_weather", "arguments": "{}"}]
+    body = ResponsesRequest.model_validate({"model": MODEL, "input": items, "instructions": ""})
+    call = {"type": "function", "function": {"name": "get_weather"}}
+    assert chat_messages("", body.input_items()) == [
+        {"role": "user", "content": "Paris and Rome?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": "a"} | call | {"function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+            {"id": "b"} | call | {"function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+        {"role": "tool", "tool_call_id": "a", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "b", "content": "rain"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c"} | call | {"function": {"name": "get_weather", "arguments": "{}"}}]}]
+    assert chat_messages("Be brief.", body.input_items()[:1])[0] == {"role": "system", "content": "Be brief."}

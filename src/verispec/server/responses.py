@@ -106,14 +106,17 @@ async def respond(state: ServerState, store: ResponseStore, body: ResponsesReque
         raise
     if isinstance(out, dict):
         choice = out["choices"][0]
-        message, finish = choice["message"], choice["finish_reason"]
-        status = "incomplete" if finish == "length" else "completed"
-        output = [message_item(message["content"] or "", status)] if message["content"] or not message.get(
-            "tool_calls") else []
-        output += [call_item(c["id"], c["function"]["name"], c["function"]["arguments"])
-                   for c in message.get("tool_calls") or ()]
+        status = "incomplete" if choice["finish_reason"] == "length" else "completed"
+        output = output_items(choice["message"], status)
         return turn.finish(store, owner, status, output, response_usage(out["usage"], out.get("verispec")))
     return sse_response(stream_response(turn, out, store, owner))
+
+
+def output_items(message: dict[str, Any], status: str) -> list[dict[str, Any]]:
+    """A chat answer's message as output items: its text (also an empty answer's), then its calls."""
+    calls = message.get("tool_calls") or []
+    text = [message_item(message["content"] or "", status)] if message["content"] or not calls else []
+    return text + [call_item(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
 
 
 class Turn:

@@ -233,8 +233,8 @@ def chat_messages(instructions: str | None, items: list[dict[str, Any]]) -> list
     """Chat messages of Responses items (validated, as ``input_items`` dumps them): a message's
     text parts joined; ``function_call`` items join the assistant message just before them (one
     turn's text and calls) or start one; a ``function_call_output`` is a tool message;
-    ``reasoning`` items are skipped. ``instructions`` is a system message first."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions is not None else []
+    ``reasoning`` items are skipped. ``instructions`` is a system message first (empty: none)."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     for item in items:
         kind = item.get("type", "message")
         if kind == "message":
