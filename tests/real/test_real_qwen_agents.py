@@ -17,9 +17,10 @@ from serving import running_server
 from verispec.api import load_model
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
-# without the second sentence the 1.5B model calls the tool again after its result (greedy)
-INSTRUCTIONS = ("You are a helpful assistant. When a tool result arrives, answer the user's question with it in one "
-                "sentence.")
+# greedy, the 1.5B model needs both rules: without the second it answers without calling the tool
+# (an invented forecast), without the third it calls the tool again after its result
+INSTRUCTIONS = ("You are a helpful assistant. Call get_weather for any weather question. When a tool result arrives, "
+                "answer the user's question with it in one sentence.")
 
 
 @pytest.fixture(scope="module")
