@@ -284,6 +284,7 @@ def test_stream_disconnect_cancels_generation(url):
     ({"input": [{"type": "item_reference", "id": "x"}]}, 400, None),
     ({"input": "hi", "background": True}, 400, "background"),
     ({"input": "hi", "truncation": "auto"}, 400, "truncation"),
+    ({"input": "hi", "max_tool_calls": 2}, 400, "max_tool_calls"),
     ({"input": "hi", "temperature": "hot"}, 400, "temperature"),
     ({"input": "hi", "max_output_tokens": 100000}, 400, "max_output_tokens"),
     ({"input": "hi", "tool_choice": "required"}, 400, "tool_choice"),

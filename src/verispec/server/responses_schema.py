@@ -11,8 +11,8 @@ OpenAI's), function ``tools`` in the Responses' flat shape, ``tool_choice``,
 ``previous_response_id``, ``metadata`` (echoed). What would change the output in a way the engine
 does not implement is refused in one line naming the field (hosted tools, images and files,
 ``background``, ``conversation``, stored ``prompt`` templates, ``truncation: auto``, logprobs
-in ``include``); fields that ask for nothing this server produces (``reasoning`` settings, other
-``include`` values, ``service_tier``, ...) are ignored. verispec's chat extensions (``seed``,
+in ``include``, ``max_tool_calls``); fields that ask for nothing this server produces
+(``reasoning`` settings, other ``include`` values, ``service_tier``, ...) are ignored. verispec's chat extensions (``seed``,
 ``top_k``, ``drafter``, ``speculation``, ...: ``schemas.py``) pass through to the chat request.
 """
 
@@ -169,6 +169,7 @@ class ResponsesRequest(BaseModel):
     truncation: Literal["auto", "disabled"] | None = None
     include: list[StrictStr] | None = Field(default=None, max_length=32)
     background: StrictBool | None = None
+    max_tool_calls: StrictInt | None = None
     conversation: Any = None
     prompt: Any = None
 
@@ -189,6 +190,8 @@ class ResponsesRequest(BaseModel):
             ("prompt", self.prompt is not None, "stored prompt templates are not supported"),
             ("truncation", self.truncation == "auto", "truncation 'auto' is not supported (the input must fit)"),
             ("include", "message.output_text.logprobs" in (self.include or ()), "logprobs are not supported here"),
+            ("max_tool_calls", self.max_tool_calls is not None,
+             "max_tool_calls is not supported; parallel_tool_calls = false allows one call"),
             ("tool_choice", self.tool_choice not in (None, "none", "auto") and not self.tools,
              "tool_choice needs tools"),
         ]
