@@ -213,6 +213,8 @@ def test_the_server_store_is_bounded(served):
         ids = [ok(url, input=f"Story {k}", temperature=0.0, max_output_tokens=4)["id"] for k in range(3)]
         assert_error(respond(url, input="Hi", previous_response_id=ids[0]), 404, "previous_response_not_found")
         assert ok(url, input="Hi", previous_response_id=ids[2], temperature=0.0, max_output_tokens=4)
+        assert len(app.state.responses) == 2
+        app.state.responses.check_integrity()
     finally:
         app.state.responses = kept
 
@@ -223,7 +225,9 @@ def test_store_bounds_count_bytes_and_owner():
     assert a != b and owner_of(None) == owner_of("Basic xyz") == "" and owner_of("bearer a") == a
 
     def put(rid: str, size: int = 10, owner: str = a) -> bool:
-        return store.put(owner, {"id": rid}, [{"text": "x" * size}])
+        kept = store.put(owner, {"id": rid}, [{"text": "x" * size}])
+        store.check_integrity()
+        return kept
 
     assert put("r1") and put("r2") and put("r3")
     assert store.get(a, "r1") and store.get(b, "r1") is None  # r1 is now the most recently used
@@ -232,6 +236,8 @@ def test_store_bounds_count_bytes_and_owner():
     assert put("r5", 1950)  # fits only when the older ones go
     assert store.nbytes <= 2000 and len(store) == 1 and store.get(a, "r5")
     assert not store.delete(b, "r5") and store.delete(a, "r5") and store.get(a, "r5") is None
+    store.check_integrity()
+    assert put("r1", owner=b) and put("r1") and store.get(b, "r1") is None and len(store) == 1  # same id: replaced
 
 
 def test_stream_events_add_up_to_the_answer(url):

@@ -45,8 +45,14 @@ class ResponseStore:
         if max_responses < 1 or max_bytes < 1:
             raise ValueError("the response store needs room for at least one response")
         self.max_responses, self.max_bytes = max_responses, max_bytes
-        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
-        self.nbytes = 0
+        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()  # least recently used first
+        self.nbytes = 0  # the entries' sizes summed; <= max_bytes, and len(self) <= max_responses
+
+    def check_integrity(self) -> None:
+        """Assert the invariants: the byte count is the entries' sum, both bounds hold, keys are ids."""
+        assert self.nbytes == sum(e.nbytes for e in self._entries.values())
+        assert self.nbytes <= self.max_bytes and len(self._entries) <= self.max_responses
+        assert all(rid == e.response["id"] for rid, e in self._entries.items())
 
     def __len__(self) -> int:
         return len(self._entries)
