@@ -161,9 +161,15 @@ def test_required_tool_call_round_trip(url, stream):
 
 def test_json_schema_format(url):
     fmt = {"type": "json_schema", "name": "person", "schema": SCHEMA, "strict": True}
-    r = ok(url, input="Once upon a time", text={"format": fmt}, temperature=0.0, max_output_tokens=80)
+    r = ok(url, input="Once upon a time", text={"format": fmt}, temperature=0.0, max_output_tokens=80,
+           drafter="prompt-lookup")
     jsonschema.validate(json.loads(r["output_text"]), SCHEMA)
     assert r["text"]["format"] == fmt and r["status"] == "completed"
+    # speculative (above) equals plain decoding: the chat extensions pass through
+    plain = ok(url, input="Once upon a time", text={"format": fmt}, temperature=0.0, max_output_tokens=80,
+               speculation=False)
+    assert plain["output_text"] == r["output_text"]
+    assert r["verispec"]["steps"] > 0 and plain["verispec"]["drafted"] == 0  # the engine's statistics, as chat's
 
 
 def test_previous_response_id_chains_the_conversation(url):

@@ -10,7 +10,8 @@ its answer becomes the Responses' shape:
   ``output_text`` (the text, also on the JSON: the openai client computes it); ``status``
   "completed", or "incomplete" with ``incomplete_details.reason`` "max_output_tokens" when the
   answer was cut by the token budget; ``usage`` with ``input_tokens_details.cached_tokens`` (the
-  prompt tokens the prefix cache gave) and ``output_tokens_details.reasoning_tokens`` (0).
+  prompt tokens the prefix cache gave) and ``output_tokens_details.reasoning_tokens`` (0);
+  ``verispec``: the speculation statistics, as on a chat completion.
 - ``stream``: typed SSE events (``event: <type>`` and data with ``type`` and
   ``sequence_number``, from 0): ``response.created``, ``response.in_progress``, per item
   ``response.output_item.added``, for text ``response.content_part.added``,
@@ -108,7 +109,8 @@ async def respond(state: ServerState, store: ResponseStore, body: ResponsesReque
         choice = out["choices"][0]
         status = "incomplete" if choice["finish_reason"] == "length" else "completed"
         output = output_items(choice["message"], status)
-        return turn.finish(store, owner, status, output, response_usage(out["usage"], out.get("verispec")))
+        return turn.finish(store, owner, status, output, response_usage(out["usage"], out.get("verispec")),
+                           out.get("verispec"))
     return sse_response(stream_response(turn, out, store, owner))
 
 
@@ -147,9 +149,12 @@ class Turn:
         }
 
     def finish(self, store: ResponseStore, owner: str, status: str, output: list[dict[str, Any]],
-               usage: dict[str, Any]) -> dict[str, Any]:
-        """The final response, kept in ``store`` unless ``store: false``."""
+               usage: dict[str, Any], stats: dict[str, Any] | None) -> dict[str, Any]:
+        """The final response, kept in ``store`` unless ``store: false``; ``verispec``: the
+        speculation statistics, as a chat completion has them."""
         response = self.response(status, output, usage) | {"completed_at": int(time.time())}
+        if stats:
+            response["verispec"] = stats
         if self.body.stored:
             store.put(owner, response, self.history + self.body.input_items() + output)
         return response
@@ -289,5 +294,5 @@ async def stream_response(turn: Turn, chunks: AsyncIterator[dict[str, Any]], sto
     for event in w.close_text(status) + w.close_call(status):
         yield event
     usage = usage or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-    response = turn.finish(store, owner, status, w.output, response_usage(usage, stats))
+    response = turn.finish(store, owner, status, w.output, response_usage(usage, stats), stats)
     yield w.event("response.completed" if status == "completed" else "response.incomplete", response=response)
