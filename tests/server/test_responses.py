@@ -68,6 +68,8 @@ def events(r: httpx.Response) -> list[dict]:
     """The SSE events of a stream, each checked: its ``event:`` line names its data's type."""
     out = []
     for block in r.text.strip().split("\n\n"):
+        if block.startswith(":"):  # an SSE comment (a keep-alive)
+            continue
         kind, data = block.split("\n")
         assert kind.startswith("event: ") and data.startswith("data: ")
         event = json.loads(data[6:])
@@ -353,7 +355,7 @@ def test_streamed_tool_calls_in_pieces_become_call_events():
     def delta(**d) -> dict:
         return {"choices": [{"index": 0, "delta": d, "finish_reason": None}]}
 
-    chunks = [delta(role="assistant", content=""), delta(content="Let me "), delta(content="check."),
+    chunks = [delta(role="assistant", content=""), ": keep-alive\n\n", delta(content="Let me "), delta(content="check."),
               delta(tool_calls=[{"index": 0, "id": "call_a", "type": "function",
                                  "function": {"name": "get_weather", "arguments": ""}}]),
               delta(tool_calls=[{"index": 0, "function": {"arguments": '{"city"'}}]),
@@ -374,7 +376,9 @@ def test_streamed_tool_calls_in_pieces_become_call_events():
         turn = Turn(SimpleNamespace(name=MODEL), body, [])
         text = "".join([e async for e in stream_response(turn, chat_chunks(), store, "")])
         assert store.get("", turn.id) is not None
-        return [json.loads(block.split("\n")[1][6:]) for block in text.strip().split("\n\n")]
+        blocks = text.strip().split("\n\n")
+        assert blocks.count(": keep-alive") == 1  # SSE comments pass through
+        return [json.loads(block.split("\n")[1][6:]) for block in blocks if block != ": keep-alive"]
 
     evs = asyncio.run(run())
     assert [e["type"] for e in evs] == [

@@ -258,7 +258,7 @@ class EventWriter:
                 self.event("response.output_item.done", output_index=index, item=item)]
 
 
-async def stream_response(turn: Turn, chunks: AsyncIterator[dict[str, Any]], store: ResponseStore,
+async def stream_response(turn: Turn, chunks: AsyncIterator[dict[str, Any] | str], store: ResponseStore,
                           owner: str) -> AsyncIterator[str]:
     """The typed events of ``turn`` from its chat stream's ``chunks`` (closed with this stream)."""
     w = EventWriter()
@@ -269,6 +269,9 @@ async def stream_response(turn: Turn, chunks: AsyncIterator[dict[str, Any]], sto
     try:
         async with contextlib.aclosing(chunks):
             async for chunk in chunks:
+                if isinstance(chunk, str):  # an SSE comment (a keep-alive during a long prefill): as it is
+                    yield chunk
+                    continue
                 if "error" in chunk:
                     error = {"code": "server_error", "message": chunk["error"]["message"]}
                     yield w.event("response.failed", response=turn.response("failed", w.output, None, error))
