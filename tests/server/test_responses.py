@@ -22,6 +22,7 @@ from serving import MODEL, assert_error, metrics, running_server, stories_native
 from verispec.server.responses import Turn, response_usage, stream_response
 from verispec.server.responses_schema import ResponsesRequest, chat_messages
 from verispec.server.responses_store import ResponseStore, owner_of
+from verispec.server.routing import routing_text
 
 TOOL_TEMPLATE = ("{% if tools %}tools: {{ tools | tojson }}\n{% endif %}{% for m in messages %}{{ m['role'] }}: "
                  "{{ m['content'] }}{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>"
@@ -423,3 +424,15 @@ def test_items_become_chat_messages():
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c"} | call | {"function": {"name": "get_weather", "arguments": "{}"}}]}]
     assert chat_messages("Be brief.", body.input_items()[:1])[0] == {"role": "system", "content": "Be brief."}
+
+
+def test_routing_text_of_a_conversation_sent_again_extends():
+    """verispec serve --ray places a Responses request by its conversation's text (as a chat's):
+    the next turn of a conversation sent whole extends the earlier turn's text."""
+    turn = {"instructions": "Be brief.", "input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}]}
+    nxt = {"instructions": "Be brief.", "input": turn["input"] + [
+        {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "a", "output": "42"}]}
+    first, second = (routing_text("/v1/responses", json.dumps(b).encode()) for b in (turn, nxt))
+    assert first == "system\x1fBe brief.\x1euser\x1fHi\x1e" and second == first + "tool\x1f42\x1e"
+    assert routing_text("/v1/responses", b'{"input": 5}') == routing_text("/v1/responses", b"[") == ""
