@@ -48,6 +48,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .endpoints import Chat, Completions
 from .guard import RequestGuard, header_timeout_protocol
 from .handler import handle_request
+from .responses import add_response_routes
 from .schemas import ApiError, ChatCompletionRequest, CompletionRequest, error_body
 from .state import ServerConfig, ServerState, build_state
 from .tokens import add_token_routes
@@ -110,6 +111,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await handle_request(Chat(state, body), request)
 
+    add_response_routes(app, state)  # POST /v1/responses, GET and DELETE /v1/responses/{id}
     return app
 
 
