@@ -141,7 +141,7 @@ def test_function_call_items_are_the_chat_tool_messages(url):
 @pytest.mark.parametrize("stream", [False, True])
 def test_required_tool_call_round_trip(url, stream):
     body = dict(input="Weather in Paris?", tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
-                temperature=0.0, max_output_tokens=80)
+                temperature=0.0, max_output_tokens=200)
     if stream:
         r = respond(url, stream=True, **body)
         evs = events(r)
