@@ -44,7 +44,7 @@ def weather_agent(url: str, calls: list[dict]) -> Agent:
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
     return Agent(name="weather", instructions="Answer about the weather.", tools=[tool],
                  model=OpenAIResponsesModel(model=MODEL, openai_client=client),
-                 model_settings=ModelSettings(temperature=0, max_tokens=80, tool_choice="required",
+                 model_settings=ModelSettings(temperature=0, max_tokens=150, tool_choice="required",
                                               parallel_tool_calls=False, extra_body={"stop": ["."]}))
 
 

@@ -48,7 +48,7 @@ def client(served):
 
 def ask(client, **kw):
     return client.chat.completions.create(model=MODEL, messages=kw.pop("messages", MESSAGES),
-                                          temperature=kw.pop("temperature", 0), max_tokens=kw.pop("max_tokens", 80),
+                                          temperature=kw.pop("temperature", 0), max_tokens=kw.pop("max_tokens", 140),
                                           **kw)
 
 

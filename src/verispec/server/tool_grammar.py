@@ -66,7 +66,7 @@ def tool_grammar(fmt: ToolFormat, tools: list[Tool], forced: bool, parallel: boo
     # whitespace as the model writes it: the small models pretty-print their calls, and a call forced
     # compact drifts from the model's own text (it then wrote the call twice)
     # (a space, or a line break and its indentation: bounded, so a model cannot pad a call forever)
-    layout = {"whitespace_flexible": True, "whitespace_pattern": "( ?|\n[ \t]{0,24})"}
+    layout = {"whitespace_flexible": True, "whitespace_pattern": "( ?|\n[ \t]{0,16})"}
     options = {"x-guidance": JSON_OPTIONS | layout | ({"lenient": True} if lenient else {})}
     most = MAX_CALLS if parallel else 1
     lines = [f"call: %json {json.dumps(call_schema(tools, fmt.args_key) | options)}",
