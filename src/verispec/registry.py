@@ -264,15 +264,25 @@ def best_method(target: "LoadedModel", batched: bool = False) -> tuple[str, dict
     """The default lossless method for ``target`` (``--drafter auto``), from the measured figures
     in docs/benchmarks.md: a target with a catalog draft model on the compiled runtime gets the
     hybrid (suffix first, where the answer copies its context, the draft model where it does
-    not); any other target gets SuffixDecoding (the fastest measured on SmolLM2), or prompt
+    not); so does one with a draft found on the machine (``--draft-search``, ``target.found_draft``:
+    one of another vocabulary drafts through text, not in the batched server); any other target gets SuffixDecoding (the fastest measured on SmolLM2), or prompt
     lookup in the batched server (``batched``: the server's measured best, docs/cpu.md)."""
+    if catalog_draft(target):
+        return "hybrid", {"learned": "draft", "min_match": AUTO_MIN_MATCH}
+    found = getattr(target, "found_draft", None)  # --draft-search (models/discovery.py): a same-vocabulary draft first
+    if found is not None and target.backend_kind == "cpu" and (found.same_vocab or not batched):
+        return "hybrid", {"learned": "draft", "min_match": AUTO_MIN_MATCH, "learned_model": str(found.path)}
+    return ("prompt-lookup", {}) if batched else ("suffix", {})
+
+
+def catalog_draft(target: "LoadedModel") -> str | None:
+    """The catalog draft model ``auto`` runs for ``target`` (installed, on the compiled runtime), or None."""
     from .models.catalog import CATALOG
     from .models.resolve import is_installed
 
     entry = CATALOG.get(target.name)
-    if entry and entry.draft and target.backend_kind == "cpu" and is_installed(entry.draft):
-        return "hybrid", {"learned": "draft", "min_match": AUTO_MIN_MATCH}
-    return ("prompt-lookup", {}) if batched else ("suffix", {})
+    ok = entry and entry.draft and target.backend_kind == "cpu" and is_installed(entry.draft)
+    return entry.draft if ok else None
 
 
 def describe_method(name: str, target: "LoadedModel") -> str:

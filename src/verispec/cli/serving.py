@@ -4,12 +4,13 @@ served by one process (``server/app.py``) or by Ray Serve replicas (``--ray``,
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
 
-from .common import (PREFIX_CACHE_HELP, PREFIX_CACHE_MB, QUANT_HELP, THREADS_HELP, check, check_model_arg, fail,
-                     parse_options)
+from .common import (DRAFT_SEARCH_HELP, DRAFT_SEARCH_PATH_HELP, PREFIX_CACHE_HELP, PREFIX_CACHE_MB, QUANT_HELP,
+                     THREADS_HELP, check, check_model_arg, draft_search_locations, fail, parse_options)
 
 
 def serve(
@@ -43,6 +44,8 @@ def serve(
     chat_template_timeout: float = typer.Option(2.0, help="seconds the model's chat template may take to render one chat (HTTP 400 after; the render runs in a separate process)"),
     ray: bool = typer.Option(False, "--ray", help="serve engine replicas on Ray Serve: a local Ray instance, or the cluster RAY_ADDRESS names (docs/ray.md)"),
     replicas: int = typer.Option(1, help="--ray: engine replicas, each with --threads Ray CPUs (default 1) and as many threads"),
+    draft_search: bool = typer.Option(False, "--draft-search", help=DRAFT_SEARCH_HELP),
+    draft_search_path: list[Path] = typer.Option([], "--draft-search-path", help=DRAFT_SEARCH_PATH_HELP),
 ) -> None:
     """Run an OpenAI-compatible server with batched speculative decoding (see verispec.server)."""
     from ..models.base import ModelError
@@ -63,6 +66,7 @@ def serve(
     try:
         limits = Limits(header_timeout_s=header_timeout, body_timeout_s=body_timeout, api_key=api_key,
                         **({} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}))
+        locations = draft_search_locations(draft_search, draft_search_path)
         config = ServerConfig(model=model, backend=backend, dtype=dtype, quant=quant, drafters=tuple(drafter),
                               drafter_options=tuple(parse_options(drafter_option).items()),
                               num_draft_tokens=num_draft_tokens, policy=policy, max_batch=max_batch,
@@ -71,7 +75,7 @@ def serve(
                               fixed_cost_rows=fixed_cost_rows, token_budget=token_budget,
                               disable_spec_at=disable_spec_at, served_model_name=served_model_name,
                               prefix_cache_mb=prefix_cache_mb, chat_template_timeout_s=chat_template_timeout,
-                              limits=limits)
+                              limits=limits, draft_search=None if locations is None else tuple(locations))
         if ray:
             _serve_ray(config, replicas, threads or 1, host, port)
         else:

@@ -10,6 +10,7 @@ Ray Serve replica (``ray_serve.py``) both serve a ``ServerState``.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -58,6 +59,7 @@ class ServerConfig:
     chat_template_timeout_s: float = DEFAULT_TIMEOUT_S  # one chat's rendering through the template (400 after)
     chat_template_memory_mb: int = DEFAULT_MEMORY_MB  # what that rendering may allocate (400 beyond)
     limits: Limits = field(default_factory=Limits)
+    draft_search: tuple | None = None  # models.discovery.Location's searched for a draft auto runs; None = off
 
     def __post_init__(self) -> None:
         if not self.drafters:
@@ -108,6 +110,10 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
     engine in every response's ``verispec`` statistics (a Ray Serve replica). Every engine's drafter
     is wrapped in a ``PredictionDrafter``: a request's prediction drafts first (Predicted Outputs)."""
     model = model or load_model(config.model, dtype=config.dtype, backend=config.backend, quant=config.quant)
+    if config.draft_search is not None:  # --draft-search: a draft found on the machine, said in one line
+        from ..models.discovery import with_found_draft
+
+        model = with_found_draft(model, config.draft_search, lambda line: print(line, file=sys.stderr, flush=True))
     target = model.backend
     prefix = PrefixCache.from_mb(config.prefix_cache_mb)  # one for all drafters: they share the target
     engines: dict[str, Engine] = {}
