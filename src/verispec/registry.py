@@ -198,7 +198,7 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         # a catch-up of many tokens, per token: the target's marginal cost at its largest measured sizes,
         # scaled by the draft's forward over the target's (both compute-bound there)
         (n0, t0), (n1, t1) = sorted(cost.items())[-2:] if len(cost) > 1 else ((0, 1.0), *cost.items())
-        catch_up = sub[1].cost.draft * (t1 - t0) / (n1 - n0)
+        catch_up = max(0.0, sub[1].cost.draft * (t1 - t0) / (n1 - n0))  # a curve timed under load may dip at its end
     elif budget == "measured":  # t(n) of the target and c(n) of the learned drafter, measured once
         key = _cost_key(target)
         cost = cached_cost_curve(target.backend, key)

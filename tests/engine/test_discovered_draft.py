@@ -133,3 +133,17 @@ def test_the_server_runs_the_found_draft_for_auto(stores, capsys):
         assert "draft search: drafting" in capsys.readouterr().err
     finally:
         state.close()
+
+
+def test_a_cost_curve_that_dips_at_its_end_still_builds_the_hybrid(stores, monkeypatch):
+    """Timed on a busy machine, t(n) may fall between its two largest sizes: the draft's catch-up cost
+    per token (their slope) is then 0, not a negative cost the hybrid refuses."""
+    import verispec.cost_curve as cc
+
+    def curve(model, key, sizes=(), *args, **kwargs):
+        return {1: 0.3} if "draftstep" in key else {1: 1.0, 8: 2.0, 16: 1.9}
+
+    monkeypatch.setattr(cc, "cached_cost_curve", curve)
+    lm = with_found_draft(stores["cpu"], [Location(stores["same"].parent)], lambda line: None)
+    drafter = make_drafter("auto", lm)
+    assert isinstance(drafter, HybridDrafter) and drafter.catch_up_cost == 0.0
