@@ -50,7 +50,8 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     if stop not in ("auto", "cost", "fixed"):
         raise ValueError(f"stop must be auto, cost or fixed, got {stop!r}")
     try:
-        draft = load_draft_model(target, model, None if vocab == "full" else int(vocab), requant, shape)
+        draft = (_self_draft(target, shape, asked) if model == "self"
+                 else load_draft_model(target, model, None if vocab == "full" else int(vocab), requant, shape))
     except OtherTokenizer as e:  # another vocabulary: it drafts through text, its file's weights, full head
         if any(value not in ("auto", "full", "file") for value in asked.values()) or stop == "cost" or shape:
             raise ValueError(f"{e}: it drafts through text, without vocab=N, quant, skip, window or stop=cost "
@@ -70,6 +71,30 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         cost = DraftCost(ratio[1], curve)
     return DraftModelDrafter(draft, min_confidence=min_conf, cost=cost, pool_rows=pool_rows,
                              prefix_cache=PrefixCache.from_mb(prefix_mb))
+
+
+def _self_draft(target: "LoadedModel", shape, asked: dict[str, str]):
+    """``model=self``: the target's own layers less ``skip=`` (default ``SELF_SKIP``), sharing its weights
+    (models/self_draft.py: Draft & Verify, Zhang et al. 2023; SWIFT, Xia et al. 2024)."""
+    from .models.cpu import CpuLlama
+    from .models.self_draft import layer_subset
+
+    if not isinstance(target.backend, CpuLlama):
+        raise ValueError("model=self needs the compiled runtime (backend cpu)")
+    if any(value not in ("auto", "full", "file") for value in asked.values()) or (shape and shape.window):
+        raise ValueError("model=self shares the target's weights and head: no vocab=N, quant or window")
+    n = target.backend.args.n_layers
+    skip = shape.skip if shape else default_self_skip(n)
+    if any(not 0 <= i < n for i in skip) or len(set(skip)) != len(skip) or len(skip) >= n:
+        raise ValueError(f"skip must name distinct layers in [0, {n}) and keep one, got {list(skip)}")
+    return layer_subset(target.backend, tuple(i for i in range(n) if i not in skip))
+
+
+def default_self_skip(n_layers: int) -> tuple[int, ...]:
+    """The layers ``model=self`` leaves out by default: half of them, every other layer of the middle
+    (the first and last quarter kept: Draft & Verify's searched skip sets keep both ends)."""
+    lo, hi = n_layers // 4, n_layers - n_layers // 4
+    return tuple(range(lo + 1, hi, 2)) if hi - lo > 2 else ()
 
 
 def _cross_tokenizer(target: "LoadedModel", model: str, min_conf: float, opts: dict[str, Any]) -> Drafter:
@@ -307,7 +332,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
     "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, min_match (suffix drafts only after a match this long), budget=measured|fixed, rent_start=predicted|always|constrained (when a draft model's first start on a request is deferred), learned_<option> passed to the learned drafter)"),
-    "draft": (_draft_model, "a small LM: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation: max_draft=N target tokens a step, default 3) (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), skip=3+10-12 (layers of a GGUF draft left out), window=N (each draft layer attends to its last N keys), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence, prefix_cache_mb (the draft's own prefix cache across requests, default 256, 0 = off))"),
+    "draft": (_draft_model, "a small LM: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation: max_draft=N target tokens a step, default 3) (options: model=shipped|truncated:N|self|<name|path> (self: the target's own layers less skip=, default every other middle layer, its weights shared: self-speculation, Draft & Verify / SWIFT), vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), skip=3+10-12 (layers of a GGUF draft, or of the target with model=self, left out), window=N (each draft layer attends to its last N keys), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence, prefix_cache_mb (the draft's own prefix cache across requests, default 256, 0 = off))"),
 }
 
 
