@@ -23,7 +23,7 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     from .models.catalog import CATALOG
     from .models.cpu_weights import REQUANTS
     from .models.load import DraftShape, OtherTokenizer, load_draft_model
-    from .weights import VOCAB_FREQ, has_shipped
+    from .weights import has_shipped, vocab_ranking
 
     min_conf = float(opts.pop("min_confidence", 0.0))
     pool_rows = int(opts.pop("pool_rows", 16))
@@ -31,7 +31,8 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     entry = CATALOG.get(target.name)
     default = "shipped" if has_shipped("draft", target.name) else entry.draft if entry and entry.draft else "truncated:4"
     model = str(opts.pop("model", default))
-    catalog_gguf = model in VOCAB_FREQ and target.backend_kind == "cpu"  # a catalog GGUF draft on the compiled runtime
+    # a GGUF draft whose vocabulary has a shipped ranking (a catalog draft, or one found by path) on the compiled runtime
+    catalog_gguf = vocab_ranking(model) is not None and target.backend_kind == "cpu"
     asked = {key: str(opts[key]) for key in ("vocab", "quant") if key in opts}  # what the user set explicitly
     vocab = str(opts.pop("vocab", "auto"))
     if vocab == "auto":  # an FR-Spec head (its token ranking is shipped)
@@ -332,7 +333,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
     "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, min_match (suffix drafts only after a match this long), budget=measured|fixed, rent_start=predicted|always|constrained (when a draft model's first start on a request is deferred), learned_<option> passed to the learned drafter)"),
-    "draft": (_draft_model, "a small LM: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation: max_draft=N target tokens a step, default 3) (options: model=shipped|truncated:N|self|<name|path> (self: the target's own layers less skip=, default every other middle layer, its weights shared: self-speculation, Draft & Verify / SWIFT), vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), skip=3+10-12 (layers of a GGUF draft, or of the target with model=self, left out), window=N (each draft layer attends to its last N keys), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence, prefix_cache_mb (the draft's own prefix cache across requests, default 256, 0 = off))"),
+    "draft": (_draft_model, "a small LM: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation: max_draft=N target tokens a step, default 3) (options: model=shipped|truncated:N|self|<name|path> (self: the target's own layers less skip=, default every other middle layer, its weights shared: self-speculation, Draft & Verify / SWIFT), vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a GGUF draft of a vocabulary with a shipped ranking, Qwen2.5's, re-encoded to Q4_0 at load, a cheaper draft step, and vocab=auto its FR-Spec head; output unchanged), skip=3+10-12 (layers of a GGUF draft, or of the target with model=self, left out), window=N (each draft layer attends to its last N keys), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence, prefix_cache_mb (the draft's own prefix cache across requests, default 256, 0 = off))"),
 }
 
 

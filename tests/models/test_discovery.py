@@ -229,3 +229,20 @@ def test_default_locations_follow_the_stores_environment(tmp_path):
     kinds = {loc.kind: loc.path for loc in default_locations(env, home)}
     assert kinds["hf"] == tmp_path / "hf" / "hub" and kinds["ollama"] == tmp_path / "oll"
     assert default_locations({"HF_HUB_CACHE": "/x/hub", "HF_HOME": "/y"}, home)[0].path == Path("/x/hub")
+
+
+def test_a_found_file_of_a_ranked_vocabulary_gets_its_ranking(tmp_path, target, monkeypatch):
+    """A GGUF named by path whose vocabulary has a shipped frequency ranking (Qwen2.5's) drafts with the
+    catalog draft's FR-Spec head and Q4_0 weights; other files, names and hostile files have none."""
+    from verispec import weights
+
+    path = model(tmp_path / "draft.gguf")
+    assert weights.vocab_ranking(str(path)) is None
+    monkeypatch.setitem(weights.VOCAB_FREQ_BY_KEY, read_vocab_header(path).vocab_key, "vocab-freq-qwen2.5-coder.npy")
+    assert weights.vocab_ranking(str(path)) == "vocab-freq-qwen2.5-coder.npy"
+    assert weights.vocab_ranking("qwen2.5-coder-0.5b-instruct") == "vocab-freq-qwen2.5-coder.npy"
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF" + b"\xff" * 40)
+    for name in ("self", "truncated:2", "shipped", str(tmp_path / "bad.gguf"), str(tmp_path / "missing.gguf")):
+        assert weights.vocab_ranking(name) is None
+    same = weights.frequent_tokens(str(path), 100, [0, 1])
+    assert same.tolist() == weights.frequent_tokens("qwen2.5-coder-0.5b-instruct", 100, [0, 1]).tolist()

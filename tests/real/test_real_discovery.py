@@ -41,3 +41,5 @@ def test_the_bare_15b_finds_its_05b_draft_and_greedy_is_plain(tmp_path):
     plain = SpecDecoder(lm, "none").generate(prompt, params)
     out = SpecDecoder(lm, "auto", num_draft_tokens=8).generate(prompt, params)
     assert out.token_ids == plain.token_ids and out.stats.drafted > 0
+    draft = SpecDecoder(lm, "auto").drafter.learned.model  # Qwen2.5's vocabulary: the catalog draft's FR-Spec head
+    assert draft.head_rows is not None and "vocab 32788, q4_0" in draft.info.name
