@@ -46,6 +46,7 @@ def test_a_layer_subset_is_the_file_with_those_layers_skipped_without_copying_th
     loaded = load_draft_model(lm, str(path), shape=DraftShape(skip=(2, 4, 6)))
     assert torch.equal(logits(sub, IDS), logits(loaded, IDS))
     assert sub.args.n_layers == 5 and sub.info.name.endswith("[skip 2+4+6]")
+    assert sub.resident_bytes == 0 < sub.weight_bytes < lm.backend.weight_bytes  # reads its layers, holds none
     assert torch.equal(logits(layer_subset(lm.backend, tuple(range(8))), IDS), logits(lm.backend, IDS))
     assert not torch.equal(logits(sub, IDS), logits(lm.backend, IDS))
     del lm  # the subset keeps the target's weights alive

@@ -16,13 +16,21 @@ only proposes and the target verifies every token (output unchanged, as for any 
 
 from __future__ import annotations
 
-import copy
 import ctypes
 from dataclasses import replace
 
 from verispec.models.base import ModelError
 from verispec.models.cpu import CpuLlama
 from verispec.models.cpu_abi import ERR_LEN, Config, i32, library
+
+
+class LayerSubset(CpuLlama):
+    """A ``CpuLlama`` over another one's layers (``layer_subset``): it holds no weights of its own."""
+
+    @property
+    def resident_bytes(self) -> int:
+        """0: its weights are the target's, counted there (``weight_bytes`` is still what a step reads)."""
+        return 0
 
 
 def layer_subset(target: CpuLlama, keep: tuple[int, ...], name: str | None = None) -> CpuLlama:
@@ -36,7 +44,8 @@ def layer_subset(target: CpuLlama, keep: tuple[int, ...], name: str | None = Non
                                        err, ERR_LEN)
     if not handle:
         raise ModelError(f"compiled runtime: {err.value.decode()}")
-    draft = copy.copy(target)  # its facts (formats, head rows, embedding reference), then what differs
+    draft = object.__new__(LayerSubset)
+    draft.__dict__.update(target.__dict__)  # its facts (formats, head rows, embedding reference), then what differs
     draft._h = ctypes.c_void_p(handle)
     draft._parent = target  # the matrices are the target's: it must outlive the draft
     a = target.args
