@@ -147,3 +147,16 @@ def test_a_cost_curve_that_dips_at_its_end_still_builds_the_hybrid(stores, monke
     lm = with_found_draft(stores["cpu"], [Location(stores["same"].parent)], lambda line: None)
     drafter = make_drafter("auto", lm)
     assert isinstance(drafter, HybridDrafter) and drafter.catch_up_cost == 0.0
+
+
+def test_bench_runs_auto_with_the_found_draft_and_records_it(stores, tmp_path):
+    from verispec.cli import app
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["bench", "--model", str(stores["target"]), "--draft-search-path",
+                                      str(stores["same"].parent), "-m", "auto", "-c", "qa", "--limit", "1", "-n", "8",
+                                      "--max-prompt-tokens", "200", "--warmup", "0", "--strict", "--output-dir",
+                                      str(out)])
+    assert result.exit_code == 0, result.output
+    assert "draft search: drafting" in result.output and "exactness auto: 1 equal" in result.output
+    assert json.loads((out / "results.json").read_text())["meta"]["found_draft"] == str(stores["same"])

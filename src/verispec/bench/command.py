@@ -262,6 +262,7 @@ def _meta(o: BenchOptions, lm, num_prompts: int, notices: list[str]) -> dict:
         "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "seed": o.seed,
         "repeats": o.repeats, "warmup": o.warmup, "ignore_eos": o.ignore_eos, "near_tie": o.near_tie,
         "quick": o.quick, "notices": notices,
+        "found_draft": str(lm.found_draft.path) if getattr(lm, "found_draft", None) else None,  # --draft-search: auto's draft
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # whole process
     }
 
