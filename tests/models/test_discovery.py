@@ -167,6 +167,7 @@ def hostile(tmp_path: Path) -> dict[str, Path]:
     cut.write_bytes(write_gguf_bytes(meta, tensors)[:3000])  # the header cut inside the token list
     os.mkfifo(d / "fifo.gguf")  # would block a reader that opens it
     (d / "dev.gguf").symlink_to("/dev/zero")  # a device, outside the location anyway
+    (d / "loop.gguf").symlink_to("loop.gguf")  # a link to itself
     return {"dir": d, **out}
 
 
@@ -184,7 +185,7 @@ def test_hostile_files_are_one_line_each_and_skipped(tmp_path, target):
     assert all(line.startswith("draft search: skipped ") and "\n" not in line for line in said), said
     named = {Path(line.split()[3].rstrip(":")).name for line in said}
     assert named >= {"empty.gguf", "text.gguf", "short.gguf", "keys.gguf", "version.gguf", "tokens.gguf",
-                     "string.gguf", "type.gguf", "item.gguf", "cut.gguf", "fifo.gguf", "dev.gguf"}, said
+                     "string.gguf", "type.gguf", "item.gguf", "cut.gguf", "fifo.gguf", "dev.gguf", "loop.gguf"}, said
     # a good draft beside them is still found
     model(store / "zz-good.gguf")
     assert search_draft(target, [Location(store)], lambda line: None).name == "zz-good.gguf"
@@ -246,3 +247,32 @@ def test_a_found_file_of_a_ranked_vocabulary_gets_its_ranking(tmp_path, target, 
         assert weights.vocab_ranking(name) is None
     same = weights.frequent_tokens(str(path), 100, [0, 1])
     assert same.tolist() == weights.frequent_tokens("qwen2.5-coder-0.5b-instruct", 100, [0, 1]).tolist()
+
+
+def test_the_walk_is_bounded(tmp_path, target, monkeypatch):
+    """At most MAX_ENTRIES directory entries are looked at (a huge folder is not listed past them), at most
+    MAX_DEPTH levels down, at most MAX_CANDIDATES headers read; each limit is said in one line."""
+    from verispec.models import discovery
+
+    store = tmp_path / "models"
+    for i in range(30):
+        (store / f"d{i:02d}").mkdir(parents=True)
+    model(store / "zz" / "draft.gguf")
+    monkeypatch.setattr(discovery, "MAX_ENTRIES", 10)
+    said: list[str] = []
+    assert search_draft(target, [Location(store)], said.append) is None
+    assert said == [f"draft search: looked at 10 entries, the most it reads; the rest of {store} skipped"]
+
+    monkeypatch.setattr(discovery, "MAX_ENTRIES", 20_000)
+    deep = store / "zz" / "/".join(f"l{i}" for i in range(discovery.MAX_DEPTH)) / "deep.gguf"
+    model(deep)
+    assert search_draft(target, [Location(store)], lambda line: None).name == "zz/draft.gguf"
+    (store / "zz" / "draft.gguf").unlink()
+    assert search_draft(target, [Location(store)], lambda line: None) is None  # deep.gguf lies below the bound
+
+    monkeypatch.setattr(discovery, "MAX_CANDIDATES", 1)
+    model(store / "a.gguf", other_vocab=True, hidden=128)
+    model(store / "b.gguf")
+    said.clear()
+    assert search_draft(target, [Location(store)], said.append) is None
+    assert said == [f"draft search: read 1 GGUF headers, the most it reads; {store / 'b.gguf'} and after skipped"]

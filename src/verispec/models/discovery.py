@@ -37,10 +37,11 @@ The rule (``choose``):
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from verispec.models.architectures import ARCHITECTURES
@@ -104,8 +105,8 @@ def locations_from_paths(paths: Iterable[str | Path]) -> list[Location]:
 
 @dataclass
 class _Budget:
-    entries: int = MAX_ENTRIES
-    headers: int = MAX_CANDIDATES
+    entries: int = field(default_factory=lambda: MAX_ENTRIES)
+    headers: int = field(default_factory=lambda: MAX_CANDIDATES)
 
 
 def scan(locations: Iterable[Location], say: Say, skip: Iterable[Path] = ()) -> list[tuple[VocabHeader, Location, str]]:
@@ -152,8 +153,8 @@ def _files(root: Path, loc: Location, budget: _Budget, say: Say) -> Iterator[tup
     while stack:
         folder, depth = stack.pop()
         try:
-            with os.scandir(folder) as it:
-                entries = sorted(it, key=lambda e: e.name)
+            with os.scandir(folder) as it:  # no more of a huge directory is listed than the budget allows
+                entries = sorted(itertools.islice(it, max(budget.entries, 0) + 1), key=lambda e: e.name)
         except OSError as e:
             say(f"draft search: cannot list {folder} ({e.strerror or e})")
             continue
@@ -223,7 +224,7 @@ def _manifests(base: Path, budget: _Budget, say: Say) -> Iterator[tuple[Path, st
         folder, depth = stack.pop()
         try:
             with os.scandir(folder) as it:
-                entries = sorted(it, key=lambda e: e.name)
+                entries = sorted(itertools.islice(it, max(budget.entries, 0) + 1), key=lambda e: e.name)
         except OSError:
             continue
         for entry in entries:
