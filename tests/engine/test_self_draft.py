@@ -112,3 +112,12 @@ def test_bad_self_drafts_are_refused(tiny, opts, match):
 def test_self_needs_the_compiled_runtime(stories_native):
     with pytest.raises(ValueError, match="model=self needs the compiled runtime"):
         make_drafter("draft", stories_native, {"model": "self"})
+
+
+def test_a_runtime_built_before_layer_subsets_is_one_line(tiny, monkeypatch):
+    from verispec.models import self_draft
+    from verispec.models.base import ModelError
+
+    monkeypatch.setattr(self_draft, "library", lambda: object())  # a build without vs_model_subset
+    with pytest.raises(ModelError, match="predates layer subsets"):
+        layer_subset(tiny[1].backend, (0, 1))

@@ -17,7 +17,7 @@
 
 namespace vs {
 
-constexpr int ABI_VERSION = 6;  // bump when Config, Batch, the slots or the formats change
+constexpr int ABI_VERSION = 5;  // bump when Config, Batch, the slots or the formats change
 constexpr int PANEL = 16;       // output rows per weight panel (one AVX-512 register of fp32 lanes)
 constexpr int QK = 32;          // elements per activation quantization block (and per small weight block)
 constexpr int QK_K = 256;       // elements per K-quant super-block

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from verispec.models.llama import LlamaArgs
 
 PANEL_ROWS = 16  # rows per weight panel (csrc/vs.h: PANEL)
-ABI_VERSION = 6  # csrc/vs.h: ABI_VERSION
+ABI_VERSION = 5  # csrc/vs.h: ABI_VERSION
 ERR_LEN = 512  # bytes of the buffer a C call writes its error message into
 
 
@@ -125,8 +125,6 @@ def _load_library() -> ctypes.CDLL:
     lib.vs_requantize.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                   ctypes.c_void_p, ctypes.c_int, *c_err)
     _check_abi(lib, spec.origin)
-    lib.vs_model_subset.restype = ctypes.c_void_p  # after the check: a stale build lacks it and fails there
-    lib.vs_model_subset.argtypes = (ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int, *c_err)
     return lib
 
 

@@ -40,8 +40,7 @@ def layer_subset(target: CpuLlama, keep: tuple[int, ...], name: str | None = Non
         raise ValueError(f"a layer subset keeps ascending, distinct layers in [0, {n}), at least one; got {list(keep)}")
     ids = i32(keep)
     err = ctypes.create_string_buffer(ERR_LEN)
-    handle = library().vs_model_subset(target._h, ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), len(keep),
-                                       err, ERR_LEN)
+    handle = _subset_fn()(target._h, ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), len(keep), err, ERR_LEN)
     if not handle:
         raise ModelError(f"compiled runtime: {err.value.decode()}")
     draft = object.__new__(LayerSubset)
@@ -56,6 +55,17 @@ def layer_subset(target: CpuLlama, keep: tuple[int, ...], name: str | None = Non
     skipped = [i for i in range(n) if i not in keep]
     draft.info = replace(target.info, name=name or f"{target.info.name}[skip {_ranges(skipped)}]")
     return draft
+
+
+def _subset_fn():
+    """The runtime's ``vs_model_subset`` (an addition that changes no struct, so no ABI version: a build
+    that predates it is one ModelError here)."""
+    fn = getattr(library(), "vs_model_subset", None)
+    if fn is None:
+        raise ModelError("the compiled runtime predates layer subsets (model=self): rebuild it (pip install -e .)")
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = (ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int, ctypes.c_char_p, ctypes.c_int)
+    return fn
 
 
 def _ranges(ids: list[int]) -> str:
