@@ -69,6 +69,9 @@ def test_another_vocabulary_drafts_through_text_and_greedy_is_plain(stores):
     lm = with_found_draft(stores["cpu"], [Location(stores["other"].parent)], lambda line: None)
     assert not lm.found_draft.same_vocab
     assert best_method(lm, batched=True) == ("prompt-lookup", {})  # not in the batched server
+    said = []
+    assert with_found_draft(stores["cpu"], [Location(stores["other"].parent)], said.append,
+                            batched=True).found_draft is None and "auto runs without one" in said[-1]
     plain, out, dec = plain_and(lm, "auto", FORCED)
     assert isinstance(dec.drafter.learned, CrossTokenizerDrafter)
     assert out.token_ids == plain and out.stats.drafted > 0
@@ -88,7 +91,10 @@ def test_nothing_found_leaves_auto_as_it_was(stores, tmp_path, stories_native, m
     lm = with_found_draft(stores["cpu"], [Location(tmp_path)], said.append)
     assert lm.found_draft is None and best_method(lm) == ("suffix", {}) and "auto runs without one" in said[0]
     assert with_found_draft(stories_native, [Location(tmp_path)], said.append) is stories_native
-    assert "stories260k is not a GGUF file" in said[-1]
+    assert said[-1].startswith("draft search: not searched, stories260k is not a GGUF file")
+    native = load_model(str(stores["target"]), backend="native")
+    assert with_found_draft(native, [Location(stores["same"].parent)], said.append) is native
+    assert said[-1].startswith(f"draft search: not searched, {stores['target']} runs on the native backend")
     monkeypatch.setattr("verispec.registry.catalog_draft", lambda target: "its-draft")
     assert with_found_draft(stores["cpu"], [Location(stores["same"].parent)], said.append) is stores["cpu"]
     assert said[-1] == f"draft search: not needed, {stores['target']} has its catalog draft its-draft"

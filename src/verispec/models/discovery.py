@@ -291,20 +291,23 @@ def found_line(target_name: str, draft: FoundDraft | None, locations: Iterable[L
             f"{draft.cost:.2f}x its size, {how})")
 
 
-def with_found_draft(model, locations: Iterable[Location], say: Say):
+def with_found_draft(model, locations: Iterable[Location], say: Say, batched: bool = False):
     """``model`` (a ``LoadedModel``) with the draft discovery finds for it (``found_draft``), the choice
-    said in one line; unchanged where there is nothing to compare (not a GGUF) or where ``auto`` already
-    has the target's catalog draft."""
+    said in one line; unchanged where there is nothing to compare (not a GGUF), where ``auto`` already
+    has the target's catalog draft, or off the compiled runtime. ``batched`` (the server): only a draft
+    of the same vocabulary (drafting through text is not batched)."""
     from verispec.registry import catalog_draft
 
     locations = list(locations)
     if catalog_draft(model):
         say(f"draft search: not needed, {model.name} has its catalog draft {catalog_draft(model)}")
         return model
-    if model.source.kind != "gguf":
-        say(f"draft search: {model.name} is not a GGUF file, so it has no GGUF vocabulary to compare; "
-            "auto runs without a draft model")
+    if model.source.kind != "gguf" or model.backend_kind != "cpu":
+        why = "is not a GGUF file" if model.source.kind != "gguf" else f"runs on the {model.backend_kind} backend"
+        say(f"draft search: not searched, {model.name} {why} (auto runs a found draft for a GGUF on the compiled "
+            "runtime, backend cpu)")
         return model
-    draft = search_draft(model.source.path, locations, say, accept=lambda d: loadable(d, say))
+    draft = search_draft(model.source.path, locations, say,
+                         accept=lambda d: (d.same_vocab or not batched) and loadable(d, say))
     say(found_line(model.name, draft, locations))
     return replace(model, found_draft=draft)

@@ -113,7 +113,8 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
     if config.draft_search is not None:  # --draft-search: a draft found on the machine, said in one line
         from ..models.discovery import with_found_draft
 
-        model = with_found_draft(model, config.draft_search, lambda line: print(line, file=sys.stderr, flush=True))
+        model = with_found_draft(model, config.draft_search, lambda line: print(line, file=sys.stderr, flush=True),
+                                 batched=True)
     target = model.backend
     prefix = PrefixCache.from_mb(config.prefix_cache_mb)  # one for all drafters: they share the target
     engines: dict[str, Engine] = {}
