@@ -276,3 +276,26 @@ def test_the_walk_is_bounded(tmp_path, target, monkeypatch):
     said.clear()
     assert search_draft(target, [Location(store)], said.append) is None
     assert said == [f"draft search: read 1 GGUF headers, the most it reads; {store / 'b.gguf'} and after skipped"]
+
+
+def test_many_bad_files_are_said_in_a_bounded_number_of_lines(tmp_path, target):
+    from verispec.models.discovery import MAX_LINES
+
+    for i in range(MAX_LINES + 15):
+        (tmp_path / f"bad{i:02d}.gguf").write_text("no")
+    said: list[str] = []
+    assert search_draft(target, [Location(tmp_path)], said.append) is None
+    assert len(said) == MAX_LINES + 1 and said[-1] == "draft search: 15 more files skipped (not said)"
+
+
+def test_at_most_max_tries_candidates_are_offered_to_the_loader(tmp_path, target, monkeypatch):
+    from verispec.models import discovery
+
+    monkeypatch.setattr(discovery, "MAX_TRIES", 2)
+    for name in ("a", "b", "c"):
+        model(tmp_path / f"{name}.gguf")
+    asked: list[str] = []
+    said: list[str] = []
+    found = search_draft(target, [Location(tmp_path)], said.append, accept=lambda d: asked.append(d.name) or False)
+    assert found is None and asked == ["a.gguf", "b.gguf"]
+    assert said == ["draft search: the loader refused 2 candidates, the most it tries"]

@@ -53,6 +53,8 @@ CROSS_MAX_COST = 0.15  # drafting through text paid at c = 0.09, not at 0.23 (mo
 MAX_ENTRIES = 20_000  # directory entries looked at, all locations together
 MAX_DEPTH = 8  # directory levels below a location (HF: models--o--n/snapshots/<rev>/<dir>/file.gguf)
 MAX_CANDIDATES = 256  # GGUF headers read at most
+MAX_TRIES = 8  # candidates the loader is asked to take (each a full header parse) at most
+MAX_LINES = 20  # lines about skipped files said at most; then one counting the rest
 MAX_MANIFEST_BYTES = 1 << 16  # an Ollama manifest (a few hundred bytes of JSON)
 _OLLAMA_MODEL = "application/vnd.ollama.image.model"
 
@@ -257,15 +259,40 @@ def choose(target: VocabHeader, found: Iterable[tuple[VocabHeader, Location, str
 
 
 def search_draft(target_path: Path, locations: Iterable[Location], say: Say,
-                 accept: Callable[[FoundDraft], bool] | None = None) -> FoundDraft | None:
+                 accept: Callable[[FoundDraft], bool] | None = None, same_vocab_only: bool = False) -> FoundDraft | None:
     """The draft the rule picks for the GGUF target at ``target_path``, or None. ``accept`` (default:
-    the loader resolves it) may still refuse a candidate, which is said in one line; the next is tried."""
+    the loader resolves it) may still refuse a candidate, which is said in one line; the next is tried, up to
+    ``MAX_TRIES`` of them."""
     locations = list(locations)
     target = read_vocab_header(Path(target_path))
-    for draft in choose(target, scan(locations, say, skip=[target_path])):
-        if accept is None or accept(draft):
-            return draft
-    return None
+    said = _Capped(say)
+    try:
+        ranked = [d for d in choose(target, scan(locations, said, skip=[target_path])) if d.same_vocab or not same_vocab_only]
+        for tries, draft in enumerate(ranked):
+            if tries == MAX_TRIES:
+                said(f"draft search: the loader refused {MAX_TRIES} candidates, the most it tries")
+                return None
+            if accept is None or accept(draft):
+                return draft
+        return None
+    finally:
+        said.close()
+
+
+class _Capped:
+    """``say`` for at most ``MAX_LINES`` lines, then one line counting the rest (a store of many bad files)."""
+
+    def __init__(self, say: Say):
+        self.say, self.count = say, 0
+
+    def __call__(self, line: str) -> None:
+        self.count += 1
+        if self.count <= MAX_LINES:
+            self.say(line)
+
+    def close(self) -> None:
+        if self.count > MAX_LINES:
+            self.say(f"draft search: {self.count - MAX_LINES} more files skipped (not said)")
 
 
 def loadable(draft: FoundDraft, say: Say) -> bool:
@@ -307,7 +334,6 @@ def with_found_draft(model, locations: Iterable[Location], say: Say, batched: bo
         say(f"draft search: not searched, {model.name} {why} (auto runs a found draft for a GGUF on the compiled "
             "runtime, backend cpu)")
         return model
-    draft = search_draft(model.source.path, locations, say,
-                         accept=lambda d: (d.same_vocab or not batched) and loadable(d, say))
+    draft = search_draft(model.source.path, locations, say, accept=lambda d: loadable(d, say), same_vocab_only=batched)
     say(found_line(model.name, draft, locations))
     return replace(model, found_draft=draft)
