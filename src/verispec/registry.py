@@ -23,7 +23,7 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     from .models.catalog import CATALOG
     from .models.cpu_weights import REQUANTS
     from .models.load import DraftShape, OtherTokenizer, load_draft_model
-    from .weights import VOCAB_FREQ, has_shipped
+    from .weights import has_shipped, vocab_ranking
 
     min_conf = float(opts.pop("min_confidence", 0.0))
     pool_rows = int(opts.pop("pool_rows", 16))
@@ -31,7 +31,8 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     entry = CATALOG.get(target.name)
     default = "shipped" if has_shipped("draft", target.name) else entry.draft if entry and entry.draft else "truncated:4"
     model = str(opts.pop("model", default))
-    catalog_gguf = model in VOCAB_FREQ and target.backend_kind == "cpu"  # a catalog GGUF draft on the compiled runtime
+    # a GGUF draft whose vocabulary has a shipped ranking (a catalog draft, or one found by path) on the compiled runtime
+    catalog_gguf = vocab_ranking(model) is not None and target.backend_kind == "cpu"
     asked = {key: str(opts[key]) for key in ("vocab", "quant") if key in opts}  # what the user set explicitly
     vocab = str(opts.pop("vocab", "auto"))
     if vocab == "auto":  # an FR-Spec head (its token ranking is shipped)
@@ -50,7 +51,8 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     if stop not in ("auto", "cost", "fixed"):
         raise ValueError(f"stop must be auto, cost or fixed, got {stop!r}")
     try:
-        draft = load_draft_model(target, model, None if vocab == "full" else int(vocab), requant, shape)
+        draft = (_self_draft(target, shape, asked) if model == "self"
+                 else load_draft_model(target, model, None if vocab == "full" else int(vocab), requant, shape))
     except OtherTokenizer as e:  # another vocabulary: it drafts through text, its file's weights, full head
         if any(value not in ("auto", "full", "file") for value in asked.values()) or stop == "cost" or shape:
             raise ValueError(f"{e}: it drafts through text, without vocab=N, quant, skip, window or stop=cost "
@@ -70,6 +72,30 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         cost = DraftCost(ratio[1], curve)
     return DraftModelDrafter(draft, min_confidence=min_conf, cost=cost, pool_rows=pool_rows,
                              prefix_cache=PrefixCache.from_mb(prefix_mb))
+
+
+def _self_draft(target: "LoadedModel", shape, asked: dict[str, str]):
+    """``model=self``: the target's own layers less ``skip=`` (default ``SELF_SKIP``), sharing its weights
+    (models/self_draft.py: Draft & Verify, Zhang et al. 2023; SWIFT, Xia et al. 2024)."""
+    from .models.cpu import CpuLlama
+    from .models.self_draft import layer_subset
+
+    if not isinstance(target.backend, CpuLlama):
+        raise ValueError("model=self needs the compiled runtime (backend cpu)")
+    if any(value not in ("auto", "full", "file") for value in asked.values()) or (shape and shape.window):
+        raise ValueError("model=self shares the target's weights and head: no vocab=N, quant or window")
+    n = target.backend.args.n_layers
+    skip = shape.skip if shape else default_self_skip(n)
+    if any(not 0 <= i < n for i in skip) or len(set(skip)) != len(skip) or len(skip) >= n:
+        raise ValueError(f"skip must name distinct layers in [0, {n}) and keep one, got {list(skip)}")
+    return layer_subset(target.backend, tuple(i for i in range(n) if i not in skip))
+
+
+def default_self_skip(n_layers: int) -> tuple[int, ...]:
+    """The layers ``model=self`` leaves out by default: half of them, every other layer of the middle
+    (the first and last quarter kept: Draft & Verify's searched skip sets keep both ends)."""
+    lo, hi = n_layers // 4, n_layers - n_layers // 4
+    return tuple(range(lo + 1, hi, 2)) if hi - lo > 2 else ()
 
 
 def _cross_tokenizer(target: "LoadedModel", model: str, min_conf: float, opts: dict[str, Any]) -> Drafter:
@@ -198,7 +224,7 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         # a catch-up of many tokens, per token: the target's marginal cost at its largest measured sizes,
         # scaled by the draft's forward over the target's (both compute-bound there)
         (n0, t0), (n1, t1) = sorted(cost.items())[-2:] if len(cost) > 1 else ((0, 1.0), *cost.items())
-        catch_up = sub[1].cost.draft * (t1 - t0) / (n1 - n0)
+        catch_up = max(0.0, sub[1].cost.draft * (t1 - t0) / (n1 - n0))  # a curve timed under load may dip at its end
     elif budget == "measured":  # t(n) of the target and c(n) of the learned drafter, measured once
         key = _cost_key(target)
         cost = cached_cost_curve(target.backend, key)
@@ -264,15 +290,25 @@ def best_method(target: "LoadedModel", batched: bool = False) -> tuple[str, dict
     """The default lossless method for ``target`` (``--drafter auto``), from the measured figures
     in docs/benchmarks.md: a target with a catalog draft model on the compiled runtime gets the
     hybrid (suffix first, where the answer copies its context, the draft model where it does
-    not); any other target gets SuffixDecoding (the fastest measured on SmolLM2), or prompt
+    not); so does one with a draft found on the machine (``--draft-search``, ``target.found_draft``:
+    one of another vocabulary drafts through text, not in the batched server); any other target gets SuffixDecoding (the fastest measured on SmolLM2), or prompt
     lookup in the batched server (``batched``: the server's measured best, docs/cpu.md)."""
+    if catalog_draft(target):
+        return "hybrid", {"learned": "draft", "min_match": AUTO_MIN_MATCH}
+    found = getattr(target, "found_draft", None)  # --draft-search (models/discovery.py): a same-vocabulary draft first
+    if found is not None and target.backend_kind == "cpu" and (found.same_vocab or not batched):
+        return "hybrid", {"learned": "draft", "min_match": AUTO_MIN_MATCH, "learned_model": str(found.path)}
+    return ("prompt-lookup", {}) if batched else ("suffix", {})
+
+
+def catalog_draft(target: "LoadedModel") -> str | None:
+    """The catalog draft model ``auto`` runs for ``target`` (installed, on the compiled runtime), or None."""
     from .models.catalog import CATALOG
     from .models.resolve import is_installed
 
     entry = CATALOG.get(target.name)
-    if entry and entry.draft and target.backend_kind == "cpu" and is_installed(entry.draft):
-        return "hybrid", {"learned": "draft", "min_match": AUTO_MIN_MATCH}
-    return ("prompt-lookup", {}) if batched else ("suffix", {})
+    ok = entry and entry.draft and target.backend_kind == "cpu" and is_installed(entry.draft)
+    return entry.draft if ok else None
 
 
 def describe_method(name: str, target: "LoadedModel") -> str:
@@ -297,7 +333,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, str]] = {
     "rest": (_rest, "REST retrieval from a suffix-array datastore (options: datastore=<file.npz>, max_match, min_match, max_candidates)"),
     "medusa": (_medusa, "Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (options: tree=sparse|sequoia, weights=<dir>)"),
     "hybrid": (_hybrid, "suffix (or prompt lookup) first, EAGLE (or EAGLE-3, or the distilled draft) when that pays more, or both fused (RASD); sizes from the measured cost curves (options: retrieval=suffix|prompt-lookup, learned=eagle|eagle3|draft, mode=fallback|fuse, min_score, min_match (suffix drafts only after a match this long), budget=measured|fixed, rent_start=predicted|always|constrained (when a draft model's first start on a request is deferred), learned_<option> passed to the learned drafter)"),
-    "draft": (_draft_model, "a small LM: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation: max_draft=N target tokens a step, default 3) (options: model=shipped|truncated:N|<name|path>, vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a catalog GGUF draft re-encoded to Q4_0 at load, a cheaper draft step; output unchanged), skip=3+10-12 (layers of a GGUF draft left out), window=N (each draft layer attends to its last N keys), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence, prefix_cache_mb (the draft's own prefix cache across requests, default 256, 0 = off))"),
+    "draft": (_draft_model, "a small LM: the shipped distilled draft, else the catalog's draft for the target (Qwen2.5-Coder 1.5B: the 0.5B), else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation: max_draft=N target tokens a step, default 3) (options: model=shipped|truncated:N|self|<name|path> (self: the target's own layers less skip=, default every other middle layer, its weights shared: self-speculation, Draft & Verify / SWIFT), vocab=auto|full|N (FR-Spec head of the N most frequent tokens), pool_rows=N (requests drafted together in one batched draft forward, default 16), quant=auto|file|q4_0 (auto: a GGUF draft of a vocabulary with a shipped ranking, Qwen2.5's, re-encoded to Q4_0 at load, a cheaper draft step, and vocab=auto its FR-Spec head; output unchanged), skip=3+10-12 (layers of a GGUF draft, or of the target with model=self, left out), window=N (each draft layer attends to its last N keys), stop=auto|cost|fixed (cost: each draft sized by the measured target and draft costs and the draft's confidence), min_confidence, prefix_cache_mb (the draft's own prefix cache across requests, default 256, 0 = off))"),
 }
 
 

@@ -16,6 +16,8 @@ RENAMED = {"drafter": "drafters", "drafter_option": "drafter_options", "chat_tem
            "header_timeout": "header_timeout_s", "body_timeout": "body_timeout_s"}
 # the options that are not the server's configuration: where and how the process runs
 PROCESS = {"host", "port", "threads", "graceful_timeout", "ray", "replicas"}
+# the options that together set one field: --draft-search / --draft-search-path -> draft_search (None: off)
+COMBINED = {"draft_search": None, "draft_search_path": None}
 
 
 def _defaults(cls) -> dict[str, object]:
@@ -29,6 +31,9 @@ def test_every_serve_option_defaults_to_the_server_configs_field() -> None:
         field = RENAMED.get(name, name)
         default = param.default.default
         if name in PROCESS:
+            continue
+        if name in COMBINED:
+            assert config["draft_search"] is None and not default, name  # off unless asked
             continue
         assert field in config or field in limits, f"--{name.replace('_', '-')} sets no ServerConfig, Limits or Cors field"
         want = config[field] if field in config else limits[field]

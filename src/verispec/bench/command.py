@@ -53,6 +53,7 @@ class BenchOptions:
     quick: bool
     quant: str = "auto"
     prefix_cache_mb: float = 1024.0  # per method (0 = off); a method's option prefix_cache_mb overrides it
+    draft_search: tuple | None = None  # models.discovery.Location's searched for a draft auto runs; None = off
 
 
 @dataclass(frozen=True)
@@ -261,6 +262,7 @@ def _meta(o: BenchOptions, lm, num_prompts: int, notices: list[str]) -> dict:
         "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "seed": o.seed,
         "repeats": o.repeats, "warmup": o.warmup, "ignore_eos": o.ignore_eos, "near_tie": o.near_tie,
         "quick": o.quick, "notices": notices,
+        "found_draft": str(lm.found_draft.path) if getattr(lm, "found_draft", None) else None,  # --draft-search: auto's draft
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # whole process
     }
 
@@ -315,6 +317,11 @@ def _run_loaded(o: BenchOptions, specs, params, prompts) -> tuple[dict, int]:
     from .report import write_all
 
     lm = load_model(o.model, dtype=o.dtype, backend=o.backend, quant=o.quant)
+    if o.draft_search is not None:  # --draft-search: auto runs a draft found on the machine
+        from ..cli.common import say
+        from ..models.discovery import with_found_draft
+
+        lm = with_found_draft(lm, o.draft_search, say)
     runners, notices = build_runners(specs, lm, o)
     for note in notices:
         err.print(f"[yellow]notice:[/yellow] {note}", highlight=False, soft_wrap=True)
@@ -392,6 +399,8 @@ def bench(
     strict: bool = typer.Option(False, "--strict", help="exit 1 if one of our methods mismatches (not a near-tie)"),
     quick: bool = typer.Option(False, "--quick", help="CI smoke run: 1 summarization + 1 rag prompt, 48 tokens, none vs prompt-lookup"),
     prefix_cache_mb: float = typer.Option(1024.0, help="MiB of K/V each method keeps across its requests (prefix cache, cpu backend; 0 = off); a method's option prefix_cache_mb overrides it, e.g. -m none:prefix_cache_mb=0"),
+    draft_search: bool = typer.Option(False, "--draft-search", help="method auto drafts with a draft model found among the GGUF files on this machine (as `verispec generate --draft-search`)"),
+    draft_search_path: list[Path] = typer.Option([], "--draft-search-path", help="a folder --draft-search looks in instead of the usual stores (repeatable; implies --draft-search)"),
 ) -> None:
     """Benchmark methods on Spec-Bench (and our workloads) against plain decoding (and peer engines)."""
     from transformers.utils import logging as hf_logging
@@ -403,7 +412,8 @@ def bench(
     out = output_dir or Path("results") / time.strftime("bench-%Y%m%d-%H%M%S")
     opts = BenchOptions(data, p.categories, p.limit or None, p.methods, model, backend, dtype, temperature,
                         top_p, top_k, seed, p.max_new_tokens, num_draft_tokens, policy, repeats, p.warmup,
-                        threads, ignore_eos, max_prompt_tokens, near_tie, out, strict, quick, quant, prefix_cache_mb)
+                        threads, ignore_eos, max_prompt_tokens, near_tie, out, strict, quick, quant, prefix_cache_mb,
+                        _draft_search(draft_search, draft_search_path))
     try:
         check_options(opts)
         result, bad = run_bench(opts)
@@ -416,6 +426,12 @@ def bench(
         err.print(f"[red]strict:[/red] {bad} greedy output(s) of verispec methods differ from plain decoding "
                   "beyond a near-tie", highlight=False)
         raise typer.Exit(1)
+
+
+def _draft_search(search: bool, paths: list[Path]):
+    from ..cli.common import draft_search_locations
+
+    return draft_search_locations(search, paths)
 
 
 def _print_summary(result: dict) -> None:

@@ -11,8 +11,9 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .common import (PREFIX_CACHE_HELP, PREFIX_CACHE_MB, QUANT_HELP, THREADS_HELP, check, check_model_arg,
-                     check_text_args, emit, err, fail, parse_options, read_prompt)
+from .common import (DRAFT_SEARCH_HELP, DRAFT_SEARCH_PATH_HELP, PREFIX_CACHE_HELP, PREFIX_CACHE_MB, QUANT_HELP,
+                     THREADS_HELP, check, check_model_arg, check_text_args, draft_search_locations, emit, err, fail,
+                     parse_options, read_prompt, say)
 
 
 def peak_rss_mb() -> float:
@@ -62,6 +63,8 @@ def generate(
     quant: str = typer.Option("auto", help=QUANT_HELP),
     prefix_cache_mb: float = typer.Option(PREFIX_CACHE_MB, help=PREFIX_CACHE_HELP),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
+    draft_search: bool = typer.Option(False, "--draft-search", help=DRAFT_SEARCH_HELP),
+    draft_search_path: list[Path] = typer.Option([], "--draft-search-path", help=DRAFT_SEARCH_PATH_HELP),
 ) -> None:
     """Generate text with speculative decoding and print speculation statistics."""
     from ..api import SpecDecoder, load_model
@@ -88,6 +91,11 @@ def generate(
                                 max_new_tokens=max_new_tokens, seed=seed, stop=tuple(stop))
         n_threads = set_threads(threads)  # before loading: the compiled runtime sizes its pool at load
         lm = load_model(model, dtype=dtype, backend=backend, quant=quant)
+        locations = draft_search_locations(draft_search, draft_search_path)
+        if locations is not None:
+            from ..models.discovery import with_found_draft
+
+            lm = with_found_draft(lm, locations, say)
         limit = max_text_chars(lm.tokenizer, lm.backend.info.max_length)
         check(len(text) <= limit, f"the prompt has {len(text)} characters, more than the "
               f"{lm.backend.info.max_length}-token context of {lm.name} can hold (at most {limit})")

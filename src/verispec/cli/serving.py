@@ -4,12 +4,14 @@ served by one process (``server/app.py``) or by Ray Serve replicas (``--ray``,
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
 
 from ..server.config import Cors, Limits, ServerConfig
-from .common import PREFIX_CACHE_HELP, QUANT_HELP, THREADS_HELP, check, check_model_arg, fail, parse_options
+from .common import (DRAFT_SEARCH_HELP, DRAFT_SEARCH_PATH_HELP, PREFIX_CACHE_HELP, QUANT_HELP, THREADS_HELP, check,
+                     check_model_arg, draft_search_locations, fail, parse_options)
 
 C, L, O = ServerConfig, Limits, Cors()  # the defaults of every option that sets one of their fields (server/config.py)
 
@@ -48,6 +50,8 @@ def serve(
     chat_template_timeout: float = typer.Option(C.chat_template_timeout_s, help="seconds the model's chat template may take to render one chat (HTTP 400 after; the render runs in a separate process)"),
     ray: bool = typer.Option(False, "--ray", help="serve engine replicas on Ray Serve: a local Ray instance, or the cluster RAY_ADDRESS names (docs/ray.md)"),
     replicas: int = typer.Option(1, help="--ray: engine replicas, each with --threads Ray CPUs (default 1) and as many threads"),
+    draft_search: bool = typer.Option(False, "--draft-search", help=DRAFT_SEARCH_HELP),
+    draft_search_path: list[Path] = typer.Option([], "--draft-search-path", help=DRAFT_SEARCH_PATH_HELP),
 ) -> None:
     """Run an OpenAI-compatible server with batched speculative decoding (see verispec.server)."""
     from ..models.base import ModelError
@@ -68,6 +72,7 @@ def serve(
         cors = Cors(*(parse_list_option(v) for v in (allowed_origins, allowed_methods, allowed_headers)))
         limits = Limits(header_timeout_s=header_timeout, body_timeout_s=body_timeout, api_key=api_key,
                         max_body_bytes=max_body_bytes)
+        locations = draft_search_locations(draft_search, draft_search_path)
         config = ServerConfig(model=model, backend=backend, dtype=dtype, quant=quant, drafters=tuple(drafter),
                               drafter_options=tuple(parse_options(drafter_option).items()),
                               num_draft_tokens=num_draft_tokens, policy=policy, max_batch=max_batch,
@@ -76,7 +81,7 @@ def serve(
                               fixed_cost_rows=fixed_cost_rows, token_budget=token_budget,
                               disable_spec_at=disable_spec_at, served_model_name=served_model_name,
                               prefix_cache_mb=prefix_cache_mb, chat_template_timeout_s=chat_template_timeout,
-                              limits=limits, cors=cors)
+                              limits=limits, cors=cors, draft_search=None if locations is None else tuple(locations))
         if ray:
             _serve_ray(config, replicas, threads or 1, host, port)
         else:

@@ -260,6 +260,45 @@ int vs_model_finish(void* mp, char* err, int n) {
   return 0;
 }
 
+// A model of `n` of a finished model's layers (`keep`: ascending, distinct) with its embedding, final
+// norm and head: self-speculation's draft (Draft & Verify, Zhang et al. 2023; SWIFT, Xia et al. 2024).
+// Its matrices are the parent's, not copied (`borrowed`: the parent frees them and must outlive it);
+// its K/V cache is its own, of n layers. Same forward, so a kept layer computes exactly what it
+// computes in the parent, over the subset's own K/V.
+void* vs_model_subset(void* pp, const int32_t* keep, int n, char* err, int len) {
+  auto* p = (Model*)pp;
+  if (!p || !keep || n < 1 || n > p->cfg.n_layers) {
+    set_err(err, len, "a layer subset keeps 1 to all of the model's layers");
+    return nullptr;
+  }
+  for (int i = 0; i < n; i++)
+    if (keep[i] < 0 || keep[i] >= p->cfg.n_layers || (i && keep[i] <= keep[i - 1])) {
+      set_err(err, len, "a layer subset lists ascending, distinct layers of the model");
+      return nullptr;
+    }
+  try {
+    auto* m = new Model();
+    m->cfg = p->cfg;
+    m->cfg.n_layers = n;
+    for (int i = 0; i < n; i++) m->layers.push_back(p->layers[keep[i]]);
+    m->norm = p->norm;
+    m->rope_cos = p->rope_cos;
+    m->rope_sin = p->rope_sin;
+    m->embed = p->embed;
+    m->head = p->head;
+    m->in_proj = p->in_proj;
+    m->in_norm = p->in_norm;
+    m->tied = p->tied;
+    m->k = p->k;
+    m->pool = p->pool;
+    m->borrowed = true;
+    return m;
+  } catch (const std::exception& ex) {
+    set_err(err, len, std::string("cannot create the layer subset: ") + ex.what());
+    return nullptr;
+  }
+}
+
 // Bytes of repacked weights read per decode step (the embedding's rows are read one per token).
 size_t vs_model_weight_bytes(void* mp) {
   auto* m = (Model*)mp;

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from .resolve import ModelSource, resolve_model
 from .runtime_choice import BACKENDS, RuntimeChoice, checkpoint_format, choose_runtime, parse_quant
 from .tokenizer import hf_dir_tokenizer, load_tokenizer
 
+if TYPE_CHECKING:
+    from .discovery import FoundDraft
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 Prompt = str | list[dict[str, str]]
 
@@ -40,6 +43,7 @@ class LoadedModel:
     source: ModelSource  # what was loaded: an HF dir, a GGUF file, a llama2.c checkpoint
     has_chat_template: bool
     choice: RuntimeChoice  # the runtime and weight format it runs with
+    found_draft: FoundDraft | None = None  # a draft model found on the machine (``--draft-search``: models/discovery.py)
 
     @property
     def backend_kind(self) -> str:

@@ -131,6 +131,7 @@ class ServerConfig:
     chat_template_memory_mb: int = 512  # what that rendering may allocate (400 beyond)
     limits: Limits = field(default_factory=Limits)
     cors: Cors = field(default_factory=Cors)  # browser pages of other origins (none by default)
+    draft_search: tuple | None = None  # models.discovery.Location's searched for a draft auto runs; None = off
 
     def __post_init__(self) -> None:
         if not self.drafters:

@@ -10,6 +10,7 @@ Ray Serve replica (``ray_serve.py``) both serve a ``ServerState``.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -68,6 +69,11 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
     engine in every response's ``verispec`` statistics (a Ray Serve replica). Every engine's drafter
     is wrapped in a ``PredictionDrafter``: a request's prediction drafts first (Predicted Outputs)."""
     model = model or load_model(config.model, dtype=config.dtype, backend=config.backend, quant=config.quant)
+    if config.draft_search is not None:  # --draft-search: a draft found on the machine, said in one line
+        from ..models.discovery import with_found_draft
+
+        model = with_found_draft(model, config.draft_search, lambda line: print(line, file=sys.stderr, flush=True),
+                                 batched=True)
     target = model.backend
     prefix = PrefixCache.from_mb(config.prefix_cache_mb)  # one for all drafters: they share the target
     engines: dict[str, Engine] = {}
