@@ -203,3 +203,10 @@ def test_every_field_error_names_its_param(url, body, param):
     r = httpx.post(f"{url}/v1/chat/completions", json={"model": MODEL} | body, timeout=60)
     err = assert_error(r, 400, None, param)
     assert "Value error" not in err["message"]
+
+
+@pytest.mark.parametrize("field", [{"guided_json": SCHEMA}, {"grammar": 'root ::= "a"'}, {"guided_choice": ["a"]}])
+def test_another_servers_constraint_beside_a_forced_tool_call_is_a_400(url, field):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    r = ask(url, "chat/completions", {"tools": [tool], "tool_choice": "required"} | field)
+    assert_error(r, 400, None, next(iter(field)))

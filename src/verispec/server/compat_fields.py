@@ -64,6 +64,14 @@ def constraint_request(body: Any, response_format: Callable[[dict[str, Any] | No
     return found[0] if found else None
 
 
+def refuse_beside(body: Any, what: str) -> None:
+    """A 400 naming the first of these fields ``body`` sets, where ``what`` (a forced tool call)
+    already constrains the answer."""
+    for name in FIELDS:
+        if getattr(body, name, None) is not None:
+            raise ApiError(400, f"{name} and {what} both constrain the answer; send one of them", name)
+
+
 def _field_request(name: str, value: Any, param: str | None = None) -> ConstraintRequest | None:
     """The constraint field ``name`` names (``param``: the field as the client spelled it)."""
     param = param or name

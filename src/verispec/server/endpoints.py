@@ -279,6 +279,7 @@ class Chat(Endpoint):
         """A required or named tool call constrains the answer to calls; else ``response_format``."""
         tools = forced_tools(self.body)
         if tools:
+            compat_fields.refuse_beside(self.body, "tool_choice")
             return tool_call_request(tools, self.body.parallel_tool_calls, self.tokenizer)
         return super().constraint_request()
 
