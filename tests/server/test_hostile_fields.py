@@ -210,3 +210,9 @@ def test_another_servers_constraint_beside_a_forced_tool_call_is_a_400(url, fiel
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     r = ask(url, "chat/completions", {"tools": [tool], "tool_choice": "required"} | field)
     assert_error(r, 400, None, next(iter(field)))
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_llama_cpps_empty_grammar_means_none(url, route):
+    text, finish = text_of(route, ask(url, route, {"grammar": "", "max_tokens": 8}))
+    assert text and finish in ("stop", "length")

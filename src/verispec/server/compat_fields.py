@@ -52,10 +52,9 @@ def constraint_request(body: Any, response_format: Callable[[dict[str, Any] | No
     if req is not None:
         found.append(req)
     for name in FIELDS:
-        value = getattr(body, name, None)
-        if value is None:
+        if not _sent(body, name):
             continue
-        req = _field_request(name, value)
+        req = _field_request(name, getattr(body, name))
         if req is None:
             continue
         if found:
@@ -68,8 +67,14 @@ def refuse_beside(body: Any, what: str) -> None:
     """A 400 naming the first of these fields ``body`` sets, where ``what`` (a forced tool call)
     already constrains the answer."""
     for name in FIELDS:
-        if getattr(body, name, None) is not None:
+        if _sent(body, name):
             raise ApiError(400, f"{name} and {what} both constrain the answer; send one of them", name)
+
+
+def _sent(body: Any, name: str) -> bool:
+    """Does ``body`` set the field ``name``? (llama.cpp's clients send ``"grammar": ""`` for none.)"""
+    value = getattr(body, name, None)
+    return value is not None and not (name == "grammar" and value == "")
 
 
 def _field_request(name: str, value: Any, param: str | None = None) -> ConstraintRequest | None:
