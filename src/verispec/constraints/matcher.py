@@ -117,16 +117,21 @@ class Matcher:
         one past the parser's limits (thousands of alternatives as rules, ``a{1000000}``) fails
         on its first token."""
         bits = self.new_bitmask(1)
-        if not self._compute_mask(bits[0]):
+        probe = self._m.deep_copy()
+        probe.unsafe_compute_mask_ptr(bits.data_ptr(), bits.numel() * 4)
+        if probe.is_error():
+            error = probe.get_error()
             raise GrammarError("the grammar allows no answer: its language is empty (a rule or $ref that only "
-                               f"refers to itself?) ({_one_line(self._m.get_error(), 200)})")
+                               f"refers to itself?) ({_one_line(error, 200)})")
+        self.fill_bitmask(bits[0])  # without the added tokens the engine would refuse
         allowed = unpack_bitmask(bits, self.vocab_size)[0]
         for t in self.vocab.eos_ids:
             allowed[t] = False
         first = allowed.nonzero().flatten()[:1].tolist()
         if not first:
             if not self._m.is_accepting():
-                raise GrammarError("the grammar allows no answer: no token of the model's vocabulary can start it")
+                raise GrammarError("the grammar allows no answer: no token of the model's vocabulary can start it "
+                                  "(or its first step is past the grammar engine's limits)")
             return
         probe = self._m.deep_copy()
         if not probe.consume_tokens(first) or probe.is_error():
@@ -221,21 +226,19 @@ class Matcher:
         exists, allows the token and then refuses it) is cleared, so the mask holds exactly what
         ``advance`` takes; a state left with nothing, or whose mask the engine could not compute
         within its limits, allows EOS (the request ends there)."""
-        if self._spent or not self._compute_mask(out):
+        if not self._spent:
+            self._m.unsafe_compute_mask_ptr(out.data_ptr(), out.numel() * 4)
+            if not self._m.is_error():
+                cleared = False
+                for t in self.vocab.added_ids:
+                    if has_bit(out, t) and not self._m.validate_tokens([t]):
+                        _set_bit(out, t, False)
+                        cleared = True
+                if cleared and not bool(out.any()):
+                    self.fill_eos_only(out)
+                return
             self._recover()
-            self.fill_eos_only(out)
-        elif not bool(out.any()):
-            self.fill_eos_only(out)
-
-    def _compute_mask(self, out: torch.Tensor) -> bool:
-        """The engine's mask without the added tokens it would refuse; False where it failed."""
-        self._m.unsafe_compute_mask_ptr(out.data_ptr(), out.numel() * 4)
-        if self._m.is_error():
-            return False
-        for t in self.vocab.added_ids:
-            if has_bit(out, t) and not self._m.validate_tokens([t]):
-                _set_bit(out, t, False)
-        return True
+        self.fill_eos_only(out)
 
     def new_bitmask(self, rows: int) -> torch.Tensor:
         return torch.zeros(rows, self._words, dtype=torch.int32)
