@@ -215,6 +215,11 @@ class Matcher:
         return self._spent or self._m.is_stopped()
 
     @property
+    def accepting(self) -> bool:
+        """May the answer end here (EOS allowed by the grammar itself, not for want of anything else)?"""
+        return not self._spent and self._m.is_accepting()
+
+    @property
     def failed(self) -> bool:
         """Spent: the grammar engine's limits stopped it for good (it allows EOS alone)."""
         return self._spent or self._m.is_error()

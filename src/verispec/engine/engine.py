@@ -366,6 +366,8 @@ class Engine:
                 reason = "grammar"  # stopped it there (a step past llguidance's bounds); the answer ends
             elif reason is None and req.grammar.stopped:  # the grammar is complete: EOS is all that may follow
                 reason = "eos"
+            if reason == "eos" and not req.grammar.accepting:  # EOS where the grammar's mask failed: cut short
+                reason = "grammar"
         if logprobs is not None:
             req.logprobs.extend(logprobs[:cut])
         req.stats.new_tokens += len(new)
