@@ -230,59 +230,6 @@ def test_serve_ray_on_loopback_listens_on_loopback_only(host: str) -> None:
     assert proc.returncode == 0 and "Traceback" not in out, out
 
 
-def _ray_left(t0: float, recorded: list) -> list[str]:
-    """Processes still alive among ``recorded`` (psutil processes) and any process naming Ray
-    started since ``t0`` outside this test process's own tree (its Ray instance's workers)."""
-    import psutil
-
-    ours = {p.pid for p in psutil.Process().children(recursive=True)}
-    left = [p for p in recorded if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
-        with contextlib.suppress(psutil.Error):
-            if (p.info["create_time"] >= t0 and p.pid not in ours and p not in left
-                    and "ray" in " ".join(p.info["cmdline"] or []).lower() and p.status() != psutil.STATUS_ZOMBIE):
-                left.append(p)
-    out = []
-    for p in left:
-        with contextlib.suppress(psutil.Error):
-            out.append(f"{p.pid} {' '.join(p.cmdline())[:80]}")
-    return out
-
-
-@pytest.mark.ray
-@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT", "SIGKILL"])
-def test_no_ray_process_outlives_the_server(stop: str) -> None:
-    """After `serve --ray` ends (stopped, Ctrl-C, or killed outright) no process of its local Ray
-    instance is left: the raylet's DashboardAgent and RuntimeEnvAgent used to stay as orphans."""
-    import signal
-
-    import psutil
-
-    t0 = time.time() - 1
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = _cli(*SERVER_ARGS, "--ray", "--port", str(port), env=env)
-    recorded: list = []
-    try:
-        _wait(lambda: _up(f"http://127.0.0.1:{port}", proc), 240, "the Ray deployment did not come up")
-        _wait_for_line(proc, "verispec: serving", 120)
-        recorded = psutil.Process(proc.pid).children(recursive=True)
-        assert any("DashboardAgent" in " ".join(p.cmdline()) for p in recorded), recorded
-        proc.send_signal(getattr(signal, stop))
-        proc.communicate(timeout=120)
-        deadline = time.time() + 30
-        while _ray_left(t0, recorded) and time.time() < deadline:
-            time.sleep(0.5)
-        assert _ray_left(t0, recorded) == []
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        for p in recorded:  # never leave them to the next test
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-
-
 @pytest.fixture(scope="module")
 def ray_cluster():
     import ray
