@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from .constraints import Constraint
 
-FinishReason = Literal["eos", "length", "stop", "context"]
+FinishReason = Literal["eos", "length", "stop", "context", "grammar"]
 
 
 MAX_TEMPERATURE = 2.0  # the OpenAI API's range; one bound for the CLI, bench and server

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 err = Console(stderr=True)
 
@@ -285,7 +286,7 @@ class _LineLog:
         self.done += 1
         elapsed = time.perf_counter() - self.t0
         eta = elapsed / self.done * (self.total - self.done)
-        err.print(f"[{self.done}/{self.total}] {label} · elapsed {elapsed:.0f} s · ETA {eta:.0f} s",
+        err.print(f"[{self.done}/{self.total}] {escape(label)} · elapsed {elapsed:.0f} s · ETA {eta:.0f} s",
                   highlight=False, soft_wrap=True)
 
 
@@ -324,7 +325,7 @@ def _run_loaded(o: BenchOptions, specs, params, prompts) -> tuple[dict, int]:
         lm = with_found_draft(lm, o.draft_search, say)
     runners, notices = build_runners(specs, lm, o)
     for note in notices:
-        err.print(f"[yellow]notice:[/yellow] {note}", highlight=False, soft_wrap=True)
+        err.print(f"[yellow]notice:[/yellow] {escape(note)}", highlight=False, soft_wrap=True)
     total = num_generations(prompts, len(runners), o.repeats) + o.warmup * len(runners)
     with _progress() as progress:
         task = progress.add_task("bench", total=total)
@@ -418,7 +419,7 @@ def bench(
         check_options(opts)
         result, bad = run_bench(opts)
     except (ValueError, ModelError) as e:
-        err.print(f"[red]error:[/red] {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+        err.print(f"[red]error:[/red] {escape(str(e).splitlines()[0] if str(e) else type(e).__name__)}",
                   highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     _print_summary(result)

@@ -13,6 +13,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 err = Console(stderr=True)
 PREFIX_CACHE_MB = 1024.0  # = engine.prefix_cache.DEFAULT_MAX_MB (not imported: `verispec --help` stays instant)
@@ -43,8 +44,9 @@ def say(line: str) -> None:
 
 
 def fail(message: str) -> None:
-    """One-line error and exit code 2 (bad input), never a traceback."""
-    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    """One-line error and exit code 2 (bad input), never a traceback. The message is printed as
+    it is (rich markup escaped: ``verispec[ray]`` keeps its brackets)."""
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 

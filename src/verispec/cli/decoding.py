@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from .common import (DRAFT_SEARCH_HELP, DRAFT_SEARCH_PATH_HELP, PREFIX_CACHE_HELP, PREFIX_CACHE_MB, QUANT_HELP,
@@ -25,7 +26,7 @@ def stats_table(stats: dict) -> Table:
     for key in ("new_tokens", "cached_tokens", "target_forwards", "steps", "drafted", "accepted", "tau", "alpha",
                 "tokens_per_second", "prefill_s", "decode_s", "peak_rss_mb", "backend", "threads", "bit_exact",
                 "bit_exact_reason", "prefix_cache"):
-        table.add_row(key, str(stats.get(key)))
+        table.add_row(key, escape(str(stats.get(key))))
     ppa = stats.get("per_position_acceptance") or []
     table.add_row("per_position_acceptance", " ".join(f"{x:.2f}" for x in ppa[:12]))
     return table
@@ -192,10 +193,10 @@ def demo(
     (plain, t_plain), (spec, t_spec) = runs.values()
     emit(spec.text)
     backend = lm.backend.description
-    table = Table("decoding", "tokens", "seconds", "tokens/s", "tau", "speed-up", title=f"{lm.name} on {backend}"
+    table = Table("decoding", "tokens", "seconds", "tokens/s", "tau", "speed-up", title=escape(f"{lm.name} on {backend}")
                   + ("" if "threads" in backend else f", {n_threads} thread{'s' * (n_threads != 1)}"))
     for name, (out, t) in runs.items():
-        table.add_row(name, str(len(out.token_ids)), f"{t:.2f}", f"{len(out.token_ids) / t:.1f}",
+        table.add_row(escape(name), str(len(out.token_ids)), f"{t:.2f}", f"{len(out.token_ids) / t:.1f}",
                       f"{out.stats.tau:.2f}", f"{t_plain / t:.2f}x")
     err.print(table)
     same = plain.token_ids == spec.token_ids

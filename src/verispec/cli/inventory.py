@@ -7,6 +7,7 @@ import json
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .common import emit
@@ -18,7 +19,7 @@ def models() -> None:
 
     table = Table("name", "description")
     for name, desc in list_models():
-        table.add_row(name, desc)
+        table.add_row(escape(name), escape(desc))
     Console().print(table)
 
 
@@ -29,7 +30,7 @@ def drafters() -> None:
     table = Table("name", "description")
     for name, (_, desc) in DRAFTERS.items():
         aliases = [a for a, n in ALIASES.items() if n == name]
-        table.add_row(name + (f" ({', '.join(aliases)})" if aliases else ""), desc)
+        table.add_row(escape(name + (f" ({', '.join(aliases)})" if aliases else "")), escape(desc))
     Console().print(table)
 
 

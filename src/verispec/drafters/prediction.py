@@ -34,8 +34,10 @@ caller (the engine refuses one longer than the context).
 Usage (``prediction_usage``): OpenAI counts ``accepted_prediction_tokens`` (prediction tokens
 that appeared in the completion) and ``rejected_prediction_tokens`` (those that did not).
 Here the accepted ones are the prediction's drafted tokens the target accepted, and the token
-the target added after them where it continues the prediction, each position counted once;
-the rejected ones are the rest of the prediction.
+the target added after them where it continues the prediction, each position counted once and
+only where it lies inside the completion returned (a stop string or ``max_tokens`` cuts what
+the engine accepted past it); the rejected ones are the rest of the prediction. A request that
+drafts nothing from its prediction (speculation off, one token) accepts none.
 
     d = PredictionDrafter(SuffixDrafter())
     engine = Engine(target, d, 16)
@@ -70,7 +72,8 @@ class _Place:
     index: dict[tuple[int, ...], list[int]]  # n-gram -> its start positions, ascending
     next_pos: int = 0  # the prediction position after the last drafted/accepted one
     drafted: dict[int, int] = field(default_factory=dict)  # this step's tree node -> prediction position
-    accepted: set[int] = field(default_factory=set)  # prediction positions accepted as drafts
+    accepted: dict[int, int] = field(default_factory=dict)  # prediction position accepted -> its index in the tokens
+    base: int = 0  # this step's root's index in the request's tokens (prompt first) + 1
     from_prediction: bool = False  # did this step's tree come from the prediction?
     guessed_start: bool = False  # was the prefill's token looked at as the prediction's start?
     ended: bool = False  # has the step after the output reached the prediction's end been drafted (plain)?
@@ -144,8 +147,8 @@ class PredictionDrafter(DeclaresFeatures):
         self.features: Features = inner.features  # drafters declare theirs at construction
         self.verify_cost = inner.verify_cost
         self._places: RequestTable[_Place] = RequestTable()
-        # finished requests' (accepted, prediction tokens), oldest first, until read (bounded)
-        self._usage: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        # finished requests' (accepted tokens' indices, prediction tokens), oldest first, until read (bounded)
+        self._usage: OrderedDict[str, tuple[tuple[int, ...], int]] = OrderedDict()
         # verified proposals from predictions, their drafted and accepted tokens (as ``HybridDrafter``'s by source)
         self.steps: Counter[str] = Counter()
         self.drafted: Counter[str] = Counter()
@@ -158,20 +161,26 @@ class PredictionDrafter(DeclaresFeatures):
     def finish(self, request_id: str) -> None:
         place = self._places.pop(request_id)
         if place is not None:
-            self._usage[request_id] = (len(place.accepted), len(place.prediction))
+            self._usage[request_id] = (tuple(place.accepted.values()), len(place.prediction))
             while len(self._usage) > KEPT_USAGE:
                 self._usage.popitem(last=False)
         self.inner.finish(request_id)
 
-    def prediction_usage(self, request_id: str) -> tuple[int, int] | None:
+    def prediction_usage(self, request_id: str, end: int | None = None) -> tuple[int, int] | None:
         """(accepted, rejected) prediction tokens of a finished request that had a prediction
-        (OpenAI's ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``); read once."""
+        (OpenAI's ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``), counting only
+        accepted tokens before index ``end`` of its tokens (prompt first: the completion's end);
+        read once."""
         usage = self._usage.pop(request_id, None)
-        return None if usage is None else (usage[0], usage[1] - usage[0])
+        if usage is None:
+            return None
+        accepted = sum(1 for i in usage[0] if end is None or i < end)
+        return accepted, usage[1] - accepted
 
     def record_usage(self, request_id: str, stats: RequestStats) -> None:
-        """Put a finished request's prediction usage (if it had a prediction) into its statistics."""
-        usage = self.prediction_usage(request_id)
+        """Put a finished request's prediction usage (if it had a prediction) into its statistics,
+        counting only its completion's ``stats.new_tokens`` tokens."""
+        usage = self.prediction_usage(request_id, stats.prompt_tokens + stats.new_tokens)
         if usage is not None:
             stats.accepted_prediction_tokens, stats.rejected_prediction_tokens = usage
 
@@ -179,11 +188,14 @@ class PredictionDrafter(DeclaresFeatures):
         place = self._places.find(obs.request_id)
         if place is not None and place.from_prediction:
             on_path = [place.drafted[node] for node in obs.path if node in place.drafted]
+            at = [place.base + i for i, node in enumerate(obs.path) if node in place.drafted]
             after = on_path[-1] + 1 if on_path else min(place.drafted.values())
             # the step's last token (the target's own) may continue the prediction too: it appeared in the answer
             if after < len(place.prediction) and obs.new_tokens[-1] == place.prediction[after]:
                 on_path.append(after)
-            place.accepted.update(on_path)
+                at.append(place.base + len(obs.path))
+            for pos, index in zip(on_path, at):
+                place.accepted.setdefault(pos, index)
             place.hits += len(obs.path)
             place.misses += len(obs.path) < obs.tree.num_drafted
             self.steps["prediction"] += 1
@@ -218,7 +230,7 @@ class PredictionDrafter(DeclaresFeatures):
             place.guessed_start = True  # once: the prefill's token may be the prediction's first
             if place.prediction[0] == ctx.tokens[-1]:
                 pos = 1
-                place.accepted.add(0)  # the prefill's token: it appeared in the answer
+                place.accepted[0] = len(ctx.tokens) - 1  # the prefill's token: it appeared in the answer
         # followed to its end (or to its last token, which the answer may spell otherwise, e.g. "\n```"): once, a
         # plain step (see the module docstring)
         at_end = pos == len(place.prediction) or (pos is None and 0 < place.next_pos >= len(place.prediction) - 1)
@@ -233,6 +245,7 @@ class PredictionDrafter(DeclaresFeatures):
         if not draft:
             return None
         place.drafted = {i + 1: pos + i for i in range(len(draft))}  # chain node i + 1 drafts position pos + i
+        place.base = len(ctx.tokens)
         return DraftTree.chain(ctx.tokens[-1], draft)
 
     # ---- what the wrapped drafter declares -------------------------------------------

@@ -361,10 +361,12 @@ class Engine:
         new = new[:cut]
         req.tokens.extend(new)
         if req.grammar is not None:
-            if not req.grammar.advance(new):
-                raise RuntimeError(f"request {req.request_id} committed a token its grammar forbids")
-            if reason is None and req.grammar.stopped:  # the grammar is complete: EOS is all that may follow
+            if not req.grammar.advance(new):  # masked logits only pick allowed tokens: the engine's limits
+                reason = "grammar"  # stopped it there (a step past llguidance's bounds); the answer ends
+            elif reason is None and req.grammar.stopped:  # the grammar is complete: EOS is all that may follow
                 reason = "eos"
+            if reason == "eos" and not req.grammar.accepting:  # EOS where the grammar's mask failed: cut short
+                reason = "grammar"
         if logprobs is not None:
             req.logprobs.extend(logprobs[:cut])
         req.stats.new_tokens += len(new)

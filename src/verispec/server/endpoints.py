@@ -23,6 +23,7 @@ from ..chat import ChatTooLong, RenderedChat, render_chat, tokenize_chat
 from ..chat_template import TemplateError
 from ..constraints import Constraint
 from ..fim import fim_prompt
+from . import compat_fields
 from .generation import FINISH
 from .openai_logprobs import TextOffsets, chat_logprobs, completion_logprobs, join_logprobs, prompt_logprobs
 from .schemas import ApiError, ChatCompletionRequest, CompletionRequest
@@ -73,15 +74,16 @@ class Endpoint(ABC):
     async def prompts(self) -> list[list[int]]:
         """The prompts' token ids (built off the event loop)."""
 
-    async def prediction(self) -> tuple[int, ...]:
-        """The request's prediction (Predicted Outputs) as token ids, () without one (on the tokenizer thread)."""
+    async def prediction(self) -> tuple[int, ...] | None:
+        """The request's prediction (Predicted Outputs) as token ids, None without one (on the tokenizer thread)."""
         if self.body.prediction is None:
-            return ()
+            return None
         return await off_loop(self.state, encode_prediction_text, self.state, self.body.prediction.text())
 
     def constraint_request(self) -> ConstraintRequest | None:
-        """What the output must follow (``response_format``), None for free text."""
-        return response_format_request(self.body.response_format)
+        """What the output must follow (``response_format``, or another server's field:
+        ``compat_fields``), None for free text."""
+        return compat_fields.constraint_request(self.body, response_format_request)
 
     async def constraint(self) -> Constraint | None:
         """The request's constraint compiled for the model (on the tokenizer thread)."""
@@ -302,12 +304,14 @@ class Chat(Endpoint):
         fmt = self.tool_format
         if not self.body.uses_tools or fmt is None:
             return super().constraint_request()
-        answer = response_format_request(self.body.response_format)
+        answer = compat_fields.constraint_request(self.body, response_format_request)  # llama.cpp's, vLLM's too
         schema = None if answer is None else True if answer.kind == "json_object" else answer.spec
         if answer is not None and answer.kind not in ("json_object", "json_schema"):
             raise ApiError(400, f"response_format of type {answer.kind} cannot be combined with tools; use "
                            "json_schema or json_object", "response_format")
         forced = forced_tools(self.body)
+        if forced is not None:
+            compat_fields.refuse_beside(self.body, "tool_choice")
         grammar = tool_grammar(fmt, forced or self.body.tools or [], forced is not None,
                                self.body.parallel_tool_calls, self.tokenizer, schema)
         return ConstraintRequest("grammar", grammar, True, "tools")

@@ -25,14 +25,15 @@ from .worker import Event, Job, QueueFull, ShuttingDown
 KEEPALIVE_S = 1.0  # a stream silent this long gets an SSE comment line (clients skip comments)
 
 # the engine's finish reasons -> OpenAI's finish_reason
-FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "grammar": "length",
+          "cancelled": "stop"}
 
 
 class Generation:
     """The jobs of one HTTP request and the event queue they report to (on the event loop)."""
 
     def __init__(self, state: ServerState, base_id: str, prompts: list[list[int]], params: SamplingParams,
-                 drafter: str, n: int = 1, draft_limit: int | None = None, prediction: tuple[int, ...] = (),
+                 drafter: str, n: int = 1, draft_limit: int | None = None, prediction: tuple[int, ...] | None = None,
                  prompt_logprobs: int | None = None, score_only: bool = False):
         """``n`` samples per prompt: choice ``i * n + j`` is sample j of prompt i, seeded
         ``sample_seed(seed, j)`` = ``seed + j`` wrapping past 2^63 - 1 to 0 (as vLLM seeds n > 1

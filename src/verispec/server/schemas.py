@@ -64,6 +64,15 @@ class Prediction(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
+class FieldError(ValueError):
+    """A field's error found by a model validator (which pydantic locates at the model): its
+    ``param``, the dotted path of the field, is named in the 400 (``app.py``)."""
+
+    def __init__(self, param: str | None, message: str):
+        super().__init__(message)
+        self.param = param
+
+
 class _Sampling(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -94,13 +103,26 @@ class _Sampling(BaseModel):
     return_token_ids: StrictBool = False
     prediction: Prediction | None = None  # OpenAI's Predicted Outputs (chat; completions: an extension)
     response_format: dict[str, Any] | None = None  # structured outputs (structured.py; completions: an extension)
+    # other servers' constraint fields (llama.cpp, vLLM, TGI, SGLang): mapped or refused by compat_fields.py
+    grammar: Any = None
+    json_schema: Any = None
+    guided_json: Any = None
+    guided_choice: Any = None
+    guided_regex: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    regex: Any = None
+    ebnf: Any = None
+    guided_whitespace_pattern: Any = None
+    structural_tag: Any = None
 
     @model_validator(mode="before")
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
         where = lone_surrogate(data)
         if where is not None:
-            raise ValueError(f"{where or 'the body'} is not valid Unicode (a lone UTF-16 surrogate such as \\ud800)")
+            raise FieldError(where or None,
+                             f"{where or 'the body'} is not valid Unicode (a lone UTF-16 surrogate such as \\ud800)")
         return data
 
     @field_validator("top_k", mode="before")
@@ -118,6 +140,8 @@ class _Sampling(BaseModel):
         checks = [
             ("stop", any(not s for s in self.stop_strings()), "stop strings must be non-empty"),
             ("stop", len(self.stop_strings()) > 4, "at most 4 stop strings"),
+            ("stream_options", self.stream_options is not None and not self.stream,
+             "stream_options is only allowed when stream is true"),
         ]
         return next(((p, m) for p, bad, m in checks if bad), None)
 
