@@ -304,14 +304,14 @@ class Chat(Endpoint):
         fmt = self.tool_format
         if not self.body.uses_tools or fmt is None:
             return super().constraint_request()
-        answer = compat_fields.constraint_request(self.body, response_format_request)  # llama.cpp's, vLLM's too
-        schema = None if answer is None else True if answer.kind == "json_object" else answer.spec
-        if answer is not None and answer.kind not in ("json_object", "json_schema"):
-            raise ApiError(400, f"response_format of type {answer.kind} cannot be combined with tools; use "
-                           "json_schema or json_object", "response_format")
         forced = forced_tools(self.body)
         if forced is not None:
             compat_fields.refuse_beside(self.body, "tool_choice")
+        answer = compat_fields.constraint_request(self.body, response_format_request)  # llama.cpp's, vLLM's too
+        schema = None if answer is None else True if answer.kind == "json_object" else answer.spec
+        if answer is not None and answer.kind not in ("json_object", "json_schema"):
+            raise ApiError(400, f"a constraint of type {answer.kind} ({answer.param}) cannot be combined with tools; "
+                           "use a JSON schema or json_object", answer.param)
         grammar = tool_grammar(fmt, forced or self.body.tools or [], forced is not None,
                                self.body.parallel_tool_calls, self.tokenizer, schema)
         return ConstraintRequest("grammar", grammar, True, "tools")
