@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .cost_model import CostModel
 from .drafters.base import Drafter, NoDrafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.prompt_lookup import PromptLookupDrafter
@@ -19,6 +20,11 @@ DRAFT_PREFIX_CACHE_MB = 256.0  # the draft model's prefix cache: ~10k tokens of 
 
 
 def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
+    return _draft_model_costed(target, opts)[0]
+
+
+def _draft_model_costed(target: "LoadedModel", opts: dict[str, Any]) -> tuple[Drafter, CostModel | None]:
+    """The draft model drafter and the cost model it sizes its drafts by (None: fixed k)."""
     from .engine.prefix_cache import PrefixCache
     from .models.catalog import CATALOG
     from .models.cpu_weights import REQUANTS
@@ -55,21 +61,18 @@ def _draft_model(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
         if any(value not in ("auto", "full", "file") for value in asked.values()) or stop == "cost" or shape:
             raise ValueError(f"{e}: it drafts through text, without vocab=N, quant, skip, window or stop=cost "
                              "(they need the target's tokenizer)") from None
-        return _cross_tokenizer(target, model, min_conf, opts)
+        return _cross_tokenizer(target, model, min_conf, opts), None
     if stop == "auto":  # a separate draft model sizes its drafts by cost; layer-skip and distilled drafts keep k
         stop = "cost" if model not in ("shipped",) and not model.startswith("truncated:") else "fixed"
     cost = None
     if stop == "cost":
         from .cost_curve import cached_cost_curve, measure_draft_step
-        from .drafters.draft_model import DraftCost
 
-        key = _cost_key(target)
-        curve = cached_cost_curve(target.backend, key)
-        ratio = cached_cost_curve(draft, f"{key}-draftstep-{draft.info.name}", sizes=(1,), repeats=7,
+        ratio = cached_cost_curve(draft, f"{_cost_key(target)}-draftstep-{draft.info.name}", sizes=(1,), repeats=7,
                                   measure=lambda m, sizes, repeats: measure_draft_step(target.backend, m, repeats))
-        cost = DraftCost(ratio[1], curve)
+        cost = cost_model(target).with_draft(ratio[1])
     return DraftModelDrafter(draft, min_confidence=min_conf, cost=cost, pool_rows=pool_rows,
-                             prefix_cache=PrefixCache.from_mb(prefix_mb))
+                             prefix_cache=PrefixCache.from_mb(prefix_mb)), cost
 
 
 def _cross_tokenizer(target: "LoadedModel", model: str, min_conf: float, opts: dict[str, Any]) -> Drafter:
@@ -122,11 +125,7 @@ def _eagle(target: "LoadedModel", opts: dict[str, Any], kind: str = "eagle") -> 
         runner = CompiledHeadRunner(head, embed, max_length=backend.info.max_length, quant=quant,
                                     threads=backend.threads,
                                     max_draft=max(64, depth * top_k))  # a chain's or a tree's expanded nodes
-    cost = None
-    if budget == "measured":  # the target's t(n), measured once per configuration, then cached
-        from .cost_curve import cached_cost_curve
-
-        cost = cached_cost_curve(target.backend, _cost_key(target))
+    cost = cost_model(target).curve if budget == "measured" else None  # the target's t(n)
     return EagleDrafter(head, embed, mode=mode, depth=depth, top_k=top_k, runner=runner, cost=cost)
 
 
@@ -147,12 +146,29 @@ def _medusa(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
 
     path = opts.pop("weights", None) or shipped_weights("medusa", target.name)
     tree = str(opts.pop("tree", "sparse"))
-    cost = None
-    if tree == "sequoia":  # hardware-aware size: t(n) measured once per configuration, then cached
+    cost = cost_model(target).curve if tree == "sequoia" else None  # hardware-aware size: the target's t(n)
+    return MedusaDrafter(MedusaHeads.load(path), target_embedding(target), tree=tree, cost=cost)
+
+
+_COSTS: dict[str, CostModel] = {}  # cost key -> the target's cost model, built once
+
+
+def cost_model(target: "LoadedModel") -> CostModel:
+    """The target's cost model: its t(n) measured once per configuration (``_cost_key``; cached
+    on disk, ``cost_curve.cached_cost_curve``) and built once per process; the drafters that size
+    their drafts get it here, and the engine gets it from ``built_cost``."""
+    key = _cost_key(target)
+    if key not in _COSTS:
         from .cost_curve import cached_cost_curve
 
-        cost = cached_cost_curve(target.backend, _cost_key(target))
-    return MedusaDrafter(MedusaHeads.load(path), target_embedding(target), tree=tree, cost=cost)
+        _COSTS[key] = CostModel(cached_cost_curve(target.backend, key))
+    return _COSTS[key]
+
+
+def built_cost(target: "LoadedModel") -> CostModel | None:
+    """The cost model built for ``target``'s drafters (``cost_model``), or None when none sizes by
+    one: what an engine of ``target`` sizes constrained requests' forced tokens by."""
+    return _COSTS.get(_cost_key(target))
 
 
 def _cost_key(target: "LoadedModel") -> str:
@@ -186,22 +202,26 @@ def _hybrid(target: "LoadedModel", opts: dict[str, Any]) -> Drafter:
     if learned in ("eagle", "eagle3"):  # the hybrid sizes each step itself
         l_opts.setdefault("budget", "fixed")
     min_match = int(opts.pop("min_match", 0))
-    sub = [make_drafter(retrieval, target, r_opts), make_drafter(learned, target, dict(l_opts))]
+    learned_model = None  # the cost model a draft model sizes its own drafts by
+    if learned == "draft":
+        rest = dict(l_opts)
+        learned_drafter, learned_model = _draft_model_costed(target, rest)
+        if rest:
+            raise ValueError(f"drafter draft has no option(s) {', '.join(sorted(rest))}")
+    else:
+        learned_drafter = make_drafter(learned, target, dict(l_opts))
+    sub = [make_drafter(retrieval, target, r_opts), learned_drafter]
     # a draft model with its cost rule sizes its own drafts: the hybrid only picks who proposes
-    sizing = "self" if isinstance(sub[1], DraftModelDrafter) and sub[1].cost is not None and mode == "fallback" \
-        else "hybrid"
+    sizing = "self" if learned_model is not None and mode == "fallback" else "hybrid"
     cost = draft_cost = None
     catch_up = 0.0
-    if budget == "measured" and sizing == "self":
-        cost = sub[1].cost.curve  # the same t(n) the draft model sizes by
-        draft_cost = {n: n * sub[1].cost.draft for n in cost}  # c(n): n draft forwards
-        # a catch-up of many tokens, per token: the target's marginal cost at its largest measured sizes,
-        # scaled by the draft's forward over the target's (both compute-bound there)
-        (n0, t0), (n1, t1) = sorted(cost.items())[-2:] if len(cost) > 1 else ((0, 1.0), *cost.items())
-        catch_up = sub[1].cost.draft * (t1 - t0) / (n1 - n0)
+    if budget == "measured" and learned_model is not None and sizing == "self":
+        cost = learned_model.curve  # the same t(n) the draft model sizes by
+        draft_cost = {n: n * learned_model.draft for n in cost}  # c(n): n draft forwards
+        catch_up = learned_model.catch_up()
     elif budget == "measured":  # t(n) of the target and c(n) of the learned drafter, measured once
         key = _cost_key(target)
-        cost = cached_cost_curve(target.backend, key)
+        cost = cost_model(target).curve
         tag = hashlib.sha1(repr((learned, sorted(l_opts.items()), sub[1].cost_signature())).encode()).hexdigest()[:8]
         draft_cost = cached_cost_curve(  # a retrained or resized learned drafter gets a new tag
             target.backend, f"{key}-draft-{learned}-{tag}", repeats=3,

@@ -66,6 +66,8 @@ from ..tree import DraftTree
 from .base import LAST_HIDDEN, DeclaresFeatures, DraftContext, Features, Observation, RequestTable
 from .dynamic_tree import rerank, select_frontier, size_by_cost, tree_from_candidates
 from .eagle_runner import HeadRunner, TorchHeadRunner
+from ..models.formats import WeightFormat
+from .options import option
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,25 @@ class _EagleState:
     pending_tokens: list[int] = field(default_factory=list)
     last_pred: torch.Tensor | None = None  # [H] head output for the last fed pair
     last_logits: torch.Tensor | None = None  # [Vd] draft logits read from it
+
+
+@dataclass(frozen=True)
+class EagleOptions:
+    """EAGLE feature head on target hidden states, EAGLE-2 dynamic trees (Li et al. 2024); eagle3: EAGLE-3's fused low/mid/high layers."""
+
+    mode: Literal["tree", "chain"] = option("tree", "a dynamic tree or a chain")
+    depth: int = option(6, "draft depth")
+    top_k: int = option(8, "children expanded per node")
+    weights: str | None = option(None, "a directory of trained head weights (default: the shipped ones)")
+    runtime: Literal["auto", "compiled", "torch"] = option("auto", "where the head runs (auto: compiled beside a compiled target)")
+    head_quant: str = option(WeightFormat.Q8_0.value, "the head's weights on the compiled runtime: q8_0 or f32")
+    budget: Literal["measured", "fixed"] = option("measured", "measured: each draft sized by the target's cost curve")
+
+    def __post_init__(self) -> None:
+        if self.depth < 1 or self.top_k < 1:
+            raise ValueError("eagle needs depth >= 1 and top_k >= 1")
+        if self.head_quant not in (WeightFormat.Q8_0, WeightFormat.F32):
+            raise ValueError(f"head_quant must be {WeightFormat.Q8_0} or {WeightFormat.F32}, got {self.head_quant!r}")
 
 
 class EagleDrafter(DeclaresFeatures):

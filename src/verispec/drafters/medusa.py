@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,7 @@ from torch import nn
 
 from ..tree import DraftTree
 from .base import LAST_HIDDEN, DeclaresFeatures, DraftContext, Features, Observation, RequestTable
+from .options import option
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,14 @@ class _MedusaState:
 
 
 TREES = ("sparse", "sequoia")
+
+
+@dataclass(frozen=True)
+class MedusaOptions:
+    """Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (Cai et al. 2024)."""
+
+    tree: Literal["sparse", "sequoia"] = option("sparse", "the tree: sparse (from head accuracy) or sequoia (sized by the cost curve)")
+    weights: str | None = option(None, "a directory of trained heads (default: the shipped ones)")
 
 
 class MedusaDrafter(DeclaresFeatures):
