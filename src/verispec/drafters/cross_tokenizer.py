@@ -81,7 +81,7 @@ class CrossTokenizerDrafter(WrappingDrafter):
     name: ClassVar[str] = "draft"
 
     def __init__(self, draft: CausalLM, draft_tokenizer: Any, target_tokenizer: Any, target_bos: int | None = None,
-                 max_draft: int = DEFAULT_MAX_DRAFT, min_confidence: float = 0.0):
+                 max_draft: int = DEFAULT_MAX_DRAFT, min_confidence: float = DraftModelOptions.min_confidence):
         if max_draft < 1:
             raise ValueError("max_draft must be >= 1")
         self.model, self.max_draft = draft, max_draft

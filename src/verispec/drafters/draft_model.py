@@ -91,10 +91,12 @@ class DraftModelOptions:
 
         if self.quant not in ("auto", "file", *REQUANTS):
             raise ValueError(f"quant must be auto, file or {', '.join(REQUANTS)}, got {self.quant!r}")
-        if self.window < 0 or self.pool_rows < 1 or self.prefix_cache_mb < 0 or self.max_draft < 1 \
-                or not 0 <= self.min_confidence < 1:
-            raise ValueError("draft needs window >= 0, pool_rows >= 1, prefix_cache_mb >= 0, max_draft >= 1 and "
-                             "0 <= min_confidence < 1")
+        for name, ok, rule in (("window", self.window >= 0, ">= 0"), ("pool_rows", self.pool_rows >= 1, ">= 1"),
+                               ("prefix_cache_mb", self.prefix_cache_mb >= 0, ">= 0"),
+                               ("max_draft", self.max_draft >= 1, ">= 1"),
+                               ("min_confidence", 0 <= self.min_confidence < 1, "in [0, 1)")):
+            if not ok:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)}")
 
 
 class DraftModelDrafter(DeclaresFeatures):

@@ -292,8 +292,8 @@ class EagleDrafter(DeclaresFeatures):
 
     name: ClassVar[str] = "eagle"
 
-    def __init__(self, head: EagleHead, embed: torch.Tensor, mode: Literal["chain", "tree"] = "tree",
-                 depth: int = 6, top_k: int = 8, runner: HeadRunner | None = None,
+    def __init__(self, head: EagleHead, embed: torch.Tensor, mode: Literal["chain", "tree"] = EagleOptions.mode,
+                 depth: int = EagleOptions.depth, top_k: int = EagleOptions.top_k, runner: HeadRunner | None = None,
                  cost: dict[int, float] | None = None):
         if mode not in ("chain", "tree"):
             raise ValueError(f"mode must be chain or tree, not {mode!r}")

@@ -132,7 +132,7 @@ class MedusaDrafter(DeclaresFeatures):
     features: ClassVar[Features] = LAST_HIDDEN  # the target's last hidden state
 
     def __init__(self, heads: MedusaHeads, embed: torch.Tensor, rank_acc: list[list[float]] | None = None,
-                 tree: str = "sparse", cost: dict[int, float] | None = None):
+                 tree: str = MedusaOptions.tree, cost: dict[int, float] | None = None):
         cfg = heads.cfg
         if tuple(embed.shape) != (cfg.vocab_size, cfg.hidden_size):
             raise ValueError(f"target embedding has shape {tuple(embed.shape)}; the Medusa heads expect "
