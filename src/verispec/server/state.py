@@ -97,9 +97,11 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
     state = ServerState(config, model, worker, metrics, name, max_len, int(time.time()),
                         max_text_chars(model.tokenizer, max_len), pool, aliases)
     if model.has_chat_template:
+        render = RenderWorker()
         try:
-            state.chat_template = template_of(model.tokenizer, config.template_bounds(), RenderWorker())
+            state.chat_template = template_of(model.tokenizer, config.template_bounds(), render)
         except ValueError as e:  # TemplateError: a completion-only user of this model file is still served
+            render.stop()  # the process that found the error: reaped now, not left to the garbage collector
             state.chat_error = str(e)
             warnings.warn(f"{e}; /v1/chat/completions will answer 400, /v1/completions is served", stacklevel=2)
     return state
