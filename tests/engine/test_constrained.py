@@ -17,6 +17,7 @@ import pytest
 from helpers import TemperedSelfDraft
 from verispec.constraints import GrammarError, constraint_for
 from verispec.constraints import speculation
+from verispec.cost_model import CostModel
 from verispec.constraints.speculation import JumpForward, forced_branches, jump_forward, node_masks, prune
 from verispec.drafters.base import DraftContext, NoDrafter
 from verispec.drafters.draft_model import DraftModelDrafter
@@ -377,7 +378,7 @@ def test_greedy_with_cost_sized_forced_tokens_equals_constrained_plain(stories, 
     prompt = prompt_of(stories, "Lily said: {\"name\": \"Lily\", \"age\": 3}")
     plain, plain_req = generate(stories, NoDrafter(), prompt, params, draft_limit=0)
     engine = Engine(stories.backend, make_drafter("prompt-lookup", stories, {}), 8)
-    engine.verify_cost = {n: 1.0 if curve == "flat" else 1.0 + n for n in (1, 2, 4, 8)}
+    engine.cost = CostModel({n: 1.0 if curve == "flat" else 1.0 + n for n in (1, 2, 4, 8)})
     req = engine.add_request(prompt, params)
     while not req.finished:
         engine.step(req)

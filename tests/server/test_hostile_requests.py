@@ -238,8 +238,11 @@ def test_negative_grace_is_rejected(chatml) -> None:
     from verispec.server.state import ServerConfig, build_state
 
     state = build_state(ServerConfig(model=MODEL, max_model_len=64), model=chatml)
-    with pytest.raises(ValueError, match="graceful"):
-        make_server(state, -1.0)
+    try:
+        with pytest.raises(ValueError, match="graceful"):
+            make_server(state, -1.0)
+    finally:
+        state.close()  # its render process and threads
     with pytest.raises(ValueError):
         Limits(max_body_bytes=0)
 

@@ -198,7 +198,7 @@ def build_runners(specs, lm, o: BenchOptions) -> tuple[list, list[str]]:
     """One runner per method spec (baseline first); peers that cannot run are skipped
     with a notice. Every method takes the option ``k`` (its own draft budget, default
     ``-k``). Returns (runners, notices)."""
-    from ..registry import make_drafter
+    from ..registry import built_cost, make_drafter
     from .runners import EngineRunner
 
     shared, runners = _Shared(), []
@@ -213,7 +213,8 @@ def build_runners(specs, lm, o: BenchOptions) -> tuple[list, list[str]]:
             if predicts not in ("yes", "no"):
                 raise BenchError(f"method {spec.label}: prediction must be yes or no")
             drafter = make_drafter(spec.name, lm, opts)
-            runners.append(EngineRunner(spec.label, lm.backend, drafter, k, o.policy, mb, predicts == "yes"))
+            runners.append(EngineRunner(spec.label, lm.backend, drafter, k, o.policy, mb, predicts == "yes",
+                                        built_cost(lm)))
         elif spec.kind == "hf":
             runners.append(_hf_runner(spec, opts, k, lm, o, shared))
         else:

@@ -15,6 +15,7 @@ import torch
 
 from ..drafters.base import Drafter
 from ..drafters.prediction import PredictionDrafter
+from ..cost_model import CostModel
 from ..engine import Engine
 from ..engine.prefix_cache import PrefixCache
 from ..models.base import CausalLM
@@ -67,11 +68,11 @@ class EngineRunner(Runner):
     prefix cache (``prefix_cache_mb``, 0 = off): each method reuses only its own requests.
     ``predicts``: the drafter is wrapped in a ``PredictionDrafter`` and items' predictions are sent."""
 
-    def __init__(self, label: str, target: CausalLM, drafter: Drafter,
-                 num_draft_tokens: int, policy: str = "fixed", prefix_cache_mb: float = 0, predicts: bool = False):
+    def __init__(self, label: str, target: CausalLM, drafter: Drafter, num_draft_tokens: int, policy: str = "fixed",
+                 prefix_cache_mb: float = 0, predicts: bool = False, cost: CostModel | None = None):
         self.label, self.drafter, self.predicts = label, drafter, predicts
-        self.engine = Engine(target, PredictionDrafter(drafter) if predicts else drafter, num_draft_tokens, policy,
-                             PrefixCache.from_mb(prefix_cache_mb))
+        self.engine = Engine(target, PredictionDrafter(drafter, cost) if predicts else drafter, num_draft_tokens,
+                             policy, PrefixCache.from_mb(prefix_cache_mb), cost)
         self._device = target.info.device
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, prediction: list[int] = ()) -> Generation:

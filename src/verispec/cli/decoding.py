@@ -45,7 +45,7 @@ def generate(
     drafter: str = typer.Option("auto", help="auto (default: the best lossless method measured for the model: "
                                 "Qwen2.5-Coder 1.5B: hybrid of suffix and the 0.5B draft; others: suffix), "
                                 "suffix, prompt-lookup, draft, hybrid, none, ... (`verispec drafters`)"),
-    drafter_option: list[str] = typer.Option([], "--drafter-option", "-o", help="key=value, repeatable"),
+    drafter_option: list[str] = typer.Option([], "--drafter-option", "-o", help="key=value, repeatable: an option of the drafter (`verispec drafters` lists them)"),
     num_draft_tokens: int = typer.Option(16, "-k", "--num-draft-tokens", help="draft budget per step (16: the "
                                          "compiled runtime verifies 16 tokens for ~3x one step, docs/cpu.md)"),
     policy: str = typer.Option("fixed", help="draft length policy: fixed or heuristic"),

@@ -24,13 +24,16 @@ def models() -> None:
 
 
 def drafters() -> None:
-    """List the drafters and their options."""
+    """List the drafters and their options (-o key=value), from each drafter's options dataclass."""
+    from ..drafters.options import describe, summary
     from ..registry import ALIASES, DRAFTERS
 
-    table = Table("name", "description")
-    for name, (_, desc) in DRAFTERS.items():
+    table = Table("name", "description", "options (-o key=value; default)")
+    for name, (_, options) in DRAFTERS.items():
         aliases = [a for a, n in ALIASES.items() if n == name]
-        table.add_row(escape(name + (f" ({', '.join(aliases)})" if aliases else "")), escape(desc))
+        rows = [f"{key}" + (f"={default}" if default else "") + (f" ({kind})" if kind else "") + f": {text}"
+                for key, kind, default, text in describe(options)]
+        table.add_row(escape(name + (f" ({', '.join(aliases)})" if aliases else "")), escape(summary(options)), escape("\n".join(rows)))
     Console().print(table)
 
 

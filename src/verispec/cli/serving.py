@@ -21,7 +21,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="bind address"),
     port: int = typer.Option(8000, help="bind port"),
     drafter: list[str] = typer.Option(list(C.drafters), "--drafter", help="drafters requests may pick (repeatable; the first is the default; auto: the hybrid of suffix and the draft model for a target with one, else prompt lookup)"),
-    drafter_option: list[str] = typer.Option([], "--drafter-option", "-o", help="key=value for the default drafter, repeatable"),
+    drafter_option: list[str] = typer.Option([], "--drafter-option", "-o", help="key=value for the default drafter, repeatable (`verispec drafters` lists the options)"),
     num_draft_tokens: int = typer.Option(C.num_draft_tokens, "-k", "--num-draft-tokens", help="draft budget per step (prompt lookup: 4 beats 8 on Spec-Bench, docs/cpu.md)"),
     policy: str = typer.Option(C.policy, help="draft length policy: fixed or heuristic"),
     max_batch: int = typer.Option(C.max_batch, help="most requests decoding together (cache-pool rows)"),

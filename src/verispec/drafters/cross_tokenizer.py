@@ -33,16 +33,15 @@ from typing import Any, ClassVar
 from ..models.base import CausalLM
 from ..tree import DraftTree
 from ..types import SamplingParams
-from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
-from .draft_model import DraftModelDrafter
+from .base import DraftContext, Observation, RequestTable, WrappingDrafter
+from .draft_model import DraftModelDrafter, DraftModelOptions
 
 DETOKENIZE_WINDOW = 4  # tokens decoded before the new ones, so a token's text is read in context (vLLM's prefix offset)
 RESYNC_WINDOW = 3  # the draft's last tokens re-tokenized with appended text (a boundary may move)
 RESYNC_TRIES = 8  # further start points tried before re-tokenizing the whole text
 UTF8_HOLD = 4  # at most this many trailing tokens held back for an incomplete UTF-8 character
 GREEDY = SamplingParams(temperature=0.0)
-# target tokens proposed per step at most: SmolLM2-135M for the Qwen2.5-Coder 1.5B paid most at 2-3 (docs/history/benchmarks-2026-11.md)
-DEFAULT_MAX_DRAFT = 3
+DEFAULT_MAX_DRAFT = DraftModelOptions.max_draft  # target tokens proposed per step at most (draft_model.py)
 
 
 def _decode(tokenizer: Any, ids: list[int]) -> str:
@@ -73,7 +72,7 @@ class _Stream:
     ids: list[int] = field(default_factory=list)  # the draft's tokens: prefix + a tokenization of text
 
 
-class CrossTokenizerDrafter(DeclaresFeatures):
+class CrossTokenizerDrafter(WrappingDrafter):
     """Chain drafts for a target from ``draft``, a causal LM with its own ``draft_tokenizer``,
     through text (module docstring); ``target_tokenizer`` is the target's. ``max_draft``: target
     tokens proposed at most (the engine's budget may be larger); ``min_confidence``: as
@@ -82,7 +81,7 @@ class CrossTokenizerDrafter(DeclaresFeatures):
     name: ClassVar[str] = "draft"
 
     def __init__(self, draft: CausalLM, draft_tokenizer: Any, target_tokenizer: Any, target_bos: int | None = None,
-                 max_draft: int = DEFAULT_MAX_DRAFT, min_confidence: float = 0.0):
+                 max_draft: int = DEFAULT_MAX_DRAFT, min_confidence: float = DraftModelOptions.min_confidence):
         if max_draft < 1:
             raise ValueError("max_draft must be >= 1")
         self.model, self.max_draft = draft, max_draft
@@ -108,15 +107,6 @@ class CrossTokenizerDrafter(DeclaresFeatures):
 
     def observe(self, obs: Observation) -> None:
         pass  # the stream is brought up to date in propose
-
-    def memory_bytes(self) -> int:
-        return self.inner.memory_bytes()
-
-    def context_bytes(self, max_length: int, rows: int) -> int:
-        return self.inner.context_bytes(max_length, rows)
-
-    def reserve(self, max_length: int, rows: int) -> None:
-        self.inner.reserve(max_length, rows)
 
     # ---- one proposal ----------------------------------------------------------------------
     def propose(self, ctx: DraftContext) -> DraftTree:

@@ -17,52 +17,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
 from ..constraints.speculation import GrammarDraft
+from ..cost_model import CostModel
 from ..models.base import CausalLM, KVCache, model_bytes
 from ..memory import cache_pool_bytes
 from ..models.cache_pool import CachePool, PooledCache
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
 from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
+from .options import option
 
 if TYPE_CHECKING:
     from ..engine.prefix_cache import PrefixCache
-
-
-@dataclass(frozen=True)
-class DraftCost:
-    """Measured costs in target decode steps: ``draft`` one draft forward; ``curve`` the target
-    forward over the root and n drafted tokens at measured n (``policies.tree_shape``)."""
-
-    draft: float
-    curve: dict[int, float]
-
-    def verify(self, n: int) -> float:
-        """t(n), interpolated linearly between measured sizes (t(0) = 1, a decode step)."""
-        points = sorted({0: 1.0, **self.curve}.items())
-        for (n0, t0), (n1, t1) in zip(points, points[1:]):
-            if n <= n1:
-                return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
-        (n0, t0), (n1, t1) = points[-2], points[-1]
-        return t1 + (t1 - t0) * (n - n1) / (n1 - n0)
-
-    def keeps(self, i: int, expected: float, p: float, forwards: int | None = None) -> bool:
-        """With i tokens kept (E = ``expected`` tokens a step) and ``forwards`` draft forwards
-        paid (i + 1 unless told: tokens a grammar forces cost none), does token i + 1, reached
-        with probability ``p``, raise tokens per unit time?"""
-        paid = (i + 1 if forwards is None else forwards) * self.draft
-        return (expected + p) / (paid + self.verify(i + 1)) >= expected / (paid + self.verify(i))
-
-    def pays_another(self, i: int, expected: float, p: float, forwards: int | None = None) -> bool:
-        """With i + 1 tokens kept (``forwards`` draft forwards paid, i + 1 unless told), is one
-        more draft forward worth paying for, the next token guessed to be reached with probability ``p``?"""
-        paid = (i + 1 if forwards is None else forwards) * self.draft
-        now = expected / (paid + self.verify(i + 1))
-        return (expected + p) / (paid + self.draft + self.verify(i + 2)) >= now
 
 
 @dataclass
@@ -96,6 +66,40 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+@dataclass(frozen=True)
+class DraftModelOptions:
+    """A small LM: the shipped distilled draft, else the catalog's draft for the target, else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation)."""
+
+    model: str = option("auto", "shipped|truncated:N|self|<name|path> (auto: shipped, else the catalog's draft, else "
+                               "truncated:4; self: the target's own layers less skip=, its weights shared: "
+                               "self-speculation, Draft & Verify / SWIFT)")
+    vocab: str = option("auto", "auto|full|N: an FR-Spec head of the N most frequent tokens (auto: 32768 for a catalog GGUF)")
+    quant: str = option("auto", "auto|file|q4_0|q3_k|q2_k: the draft's matrices re-encoded at load (auto: q4_0 for a catalog GGUF)")
+    skip: str = option("", "layers of a GGUF draft, or of the target with model=self, left out (3+10-12; self's "
+                             "default: every other middle layer)")
+    window: int = option(0, "each draft layer attends to its last N keys (0: all)")
+    stop: Literal["auto", "cost", "fixed"] = option("auto", "cost: each draft sized by the measured costs and its confidence")
+    min_confidence: float = option(0.0, "a draft stops below this top probability")
+    pool_rows: int = option(16, "requests drafted together in one batched draft forward")
+    prefix_cache_mb: float = option(256.0, "the draft's own prefix cache across requests (0: off)")
+    # SmolLM2-135M for the Qwen2.5-Coder 1.5B paid most at 2-3 (docs/history/benchmarks-2026-11.md)
+    max_draft: int = option(3, "another tokenizer: target tokens drafted a step at most")
+
+    def __post_init__(self) -> None:
+        if self.vocab not in ("auto", "full") and not self.vocab.isdigit():
+            raise ValueError(f"vocab must be auto, full or a token count, got {self.vocab!r}")
+        from ..models.cpu_weights import REQUANTS
+
+        if self.quant not in ("auto", "file", *REQUANTS):
+            raise ValueError(f"quant must be auto, file or {', '.join(REQUANTS)}, got {self.quant!r}")
+        for name, ok, rule in (("window", self.window >= 0, ">= 0"), ("pool_rows", self.pool_rows >= 1, ">= 1"),
+                               ("prefix_cache_mb", self.prefix_cache_mb >= 0, ">= 0"),
+                               ("max_draft", self.max_draft >= 1, ">= 1"),
+                               ("min_confidence", 0 <= self.min_confidence < 1, "in [0, 1)")):
+            if not ok:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)}")
 
 
 class DraftModelDrafter(DeclaresFeatures):
@@ -144,8 +148,9 @@ class DraftModelDrafter(DeclaresFeatures):
 
     name: ClassVar[str] = "draft"
 
-    def __init__(self, model: CausalLM, min_confidence: float = 0.0, cost: DraftCost | None = None,
-                 pool_rows: int = 16, one_call: bool = True, prefix_cache: PrefixCache | None = None):
+    def __init__(self, model: CausalLM, min_confidence: float = DraftModelOptions.min_confidence,
+                 cost: CostModel | None = None, pool_rows: int = DraftModelOptions.pool_rows, one_call: bool = True,
+                 prefix_cache: PrefixCache | None = None):
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError("min_confidence must be in [0, 1)")
         if pool_rows < 1:
@@ -210,10 +215,6 @@ class DraftModelDrafter(DeclaresFeatures):
 
     def observe(self, obs: Observation) -> None:
         pass  # the cache is re-synchronised lazily in propose()
-
-    @property
-    def verify_cost(self) -> dict[int, float] | None:  # type: ignore[override]
-        return None if self.cost is None else self.cost.curve
 
     @property
     def pool(self) -> CachePool | None:

@@ -66,9 +66,9 @@ from typing import ClassVar, Literal
 from ..constraints.speculation import keep_nodes, reachable
 from ..policies.draft_budget import DepthAcceptance, best_size
 from ..tree import DraftTree
-from .base import NO_FEATURES, DeclaresFeatures, DraftContext, Drafter, Observation, RequestTable, features_of
-from .draft_model import DraftModelDrafter
-from .suffix_tree import SuffixDecodingDrafter
+from .base import (NO_FEATURES, CountsPrefill, DeclaresFeatures, DraftContext, Drafter, Observation, RequestTable,
+                   Speculates, features_of)
+from .options import option
 
 Source = Literal["retrieval", "learned", "fused", "none"]
 SOURCES: tuple[Source, ...] = ("retrieval", "learned", "fused", "none")
@@ -143,6 +143,25 @@ class _Proposal:
     r_accepted: int = 0  # ... and tokens accepted
 
 
+@dataclass(frozen=True)
+class HybridOptions:
+    """Suffix (or prompt lookup) first, a learned drafter when that pays more, or both fused (RASD); sizes from the measured cost curves."""
+
+    retrieval: Literal["suffix", "prompt-lookup"] = option("suffix", "the model-free drafter")
+    learned: Literal["eagle", "eagle3", "draft"] = option("eagle", "the learned drafter")
+    mode: Literal["fallback", "fuse"] = option("fallback", "one of them proposes, or the two trees fused (RASD)")
+    min_score: float = option(1.0, "retrieval drafts worth fewer expected tokens are no candidate")
+    min_match: int = option(0, "suffix drafts only after a context match this long")
+    budget: Literal["measured", "fixed"] = option("measured", "measured: sizes from the cost curves")
+    rent_start: Literal["predicted", "always", "constrained"] = option(
+        "predicted", "when a draft model's first start on a request is deferred (module docstring)")
+    learned_options: dict = option({}, "an option of the learned drafter", passthrough="learned")
+
+    def __post_init__(self) -> None:
+        if self.min_score < 0 or self.min_match < 0:
+            raise ValueError("min_score and min_match must be >= 0")
+
+
 class HybridDrafter(DeclaresFeatures):
     """A retrieval drafter first, a learned drafter when that pays more (or both fused),
     sized per step from the target's cost curve ``cost`` (t(n)) and the learned drafter's
@@ -150,11 +169,11 @@ class HybridDrafter(DeclaresFeatures):
 
     name: ClassVar[str] = "hybrid"
 
-    def __init__(self, retrieval: Drafter, learned: Drafter, mode: Literal["fallback", "fuse"] = "fallback",
-                 min_score: float = 1.0, cost: dict[int, float] | None = None,
-                 learned_cost: dict[int, float] | None = None, min_match: int = 0,
+    def __init__(self, retrieval: Drafter, learned: Drafter, mode: Literal["fallback", "fuse"] = HybridOptions.mode,
+                 min_score: float = HybridOptions.min_score, cost: dict[int, float] | None = None,
+                 learned_cost: dict[int, float] | None = None, min_match: int = HybridOptions.min_match,
                  learned_sizing: Literal["hybrid", "self"] = "hybrid", catch_up_cost: float = 0.0,
-                 rent_start: Literal["constrained", "always", "predicted"] = "constrained"):
+                 rent_start: Literal["constrained", "always", "predicted"] = HybridOptions.rent_start):
         if mode not in ("fallback", "fuse"):
             raise ValueError(f"mode must be fallback or fuse, not {mode!r}")
         if min_score < 0:
@@ -174,7 +193,6 @@ class HybridDrafter(DeclaresFeatures):
             raise ValueError(f"the retrieval drafter {retrieval.name} must be model-free")
         self.retrieval, self.learned, self.mode, self.min_score = retrieval, learned, mode, min_score
         self.cost, self.learned_cost = cost, learned_cost
-        self.verify_cost = cost
         self.catch_up_cost = catch_up_cost if cost is not None and not features_of(learned).wanted else 0.0
         # a learned drafter that loses to plain decoding even if every node were accepted
         # is left out entirely (no hidden states, no calls): it could never propose
@@ -183,7 +201,7 @@ class HybridDrafter(DeclaresFeatures):
         self._subs = (retrieval, learned) if self.learned_enabled else (retrieval,)
         # what the learned drafter reads (EAGLE-3: its target layers), only while it is in
         self.features = features_of(learned) if self.learned_enabled else NO_FEATURES
-        self._scored = isinstance(retrieval, SuffixDecodingDrafter)  # gives its own node values
+        self._scored = isinstance(retrieval, Speculates)  # gives its own node values
         self._learned_acc = DepthAcceptance()
         self._retrieval_acc = DepthAcceptance()  # node values of drafters without their own
         self._requests: RequestTable[_Proposal] = RequestTable()
@@ -364,7 +382,7 @@ class HybridDrafter(DeclaresFeatures):
         """Rent or buy (module docstring): is the learned drafter's catch-up (or its start) paid
         for this step? ``rate``: its best rate on the tracked acceptance (``_sizes``)."""
         pending = len(ctx.tokens) - 1 - state.learned_seen  # the root comes with the draft in any case
-        if not state.learned_started and isinstance(self.learned, DraftModelDrafter):  # + the prompt's last token
+        if not state.learned_started and isinstance(self.learned, CountsPrefill):  # + the prompt's last token
             pending = self.learned.prefill_tokens(list(ctx.tokens[:-1])) + 1
         saving = max(0.0, 1.0 - 1.0 / rate)
         state.rent += saving

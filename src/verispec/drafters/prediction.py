@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from ..policies.draft_budget import best_size
 from ..tree import DraftTree
 from ..types import RequestStats
-from .base import DeclaresFeatures, DraftContext, Drafter, Features, Observation, RequestTable
-from .draft_model import DraftCost
+from ..cost_model import CostModel
+from .base import DraftContext, Drafter, Features, Observation, RequestTable, WrappingDrafter
 
 MIN_MATCH = 2  # output tokens that must match the prediction before its continuation is drafted
 RESYNC_MATCH = 4  # ...and, away from the place drafting stands at, this many (2 tokens recur by chance)
@@ -126,26 +126,18 @@ def find_place(prediction: tuple[int, ...], index: dict[tuple[int, ...], list[in
     return best
 
 
-def measured_cost(drafter: Drafter) -> dict[int, float] | None:
-    """The target's measured t(n) that ``drafter`` sizes its own drafts by (the hybrid's, a draft
-    model's), or None."""
-    cost = getattr(drafter, "cost", None)
-    return cost.curve if isinstance(cost, DraftCost) else cost if isinstance(cost, dict) else None
-
-
-class PredictionDrafter(DeclaresFeatures):
+class PredictionDrafter(WrappingDrafter):
     """Drafts a request's prediction where the output follows it; ``inner`` drafts elsewhere
-    (and observes every step, so it stays in step with the request). ``cost``: the target's t(n)
-    that sizes its drafts (default: the one ``inner`` sizes its own by). Declares what ``inner``
+    (and observes every step, so it stays in step with the request). ``cost``: the target's cost
+    model (``registry.cost_model``) that sizes its drafts; None: they fill the budget. Declares what ``inner``
     declares (its features, memory, reset) and answers to its name (statistics name the
     method a request ran; the prediction is the request's, not a method)."""
 
-    def __init__(self, inner: Drafter, cost: dict[int, float] | None = None):
+    def __init__(self, inner: Drafter, cost: CostModel | None = None):
         self.inner = inner
-        self.cost = cost if cost is not None else measured_cost(inner)  # t(n), or None: drafts fill the budget
+        self.cost = None if cost is None else cost.curve  # t(n), or None: drafts fill the budget
         self.name = inner.name
         self.features: Features = inner.features  # drafters declare theirs at construction
-        self.verify_cost = inner.verify_cost
         self._places: RequestTable[_Place] = RequestTable()
         # finished requests' (accepted tokens' indices, prediction tokens), oldest first, until read (bounded)
         self._usage: OrderedDict[str, tuple[tuple[int, ...], int]] = OrderedDict()
@@ -248,18 +240,3 @@ class PredictionDrafter(DeclaresFeatures):
         place.base = len(ctx.tokens)
         return DraftTree.chain(ctx.tokens[-1], draft)
 
-    # ---- what the wrapped drafter declares -------------------------------------------
-    def memory_bytes(self) -> int:
-        return self.inner.memory_bytes()
-
-    def context_bytes(self, max_length: int, rows: int) -> int:
-        return self.inner.context_bytes(max_length, rows)
-
-    def reserve(self, max_length: int, rows: int) -> None:
-        self.inner.reserve(max_length, rows)
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    def cost_signature(self) -> str:
-        return self.inner.cost_signature()

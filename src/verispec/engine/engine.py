@@ -17,6 +17,7 @@ from ..constraints.speculation import JumpForward, mask_logits, shape_draft
 from ..drafters.base import DraftContext, Drafter, Observation, features_of
 from ..logits_processing import adjust_tree_logits
 from ..logprobs import step_rows, token_logprobs
+from ..cost_model import CostModel
 from ..errors import NonFiniteLogits
 from ..models.base import CausalLM, KVCache
 from ..policies.draft_length import DraftLengthPolicy, PolicyName
@@ -69,6 +70,7 @@ class Engine:
         num_draft_tokens: int = 8,
         policy: PolicyName = "fixed",
         prefix_cache: PrefixCache | None = None,
+        cost: CostModel | None = None,
     ):
         DraftLengthPolicy(num_draft_tokens, policy)  # validate now, not at first request
         self.target, self.drafter = target, drafter
@@ -76,8 +78,9 @@ class Engine:
         self.prefix_cache = prefix_cache if prefix_cache_support(target) is None else None
         if self.prefix_cache is not None:
             self.prefix_cache.bind(target)
-        # the target's t(n) that sizes a constrained request's forced-token drafts (None: they fill the budget)
-        self.verify_cost = drafter.verify_cost
+        # the target's cost model (registry.cost_model): sizes a constrained request's forced-token
+        # drafts (None: they fill the budget)
+        self.cost = cost
         self._ids = itertools.count()
         self._warned_drafter = False  # a drafter's non-finite logits are reported once (``_drafts``)
 
@@ -166,7 +169,7 @@ class Engine:
             draft_limit=draft_limit,
             prediction=prediction,
             grammar=None if constraint is None else constraint.matcher(),
-            jump_forward=None if constraint is None or self.verify_cost is None else JumpForward(self.verify_cost),
+            jump_forward=None if constraint is None or self.cost is None else JumpForward(self.cost.curve),
         )
 
     def _prefill(self, req: Request) -> None:

@@ -25,7 +25,7 @@ from ..drafters.prediction import PredictionDrafter
 from ..engine import Engine
 from ..engine.batch import BatchEngine, SpecSchedule
 from ..engine.prefix_cache import PrefixCache
-from ..registry import best_method, make_drafter
+from ..registry import best_method, built_cost, make_drafter
 from .config import ServerConfig as ServerConfig  # defined there; importable from here too
 from .metrics import ServerMetrics
 from .worker import EngineWorker
@@ -82,8 +82,10 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
         opts = dict(config.drafter_options) if i == 0 else {}
         key = aliases.get(name, name)  # auto runs (and is reported) as the method it resolves to
         if key not in engines:
-            engines[key] = Engine(target, PredictionDrafter(make_drafter(name, model, opts, batched=True)),
-                                  config.num_draft_tokens, config.policy, prefix)
+            drafter = make_drafter(name, model, opts, batched=True)
+            cost = built_cost(model)  # the target's cost model, if a drafter was sized by one
+            engines[key] = Engine(target, PredictionDrafter(drafter, cost), config.num_draft_tokens, config.policy,
+                                  prefix, cost)
     config = replace(config, drafters=tuple(dict.fromkeys(aliases.get(n, n) for n in config.drafters)))
     for name, drafter in (extra_drafters or {}).items():
         engines[name] = Engine(target, PredictionDrafter(drafter), config.num_draft_tokens, config.policy, prefix)
@@ -101,9 +103,11 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
     state = ServerState(config, model, worker, metrics, name, max_len, int(time.time()),
                         max_text_chars(model.tokenizer, max_len), pool, aliases)
     if model.has_chat_template:
+        render = RenderWorker()
         try:
-            state.chat_template = template_of(model.tokenizer, config.template_bounds(), RenderWorker())
+            state.chat_template = template_of(model.tokenizer, config.template_bounds(), render)
         except ValueError as e:  # TemplateError: a completion-only user of this model file is still served
+            render.stop()  # the process that found the error: reaped now, not left to the garbage collector
             state.chat_error = str(e)
             warnings.warn(f"{e}; /v1/chat/completions will answer 400, /v1/completions is served", stacklevel=2)
     return state
