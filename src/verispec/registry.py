@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .cost_model import CostModel
+from .models.catalog import catalog_draft
 from .drafters.base import Drafter, NoDrafter
 from .drafters.draft_model import DraftModelDrafter, DraftModelOptions
 from .drafters.eagle import EagleOptions
@@ -39,6 +40,7 @@ def _draft_model_costed(target: "LoadedModel", o: DraftModelOptions) -> tuple[Dr
     from .models.catalog import CATALOG
     from .models.cpu_weights import REQUANTS
     from .models.load import DraftShape, OtherTokenizer, load_draft_model
+    from .models.gguf_vocab import vocab_key_of
     from .weights import has_shipped, vocab_ranking
 
     entry = CATALOG.get(target.name)
@@ -46,7 +48,7 @@ def _draft_model_costed(target: "LoadedModel", o: DraftModelOptions) -> tuple[Dr
     if model == "auto":
         model = "shipped" if has_shipped("draft", target.name) else entry.draft if entry and entry.draft else "truncated:4"
     # a GGUF draft whose vocabulary has a shipped ranking (a catalog draft, or one found by path) on the compiled runtime
-    catalog_gguf = vocab_ranking(model) is not None and target.backend_kind == "cpu"
+    catalog_gguf = vocab_ranking(model, vocab_key_of) is not None and target.backend_kind == "cpu"
     vocab = o.vocab
     if vocab == "auto":  # an FR-Spec head (its token ranking is shipped)
         vocab = str(DEFAULT_DRAFT_VOCAB) if catalog_gguf else "full"
@@ -292,16 +294,6 @@ def best_method(target: "LoadedModel", batched: bool = False) -> tuple[str, dict
     if found is not None and target.backend_kind == "cpu" and (found.same_vocab or not batched):
         return "hybrid", {"learned": "draft", "min_match": AUTO_MIN_MATCH, "learned_model": str(found.path)}
     return ("prompt-lookup", {}) if batched else ("suffix", {})
-
-
-def catalog_draft(target: "LoadedModel") -> str | None:
-    """The catalog draft model ``auto`` runs for ``target`` (installed, on the compiled runtime), or None."""
-    from .models.catalog import CATALOG
-    from .models.resolve import is_installed
-
-    entry = CATALOG.get(target.name)
-    ok = entry and entry.draft and target.backend_kind == "cpu" and is_installed(entry.draft)
-    return entry.draft if ok else None
 
 
 def describe_method(name: str, target: "LoadedModel") -> str:

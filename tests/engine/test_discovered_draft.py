@@ -95,7 +95,7 @@ def test_nothing_found_leaves_auto_as_it_was(stores, tmp_path, stories_native, m
     native = load_model(str(stores["target"]), backend="native")
     assert with_found_draft(native, [Location(stores["same"].parent)], said.append) is native
     assert said[-1].startswith(f"draft search: not searched, {stores['target']} runs on the native backend")
-    monkeypatch.setattr("verispec.registry.catalog_draft", lambda target: "its-draft")
+    monkeypatch.setattr("verispec.models.catalog.catalog_draft", lambda target: "its-draft")
     assert with_found_draft(stores["cpu"], [Location(stores["same"].parent)], said.append) is stores["cpu"]
     assert said[-1] == f"draft search: not needed, {stores['target']} has its catalog draft its-draft"
 
@@ -150,6 +150,7 @@ def test_a_cost_curve_that_dips_at_its_end_still_builds_the_hybrid(stores, monke
         return {1: 0.3} if "draftstep" in key else {1: 1.0, 8: 2.0, 16: 1.9}
 
     monkeypatch.setattr(cc, "cached_cost_curve", curve)
+    monkeypatch.setattr("verispec.registry._COSTS", {})  # the target's cost model is built once per process
     lm = with_found_draft(stores["cpu"], [Location(stores["same"].parent)], lambda line: None)
     drafter = make_drafter("auto", lm)
     assert isinstance(drafter, HybridDrafter) and drafter.catch_up_cost == 0.0

@@ -236,16 +236,18 @@ def test_a_found_file_of_a_ranked_vocabulary_gets_its_ranking(tmp_path, target, 
     """A GGUF named by path whose vocabulary has a shipped frequency ranking (Qwen2.5's) drafts with the
     catalog draft's FR-Spec head and Q4_0 weights; other files, names and hostile files have none."""
     from verispec import weights
+    from verispec.models.gguf_vocab import vocab_key_of
 
     path = model(tmp_path / "draft.gguf")
-    assert weights.vocab_ranking(str(path)) is None
+    assert weights.vocab_ranking(str(path), vocab_key_of) is None
     monkeypatch.setitem(weights.VOCAB_FREQ_BY_KEY, read_vocab_header(path).vocab_key, "vocab-freq-qwen2.5-coder.npy")
-    assert weights.vocab_ranking(str(path)) == "vocab-freq-qwen2.5-coder.npy"
+    assert weights.vocab_ranking(str(path), vocab_key_of) == "vocab-freq-qwen2.5-coder.npy"
     assert weights.vocab_ranking("qwen2.5-coder-0.5b-instruct") == "vocab-freq-qwen2.5-coder.npy"
     (tmp_path / "bad.gguf").write_bytes(b"GGUF" + b"\xff" * 40)
     for name in ("self", "truncated:2", "shipped", str(tmp_path / "bad.gguf"), str(tmp_path / "missing.gguf")):
-        assert weights.vocab_ranking(name) is None
-    same = weights.frequent_tokens(str(path), 100, [0, 1])
+        assert weights.vocab_ranking(name, vocab_key_of) is None
+    assert weights.vocab_ranking(str(path)) is None  # without a reader of files: catalog names only
+    same = weights.frequent_tokens(str(path), 100, [0, 1], vocab_key_of)
     assert same.tolist() == weights.frequent_tokens("qwen2.5-coder-0.5b-instruct", 100, [0, 1]).tolist()
 
 

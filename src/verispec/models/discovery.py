@@ -323,7 +323,7 @@ def with_found_draft(model, locations: Iterable[Location], say: Say, batched: bo
     said in one line; unchanged where there is nothing to compare (not a GGUF), where ``auto`` already
     has the target's catalog draft, or off the compiled runtime. ``batched`` (the server): only a draft
     of the same vocabulary (drafting through text is not batched)."""
-    from verispec.registry import catalog_draft
+    from .catalog import catalog_draft
 
     locations = list(locations)
     if catalog_draft(model):

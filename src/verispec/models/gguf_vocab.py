@@ -68,6 +68,14 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
+def vocab_key_of(path: Path) -> str | None:
+    """The vocabulary key of the GGUF at ``path``, None where it cannot be read (``weights.vocab_ranking``)."""
+    try:
+        return read_vocab_header(path).vocab_key
+    except (ModelError, OSError):
+        return None
+
+
 def read_vocab_header(path: Path, max_bytes: int = MAX_HEADER_BYTES) -> VocabHeader:
     """The vocabulary header of the GGUF at ``path``; a file that is not one, or whose key/value section
     does not end within ``max_bytes``, is one ModelError."""

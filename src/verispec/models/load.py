@@ -335,6 +335,7 @@ def _load_gguf_draft(target: LoadedModel, spec: str, vocab: int | None,
                      requant: WeightFormat | None, shape: DraftShape | None = None) -> CausalLM:
     """A GGUF draft on the compiled runtime with an FR-Spec head and/or requantized (load_draft_model)."""
     from ..weights import frequent_tokens
+    from .gguf_vocab import vocab_key_of
 
     source = resolve_model(spec)
     tokenizer = load_tokenizer(source)
@@ -342,7 +343,7 @@ def _load_gguf_draft(target: LoadedModel, spec: str, vocab: int | None,
     if source.kind != "gguf" or target.backend_kind != "cpu":
         raise ValueError("vocab=N, quant=q4_0, skip= and window= need a GGUF draft on the compiled runtime "
                          "(backend cpu); use vocab=full quant=file")
-    rows = None if vocab is None else frequent_tokens(source.name, vocab, sorted(tokenizer.added_tokens_decoder))
+    rows = None if vocab is None else frequent_tokens(source.name, vocab, sorted(tokenizer.added_tokens_decoder), vocab_key_of)
     tags = ([] if rows is None else [f"vocab {len(rows)}"]) + ([] if requant is None else [requant])
     if shape is not None and shape.skip:
         tags.append(f"skip {','.join(map(str, shape.skip))}")

@@ -5,6 +5,7 @@ validation acceptance). Nothing here duplicates the target's embedding or LM hea
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -36,30 +37,27 @@ VOCAB_FREQ_BY_KEY: dict[str, str] = {
 }
 
 
-def vocab_ranking(model: str) -> str | None:
-    """The ranking file of a catalog model, or of a GGUF file (by path) whose vocabulary has one; None else."""
+def vocab_ranking(model: str, vocab_key: Callable[[Path], str | None] | None = None) -> str | None:
+    """The ranking file of a catalog model, or of a GGUF file (by path) whose vocabulary has one
+    (``vocab_key``: reads a file's vocabulary key, ``models.gguf_vocab.vocab_key_of``); None else."""
     if model in VOCAB_FREQ:
         return VOCAB_FREQ[model]
     path = Path(model)
-    if model in ("shipped", "self") or model.startswith("truncated:") or not path.is_file():
+    if vocab_key is None or model in ("shipped", "self") or model.startswith("truncated:") or not path.is_file():
         return None
-    from verispec.models.base import ModelError
-    from verispec.models.gguf_vocab import read_vocab_header
-
-    try:
-        return VOCAB_FREQ_BY_KEY.get(read_vocab_header(path).vocab_key)
-    except (ModelError, OSError):
-        return None
+    key = vocab_key(path)
+    return None if key is None else VOCAB_FREQ_BY_KEY.get(key)
 
 
-def frequent_tokens(model: str, n: int, always: list[int]) -> torch.Tensor:
+def frequent_tokens(model: str, n: int, always: list[int],
+                    vocab_key: Callable[[Path], str | None] | None = None) -> torch.Tensor:
     """The ``n`` most frequent token ids of ``model``'s vocabulary plus ``always`` (its
     control tokens), sorted: the rows of an FR-Spec draft head (Zhao et al. 2025). ValueError
     when no ranking is shipped for the model (``vocab_ranking``)."""
     import numpy as np
     import torch
 
-    file = vocab_ranking(model)
+    file = vocab_ranking(model, vocab_key)
     if file is None:
         raise ValueError(f"no vocabulary ranking shipped for {model!r} (have: {', '.join(VOCAB_FREQ) or 'none'}); "
                          "use vocab=full")
