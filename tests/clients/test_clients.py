@@ -118,15 +118,28 @@ def test_openai_streamed_text_with_tools_bound_arrives_as_generated(server):
     assert len(texts) > 3  # many deltas, not the whole answer in the last chunk
 
 
+class Shipment(BaseModel):
+    order_id: str
+    tracking: str
+
+
 def test_openai_parse_with_and_without_tools(server):
     client = openai_client(server)
+    r = client.chat.completions.parse(model=TARGET, messages=[{"role": "user", "content": INVOICE_ASK}],
+                                      response_format=Invoice, temperature=0, max_tokens=120)
+    inv = r.choices[0].message.parsed
+    assert inv is not None and inv.total_eur == pytest.approx(37.5) and inv.paid is False
+    # with tools: the call first, then an answer that follows the schema (OpenAI's "tools, then a structured answer")
     strict = {"type": "function", "function": ORDER_TOOL["function"] | {"strict": True}}  # parse() takes strict tools
-    for tools in (None, [strict]):
-        extra = {"tools": tools} if tools else {}
-        r = client.chat.completions.parse(model=TARGET, messages=[{"role": "user", "content": INVOICE_ASK}],
-                                          response_format=Invoice, temperature=0, max_tokens=120, **extra)
-        inv = r.choices[0].message.parsed
-        assert inv is not None and inv.total_eur == pytest.approx(37.5) and inv.paid is False
+    messages = [SYSTEM, {"role": "user", "content": QUESTION}]
+    kw = {"model": TARGET, "tools": [strict], "response_format": Shipment, "temperature": 0, "max_tokens": 120}
+    r = client.chat.completions.parse(messages=messages, **kw)
+    [call] = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.parsed_arguments == {"order_id": "A1027"}
+    messages += [r.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": order_status("A1027")}]
+    final = client.chat.completions.parse(messages=messages, **kw).choices[0]
+    assert final.finish_reason == "stop" and final.message.parsed == Shipment(order_id="A1027", tracking=TRACKING)
 
 
 # --- LangChain ----------------------------------------------------------------------------------
