@@ -95,7 +95,7 @@ class SpecDecoder:
         self.model = model
         self.drafter = make_drafter(drafter, model, drafter_options) if isinstance(drafter, str) else drafter
         # a request's prediction (Predicted Outputs) drafts first; the drafter drafts where it has nothing
-        self._predicting = PredictionDrafter(self.drafter)
+        self._predicting = PredictionDrafter(self.drafter, tokenizer=model.tokenizer)
         self.engine = Engine(model.backend, self._predicting, num_draft_tokens, policy,
                              PrefixCache.from_mb(prefix_cache_mb))
 

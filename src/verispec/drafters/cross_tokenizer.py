@@ -62,6 +62,20 @@ def text_after(tokenizer: Any, context: list[int], new: list[int]) -> str | None
     return after[len(before):] if after.startswith(before) else None
 
 
+def continuation_tokens(tokenizer: Any, committed: list[int], drafted: str) -> list[int]:
+    """The tokens that follow ``committed`` when its text is followed by ``drafted``, the last
+    dropped (the text may end inside a token): the longest window of committed tokens whose text
+    re-tokenizes, with the drafted text, to those same tokens first (else nothing).
+
+    Example: committed "...re" "turn", drafted " x" -> the tokens of " x" less the last: []."""
+    for w in range(min(DETOKENIZE_WINDOW, len(committed)), 0, -1):
+        tail = committed[-w:]
+        ids = _encode(tokenizer, _decode(tokenizer, tail) + drafted)
+        if ids[:w] == tail:
+            return ids[w:-1]
+    return []
+
+
 @dataclass
 class _Stream:
     """One request's draft-side view of the committed text."""
@@ -132,18 +146,7 @@ class CrossTokenizerDrafter(DeclaresFeatures):
         drafted = text_after(self.draft_tok, stream.ids[-DETOKENIZE_WINDOW:], list(chain.tokens[1:]))
         if not drafted:
             return DraftTree.chain(root, [])
-        return DraftTree.chain(root, self._target_tokens(ctx.tokens[stream.first:], drafted)[:want])
-
-    def _target_tokens(self, committed: list[int], drafted: str) -> list[int]:
-        """The target tokens that follow ``committed`` when its text is followed by ``drafted``,
-        the last dropped: the longest window of committed tokens whose text re-tokenizes, with
-        the drafted text, to those same tokens first (else nothing)."""
-        for w in range(min(DETOKENIZE_WINDOW, len(committed)), 0, -1):
-            tail = committed[-w:]
-            ids = _encode(self.target_tok, _decode(self.target_tok, tail) + drafted)
-            if ids[:w] == tail:
-                return ids[w:-1]
-        return []
+        return DraftTree.chain(root, continuation_tokens(self.target_tok, ctx.tokens[stream.first:], drafted)[:want])
 
     # ---- the draft's stream ----------------------------------------------------------------
     def _sync(self, stream: _Stream, tokens: list[int]) -> None:

@@ -27,6 +27,13 @@ departs from it, and the wrapped drafter's drafts would copy what follows the co
 (a chat prompt's instructions: on the edit workload such a draft of 16 tokens was always rejected,
 at the cost of t(16), three decode steps).
 
+Drafts that follow an edit (``edit_align.py``): given the target's tokenizer, the text written so far
+is also aligned line by line with the prediction's text, through the re-indentation and renames the
+edit makes, and that alignment's draft (the prediction's continuation as the edit writes it, tokenized
+as the target would continue the committed tokens) is proposed where it has one; the token-id place
+above drafts where it has none. A method made a top-level function (every line 4 spaces less, ``self``
+renamed) loses the token-id place at every line's first token; the text alignment keeps it.
+
 A prediction is only a draft: the target verifies every token, so a wrong, empty or hostile
 prediction costs speed at worst, never output. Its size is bounded like a prompt's by the
 caller (the engine refuses one longer than the context).
@@ -48,11 +55,15 @@ from bisect import bisect_left
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
 from ..policies.draft_budget import best_size
 from ..tree import DraftTree
 from ..types import RequestStats
 from .base import DeclaresFeatures, DraftContext, Drafter, Features, Observation, RequestTable
+from .cross_tokenizer import DETOKENIZE_WINDOW, UTF8_HOLD, continuation_tokens, text_after
 from .draft_model import DraftCost
+from .edit_align import EditAligner
 
 MIN_MATCH = 2  # output tokens that must match the prediction before its continuation is drafted
 RESYNC_MATCH = 4  # ...and, away from the place drafting stands at, this many (2 tokens recur by chance)
@@ -60,6 +71,18 @@ MAX_MATCH = 64  # a match is not extended further back than this (it only ranks 
 MAX_CANDIDATES = 256  # occurrences of the output's last tokens ranked per step (those nearest the place)
 KEPT_USAGE = 4096  # finished requests whose prediction usage is kept until read
 PRIOR_ACCEPT, PRIOR_WEIGHT = 0.97, 10.0  # a drafted prediction token's acceptance before a request's own evidence
+CHARS_PER_TOKEN = 8  # an aligned draft's text: this many characters per token of the budget (and a line more)
+
+
+@dataclass
+class _Written:
+    """A request's output as text, for the edit aligner: decoded incrementally."""
+
+    source: str  # the prediction's text
+    aligner: EditAligner
+    start: int  # the first output token (the prompt's length)
+    synced: int  # tokens whose text ``text`` holds
+    text: str = ""
 
 
 @dataclass
@@ -76,6 +99,8 @@ class _Place:
     ended: bool = False  # has the step after the output reached the prediction's end been drafted (plain)?
     hits: int = 0  # drafted prediction tokens accepted
     misses: int = 0  # prediction drafts cut short by a rejection
+    aligned_hits: int = 0  # accepted tokens of drafts from the text alignment (no prediction positions)
+    written: _Written | None = None  # the output's text and its alignment (with a tokenizer)
 
     def acceptance(self) -> float:
         """p, the probability that a drafted prediction token is accepted given those before it were."""
@@ -135,10 +160,13 @@ class PredictionDrafter(DeclaresFeatures):
     (and observes every step, so it stays in step with the request). ``cost``: the target's t(n)
     that sizes its drafts (default: the one ``inner`` sizes its own by). Declares what ``inner``
     declares (its features, memory, reset) and answers to its name (statistics name the
-    method a request ran; the prediction is the request's, not a method)."""
+    method a request ran; the prediction is the request's, not a method). ``tokenizer``: the
+    target's; with it, drafts also follow an edit through the text (module docstring)."""
 
-    def __init__(self, inner: Drafter, cost: dict[int, float] | None = None):
+    def __init__(self, inner: Drafter, cost: dict[int, float] | None = None, tokenizer: Any = None):
         self.inner = inner
+        self.tokenizer = tokenizer
+        self._prompt_lengths: dict[str, int] = {}
         self.cost = cost if cost is not None else measured_cost(inner)  # t(n), or None: drafts fill the budget
         self.name = inner.name
         self.features: Features = inner.features  # drafters declare theirs at construction
@@ -153,12 +181,16 @@ class PredictionDrafter(DeclaresFeatures):
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
+        if self.tokenizer is not None:
+            self._prompt_lengths[request_id] = len(prompt_ids)
         self.inner.start(request_id, prompt_ids)
 
     def finish(self, request_id: str) -> None:
         place = self._places.pop(request_id)
+        self._prompt_lengths.pop(request_id, None)
         if place is not None:
-            self._usage[request_id] = (len(place.accepted), len(place.prediction))
+            used = min(len(place.prediction), len(place.accepted) + place.aligned_hits)
+            self._usage[request_id] = (used, len(place.prediction))
             while len(self._usage) > KEPT_USAGE:
                 self._usage.popitem(last=False)
         self.inner.finish(request_id)
@@ -179,11 +211,14 @@ class PredictionDrafter(DeclaresFeatures):
         place = self._places.find(obs.request_id)
         if place is not None and place.from_prediction:
             on_path = [place.drafted[node] for node in obs.path if node in place.drafted]
-            after = on_path[-1] + 1 if on_path else min(place.drafted.values())
-            # the step's last token (the target's own) may continue the prediction too: it appeared in the answer
-            if after < len(place.prediction) and obs.new_tokens[-1] == place.prediction[after]:
-                on_path.append(after)
-            place.accepted.update(on_path)
+            if place.drafted:
+                after = on_path[-1] + 1 if on_path else min(place.drafted.values())
+                # the step's last token (the target's own) may continue the prediction too: it appeared in the answer
+                if after < len(place.prediction) and obs.new_tokens[-1] == place.prediction[after]:
+                    on_path.append(after)
+                place.accepted.update(on_path)
+            else:  # drafted from the text alignment: tokens, not prediction positions
+                place.aligned_hits += len(obs.path)
             place.hits += len(obs.path)
             place.misses += len(obs.path) < obs.tree.num_drafted
             self.steps["prediction"] += 1
@@ -225,15 +260,54 @@ class PredictionDrafter(DeclaresFeatures):
         if at_end and not place.ended:
             place.ended, place.from_prediction = True, False
             return DraftTree.chain(ctx.tokens[-1], [])
-        draft = [] if pos is None else list(place.prediction[pos:pos + ctx.budget])
+        aligned = self._aligned(ctx, place) if self.tokenizer is not None else []
+        draft = aligned or ([] if pos is None else list(place.prediction[pos:pos + ctx.budget]))
         if draft and self.cost is not None:  # the size of the highest rate on the target's cost curve
             p = place.acceptance()
             draft = draft[:best_size([p ** (i + 1) for i in range(len(draft))], self.cost)[0]]
         place.from_prediction = bool(draft)
         if not draft:
             return None
-        place.drafted = {i + 1: pos + i for i in range(len(draft))}  # chain node i + 1 drafts position pos + i
+        # chain node i + 1 drafts position pos + i (an aligned draft: no positions)
+        place.drafted = {} if aligned else {i + 1: pos + i for i in range(len(draft))}
         return DraftTree.chain(ctx.tokens[-1], draft)
+
+    def _aligned(self, ctx: DraftContext, place: _Place) -> list[int]:
+        """The edit aligner's draft (``edit_align.py``) as target tokens continuing ``ctx.tokens``, or []."""
+        written = place.written
+        if written is None:
+            start = self._prompt_lengths.get(ctx.request_id, len(ctx.tokens) - 1)
+            source = self.tokenizer.decode(list(place.prediction), skip_special_tokens=False,
+                                           clean_up_tokenization_spaces=False)
+            written = place.written = _Written(source, EditAligner(source), start, start)
+        if not self._sync(written, ctx.tokens):
+            return []
+        text = written.aligner.draft(written.text, CHARS_PER_TOKEN * ctx.budget)
+        if not text:
+            return []
+        return continuation_tokens(self.tokenizer, ctx.tokens[written.start:], text)[:ctx.budget]
+
+    def _sync(self, written: _Written, tokens: list[int]) -> bool:
+        """Bring the output's text up to ``tokens`` (holding back tokens that end inside a UTF-8
+        character, as the cross-tokenizer drafter does); True when it holds them all."""
+        end, held = len(tokens), 0
+        if end <= written.synced:
+            return end == written.synced
+        context = tokens[max(written.start, written.synced - DETOKENIZE_WINDOW):written.synced]
+        new = text_after(self.tokenizer, context, tokens[written.synced:end])
+        while new is not None and new.endswith("\ufffd") and held < UTF8_HOLD:
+            end, held = end - 1, held + 1
+            if end == written.synced:
+                return False
+            new = text_after(self.tokenizer, context, tokens[written.synced:end])
+        if new is None:  # not an extension of the text so far: decoded whole, aligned again
+            written.text = self.tokenizer.decode(tokens[written.start:end], skip_special_tokens=False,
+                                                 clean_up_tokenization_spaces=False)
+            written.aligner = EditAligner(written.source)
+        else:
+            written.text += new
+        written.synced = end
+        return end == len(tokens)
 
     # ---- what the wrapped drafter declares -------------------------------------------
     def memory_bytes(self) -> int:

@@ -116,11 +116,13 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
         opts = dict(config.drafter_options) if i == 0 else {}
         key = aliases.get(name, name)  # auto runs (and is reported) as the method it resolves to
         if key not in engines:
-            engines[key] = Engine(target, PredictionDrafter(make_drafter(name, model, opts, batched=True)),
+            engines[key] = Engine(target, PredictionDrafter(make_drafter(name, model, opts, batched=True),
+                                                            tokenizer=model.tokenizer),
                                   config.num_draft_tokens, config.policy, prefix)
     config = replace(config, drafters=tuple(dict.fromkeys(aliases.get(n, n) for n in config.drafters)))
     for name, drafter in (extra_drafters or {}).items():
-        engines[name] = Engine(target, PredictionDrafter(drafter), config.num_draft_tokens, config.policy, prefix)
+        engines[name] = Engine(target, PredictionDrafter(drafter, tokenizer=model.tokenizer), config.num_draft_tokens,
+                               config.policy, prefix)
     drafters = [e.drafter for e in engines.values()]
     max_len = (fits_context(target, config.max_batch, drafters) if config.max_model_len == 0
                else min(config.max_model_len, target.info.max_length))

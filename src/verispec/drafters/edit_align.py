@@ -1,0 +1,240 @@
+"""Drafts that follow an edit: the text a model has written so far, aligned line by line with a
+source text (a request's prediction, the original code), drafts the source's continuation as the
+edit transforms it.
+
+The idea of Cursor's speculative edits (Cursor, "Editing Files at 1000 Tokens per Second", 2024: the
+original file drafts its rewrite) and of Blazedit (Lian et al. 2025, "Blazing-Fast Code Editing via
+Multi-Layer Speculation": long drafts copied from the original where the rewrite follows it), matched
+on text rather than token ids, the matching SuffixDecoding (Oliaro et al. 2024, arXiv 2411.04975) and
+prompt lookup do on token ids. Token ids lose their place at every line of an edit that re-indents
+(a method made a top-level function: every line 4 spaces less, so every line's first token differs)
+or renames (``self`` -> ``obj``); text aligned line by line does not:
+
+* each line the output completes is aligned with a source line: the one whose content (stripped of
+  indentation, with the renames learned so far applied, or as written) equals it, the next source line
+  first, then the nearest after the place, then before it (a moved block); a short or repeated line
+  (``)``, ``else:``) only within ``SHORT_REACH`` lines after the place (it proves nothing further off).
+  A line equal to none is compared with the next source lines token by token (identifiers, numbers,
+  other characters): mostly equal (``difflib`` ratio >= ``FUZZY_RATIO``), it is aligned and its
+  one-for-one identifier replacements are learned as renames (``self`` -> ``obj``); a rename the
+  output is seen not to make (an aligned line keeps the identifier) is forgotten. Otherwise the line
+  was inserted, and the place stays;
+* the indentation delta is learned from each aligned line (output indentation minus source
+  indentation) and applied to every following source line (a constant re-indentation);
+* the draft continues the line being written: the next source line, transformed, where it starts
+  with what is written of the line; else the source line whose transformed content starts with the
+  line's content (re-anchoring: a moved or deleted stretch; the indentation it is written at gives the
+  delta); else the longest end of the line (``MIN_INLINE`` characters or more) found in a source line
+  near the place (an edit inside the line). Then the following source lines, transformed, up to
+  ``max_chars``.
+
+Before any line is aligned, a draft needs evidence the source starts here: the line being written
+starts the source's first line with ``MIN_INLINE`` characters or more, or the last line written opens
+a Markdown code fence (a chat answer's code follows it); the line at the start of a prose preamble
+drafts nothing.
+
+Everything here is text; the caller tokenizes the draft (``continuation_tokens``, as the target would:
+the committed tail re-tokenized with the draft, the cross-tokenizer drafter's boundary rule). It only
+drafts: the target verifies every token, so a wrong alignment costs speed, never output.
+
+    a = EditAligner("    def f(self):\\n        return self.x\\n")
+    a.draft("def f(obj):\\n", 100)  # -> "    return obj.x\\n"
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from difflib import SequenceMatcher
+
+PIECE = re.compile(r"[A-Za-z_][A-Za-z_0-9]*|\d+|\s+|.")  # what lines are compared in
+IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+FUZZY_RATIO = 0.6  # a line this similar (difflib's ratio over pieces) to a next source line is that line, edited
+FUZZY_REACH = 3  # source lines after the place a line is compared with, piece by piece
+SHORT_LINE = 8  # a line's content shorter than this (or repeated in the source) re-anchors only nearby
+SHORT_REACH = 8  # ... within this many lines after the place
+MIN_INLINE = 4  # characters of a written line's end that anchor a draft inside a source line
+MAX_INLINE = 64  # ... at most (a longer match only ranks candidates)
+MAX_LINE_CHARS = 4096  # a longer output line is not aligned (nothing to learn from it, quadratic to compare)
+
+
+def indent_of(line: str) -> int:
+    """Characters of leading spaces and tabs."""
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _is_name(piece: str) -> bool:
+    return bool(IDENT.fullmatch(piece)) and not keyword.iskeyword(piece)
+
+
+class EditAligner:
+    """One request's alignment of the written text with ``source`` (module docstring). ``draft``
+    takes the whole text written so far each time (it reads only what is new) and returns the text
+    to draft after it, or None."""
+
+    def __init__(self, source: str):
+        lines = source.split("\n")
+        self.ends_newline = source.endswith("\n")
+        self.lines = lines[:-1] if self.ends_newline else lines
+        self.content = [line.strip() for line in self.lines]
+        self._raw: dict[str, list[int]] = {}
+        for j, c in enumerate(self.content):
+            self._raw.setdefault(c, []).append(j)
+        self.delta = 0  # output indentation minus source indentation, from the last aligned line
+        self.renames: dict[str, str] = {}  # source identifier -> the output's
+        self._renamed: dict[str, list[int]] | None = None  # renamed content -> lines (None: rebuild)
+        self.pointer = -1  # the source line the last aligned output line matched
+        self.aligned = 0  # output lines aligned so far
+        self.fence = False  # did the last completed output line open a code fence?
+        self._done = 0  # characters of the output read (its complete lines)
+
+    # ---- the transformation ----------------------------------------------------------------
+    def rename(self, text: str) -> str:
+        if not self.renames:
+            return text
+        return IDENT.sub(lambda m: self.renames.get(m.group(), m.group()), text)
+
+    def _renamed_index(self) -> dict[str, list[int]]:
+        if self._renamed is None:
+            self._renamed = {}
+            for j, c in enumerate(self.content):
+                self._renamed.setdefault(self.rename(c), []).append(j)
+        return self._renamed
+
+    def line(self, j: int, delta: int | None = None) -> str:
+        """Source line ``j`` as the edit writes it: re-indented by the delta, renamed."""
+        src = self.lines[j]
+        body = src.lstrip(" \t")
+        if not body:
+            return ""
+        width = max(0, indent_of(src) + (self.delta if delta is None else delta))
+        return ("\t" if src.startswith("\t") else " ") * width + self.rename(body)
+
+    def _following(self, j: int, max_chars: int, delta: int | None = None) -> str:
+        """Source lines ``j``.. transformed, each after a newline, to about ``max_chars``."""
+        out, size = [], 0
+        while j < len(self.lines) and size < max_chars:
+            text = self.line(j, delta)
+            out.append("\n" + text)
+            size += len(text) + 1
+            j += 1
+        if j == len(self.lines) and self.ends_newline:
+            out.append("\n")
+        return "".join(out)
+
+    # ---- aligning the written lines --------------------------------------------------------
+    def _nearest(self, lines: list[int], content: str) -> int | None:
+        """The candidate the place prefers: the next line, the nearest after, the nearest before;
+        a short or repeated line only within SHORT_REACH lines after the place."""
+        nearby_only = len(content) < SHORT_LINE or len(lines) > 1
+        best, best_key = None, None
+        for j in lines:
+            if nearby_only and not self.pointer < j <= self.pointer + SHORT_REACH:
+                continue
+            key = (j <= self.pointer, abs(j - self.pointer - 1))
+            if best_key is None or key < best_key:
+                best, best_key = j, key
+        return best
+
+    def _learn(self, j: int, written: str) -> None:
+        self.pointer, self.aligned = j, self.aligned + 1
+        self.delta = indent_of(written) - indent_of(self.lines[j])
+
+    def _learn_renames(self, j: int, content: str) -> bool:
+        """Align ``content`` with source line ``j`` piece by piece: mostly equal -> learn its
+        one-for-one identifier replacements and forget renames it keeps (True)."""
+        a, b = PIECE.findall(self.content[j]), PIECE.findall(content)
+        matcher = SequenceMatcher(None, a, b, autojunk=False)
+        if matcher.ratio() < FUZZY_RATIO:
+            return False
+        before = dict(self.renames)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if tag == "replace" and i2 - i1 == j2 - j1:
+                for x, y in zip(a[i1:i2], b[j1:j2]):
+                    if _is_name(x) and _is_name(y):
+                        self.renames[x] = y
+            elif tag == "equal":
+                for x in a[i1:i2]:
+                    self.renames.pop(x, None)  # kept as written here
+        if self.renames != before:
+            self._renamed = None
+        return True
+
+    def _align(self, written: str) -> None:
+        """Align one completed output line (module docstring)."""
+        content = written.strip()
+        self.fence = content.startswith("```")
+        if not content:  # a blank line: steps over a blank source line
+            nxt = self.pointer + 1
+            if nxt < len(self.lines) and not self.content[nxt]:
+                self.pointer = nxt
+            return
+        if len(content) > MAX_LINE_CHARS:
+            return
+        renamed = self._renamed_index().get(content, []) if self.renames else []
+        j = self._nearest(renamed, content)
+        if j is None:
+            j = self._nearest(self._raw.get(content, []), content)
+            if j is not None and self.renames:  # written as the source has it: renames not made here
+                self._learn_renames(j, content)
+        if j is None:
+            for k in range(self.pointer + 1, min(len(self.lines), self.pointer + 1 + FUZZY_REACH)):
+                if self.content[k] and self._learn_renames(k, content):
+                    j = k
+                    break
+        if j is not None:
+            self._learn(j, written)
+
+    def update(self, text: str) -> str:
+        """Align the lines of ``text`` (everything written) completed since the last call; returns
+        the line being written (after the last newline)."""
+        end = text.rfind("\n")
+        if end + 1 > self._done:
+            for written in text[self._done:end].split("\n"):
+                self._align(written)
+            self._done = end + 1
+        return text[end + 1:]
+
+    # ---- drafting --------------------------------------------------------------------------
+    def draft(self, text: str, max_chars: int) -> str | None:
+        """The text to draft after ``text`` (all written so far), about ``max_chars`` long, or None."""
+        partial = self.update(text)
+        body = partial.lstrip(" \t")
+        if self.aligned == 0 and not self.fence and len(body) < MIN_INLINE:
+            return None  # nothing aligned yet and no sign the source starts here
+        nxt = self.pointer + 1
+        for j in (nxt, nxt + 1) if nxt + 1 < len(self.lines) and not self.content[nxt] else (nxt,):
+            if j < len(self.lines):
+                line = self.line(j)
+                if line.startswith(partial) and (line or j + 1 < len(self.lines)):
+                    return line[len(partial):] + self._following(j + 1, max_chars)
+        if len(body) >= 2:  # re-anchor on the line's content, at the indentation it is written at
+            j = self._starting_with(body)
+            if j is not None:
+                delta = indent_of(partial) - indent_of(self.lines[j])
+                return self.line(j, delta)[len(partial):] + self._following(j + 1, max_chars, delta)
+        return self._inline(partial, max_chars)
+
+    def _starting_with(self, body: str) -> int | None:
+        starts = [j for j, c in enumerate(self.content) if c and self.rename(c).startswith(body)]
+        return self._nearest(starts, body) if len(body) < SHORT_LINE or len(starts) > 1 else starts[0] if starts else None
+
+    def _inline(self, partial: str, max_chars: int) -> str | None:
+        """Continue inside a source line near the place after the longest end of ``partial`` it holds."""
+        if len(partial.strip()) < MIN_INLINE:
+            return None
+        best = None  # (matched length, line)
+        for j in (self.pointer + 1, self.pointer, self.pointer + 2):
+            if not 0 <= j < len(self.lines):
+                continue
+            line, n = self.line(j), MIN_INLINE - 1
+            while n < min(MAX_INLINE, len(partial)) and partial[-(n + 1):] in line:
+                n += 1
+            if n >= MIN_INLINE and (best is None or n > best[0]):
+                best = (n, j)
+        if best is None:
+            return None
+        n, j = best  # the line is source line j as written: its indentation gives the delta
+        delta = indent_of(partial) - indent_of(self.lines[j])
+        line = self.line(j, delta)
+        return line[line.find(partial[-n:]) + n:] + self._following(j + 1, max_chars, delta)
