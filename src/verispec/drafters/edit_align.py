@@ -28,10 +28,9 @@ or renames (``self`` -> ``obj``); text aligned line by line does not:
   near the place (an edit inside the line). Then the following source lines, transformed, up to
   ``max_chars``.
 
-Before any line is aligned, a draft needs evidence the source starts here: the line being written
-starts the source's first line with ``MIN_INLINE`` characters or more, or the last line written opens
-a Markdown code fence (a chat answer's code follows it); the line at the start of a prose preamble
-drafts nothing.
+Before any line is aligned, a draft needs evidence the source starts here: ``MIN_START`` characters
+of the line's content written (a chat answer's first line after its code fence may be anything: an
+import, the class it came from); a line's start drafts nothing until then.
 
 Everything here is text; the caller tokenizes the draft (``continuation_tokens``, as the target would:
 the committed tail re-tokenized with the draft, the cross-tokenizer drafter's boundary rule). It only
@@ -49,11 +48,15 @@ from difflib import SequenceMatcher
 
 PIECE = re.compile(r"[A-Za-z_][A-Za-z_0-9]*|\d+|\s+|.")  # what lines are compared in
 IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+STRING_OR_COMMENT = re.compile(r"'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\"|#.*")
+OPENS = {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}
 FUZZY_RATIO = 0.6  # a line this similar (difflib's ratio over pieces) to a next source line is that line, edited
 FUZZY_REACH = 3  # source lines after the place a line is compared with, piece by piece
+FUZZY_MAX = 16  # ... and at most this many further ones that start with the same piece
 SHORT_LINE = 8  # a line's content shorter than this (or repeated in the source) re-anchors only nearby
 SHORT_REACH = 8  # ... within this many lines after the place
-MIN_INLINE = 4  # characters of a written line's end that anchor a draft inside a source line
+MIN_START = 2  # characters of a line's content written before the first line aligned drafts
+MIN_INLINE = 8  # characters of a written line's end that anchor a draft inside a source line
 MAX_INLINE = 64  # ... at most (a longer match only ranks candidates)
 MAX_LINE_CHARS = 4096  # a longer output line is not aligned (nothing to learn from it, quadratic to compare)
 
@@ -61,6 +64,16 @@ MAX_LINE_CHARS = 4096  # a longer output line is not aligned (nothing to learn f
 def indent_of(line: str) -> int:
     """Characters of leading spaces and tabs."""
     return len(line) - len(line.lstrip(" \t"))
+
+
+def _continued(lines: list[str]) -> list[bool]:
+    """Per line: does it start inside an open bracket of the lines before (a continuation line)?
+    Brackets are counted outside one-line string literals and comments (roughly, for any language)."""
+    out, depth = [], 0
+    for line in lines:
+        out.append(depth > 0)
+        depth = max(0, depth + sum(OPENS.get(c, 0) for c in STRING_OR_COMMENT.sub("", line)))
+    return out
 
 
 def _is_name(piece: str) -> bool:
@@ -77,22 +90,31 @@ class EditAligner:
         self.ends_newline = source.endswith("\n")
         self.lines = lines[:-1] if self.ends_newline else lines
         self.content = [line.strip() for line in self.lines]
-        self._raw: dict[str, list[int]] = {}
+        self._raw: dict[str, list[int]] = {}  # content -> its lines
+        self._first: dict[str, list[int]] = {}  # a content's first piece (``def``, ``return``) -> its lines
         for j, c in enumerate(self.content):
             self._raw.setdefault(c, []).append(j)
+            if c:
+                self._first.setdefault(PIECE.match(c).group(), []).append(j)
+        self.continued = _continued(self.lines)
         self.delta = 0  # output indentation minus source indentation, from the last aligned line
         self.renames: dict[str, str] = {}  # source identifier -> the output's
         self._renamed: dict[str, list[int]] | None = None  # renamed content -> lines (None: rebuild)
         self.pointer = -1  # the source line the last aligned output line matched
         self.aligned = 0  # output lines aligned so far
-        self.fence = False  # did the last completed output line open a code fence?
         self._done = 0  # characters of the output read (its complete lines)
 
     # ---- the transformation ----------------------------------------------------------------
-    def rename(self, text: str) -> str:
-        if not self.renames:
+    def rename(self, text: str, extra: dict[str, str] | None = None) -> str:
+        """``text`` with the learned renames applied, then ``extra`` (renames of renamed names)."""
+        if not self.renames and not extra:
             return text
-        return IDENT.sub(lambda m: self.renames.get(m.group(), m.group()), text)
+
+        def sub(m: re.Match) -> str:
+            name = self.renames.get(m.group(), m.group())
+            return extra.get(name, name) if extra else name
+
+        return IDENT.sub(sub, text)
 
     def _renamed_index(self) -> dict[str, list[int]]:
         if self._renamed is None:
@@ -101,20 +123,20 @@ class EditAligner:
                 self._renamed.setdefault(self.rename(c), []).append(j)
         return self._renamed
 
-    def line(self, j: int, delta: int | None = None) -> str:
+    def line(self, j: int, delta: int | None = None, extra: dict[str, str] | None = None) -> str:
         """Source line ``j`` as the edit writes it: re-indented by the delta, renamed."""
         src = self.lines[j]
         body = src.lstrip(" \t")
         if not body:
             return ""
         width = max(0, indent_of(src) + (self.delta if delta is None else delta))
-        return ("\t" if src.startswith("\t") else " ") * width + self.rename(body)
+        return ("\t" if src.startswith("\t") else " ") * width + self.rename(body, extra)
 
-    def _following(self, j: int, max_chars: int, delta: int | None = None) -> str:
+    def _following(self, j: int, max_chars: int, delta: int | None = None, extra: dict[str, str] | None = None) -> str:
         """Source lines ``j``.. transformed, each after a newline, to about ``max_chars``."""
         out, size = [], 0
         while j < len(self.lines) and size < max_chars:
-            text = self.line(j, delta)
+            text = self.line(j, delta, extra)
             out.append("\n" + text)
             size += len(text) + 1
             j += 1
@@ -138,7 +160,8 @@ class EditAligner:
 
     def _learn(self, j: int, written: str) -> None:
         self.pointer, self.aligned = j, self.aligned + 1
-        self.delta = indent_of(written) - indent_of(self.lines[j])
+        if not self.continued[j]:  # a continuation line's indentation follows a bracket, not the block
+            self.delta = indent_of(written) - indent_of(self.lines[j])
 
     def _learn_renames(self, j: int, content: str) -> bool:
         """Align ``content`` with source line ``j`` piece by piece: mostly equal -> learn its
@@ -160,10 +183,23 @@ class EditAligner:
             self._renamed = None
         return True
 
+    def _fuzzy_candidates(self, content: str) -> list[int]:
+        """Source lines a line equal to none may be an edit of: the next FUZZY_REACH lines, then
+        those starting with its first piece, nearest first (FUZZY_MAX at most)."""
+        near = [k for k in range(self.pointer + 1, min(len(self.lines), self.pointer + 1 + FUZZY_REACH))
+                if self.content[k]]
+        return near + self._same_start(content, near)
+
+    def _same_start(self, content: str, skip: list[int] = ()) -> list[int]:
+        """Source lines whose content starts with ``content``'s first piece, nearest the place
+        first (FUZZY_MAX at most)."""
+        same = sorted((k for k in self._first.get(PIECE.match(content).group(), []) if k not in skip),
+                      key=lambda k: (k <= self.pointer, abs(k - self.pointer - 1)))
+        return same[:FUZZY_MAX]
+
     def _align(self, written: str) -> None:
         """Align one completed output line (module docstring)."""
         content = written.strip()
-        self.fence = content.startswith("```")
         if not content:  # a blank line: steps over a blank source line
             nxt = self.pointer + 1
             if nxt < len(self.lines) and not self.content[nxt]:
@@ -178,8 +214,8 @@ class EditAligner:
             if j is not None and self.renames:  # written as the source has it: renames not made here
                 self._learn_renames(j, content)
         if j is None:
-            for k in range(self.pointer + 1, min(len(self.lines), self.pointer + 1 + FUZZY_REACH)):
-                if self.content[k] and self._learn_renames(k, content):
+            for k in self._fuzzy_candidates(content):
+                if self._learn_renames(k, content):
                     j = k
                     break
         if j is not None:
@@ -200,20 +236,46 @@ class EditAligner:
         """The text to draft after ``text`` (all written so far), about ``max_chars`` long, or None."""
         partial = self.update(text)
         body = partial.lstrip(" \t")
-        if self.aligned == 0 and not self.fence and len(body) < MIN_INLINE:
-            return None  # nothing aligned yet and no sign the source starts here
+        if self.aligned == 0 and len(body) < MIN_START:
+            return None  # nothing aligned yet: the line's first characters must say the source starts here
         nxt = self.pointer + 1
         for j in (nxt, nxt + 1) if nxt + 1 < len(self.lines) and not self.content[nxt] else (nxt,):
             if j < len(self.lines):
                 line = self.line(j)
                 if line.startswith(partial) and (line or j + 1 < len(self.lines)):
                     return line[len(partial):] + self._following(j + 1, max_chars)
+                renamed = self._renamed_prefix(j, partial, max_chars)
+                if renamed is not None:
+                    return renamed
         if len(body) >= 2:  # re-anchor on the line's content, at the indentation it is written at
             j = self._starting_with(body)
             if j is not None:
                 delta = indent_of(partial) - indent_of(self.lines[j])
                 return self.line(j, delta)[len(partial):] + self._following(j + 1, max_chars, delta)
+            for j in self._same_start(body):  # an edit of a line starting as this one does
+                renamed = self._renamed_prefix(j, partial, max_chars)
+                if renamed is not None:
+                    return renamed
         return self._inline(partial, max_chars)
+
+    def _renamed_prefix(self, j: int, partial: str, max_chars: int) -> str | None:
+        """The continuation of source line ``j`` where ``partial`` writes its start with identifiers
+        replaced one for one (a rename not learned yet: ``if obj`` for ``if self.x``): the pieces
+        before its last equal line j's (identifiers may differ), its last piece starts line j's
+        next; those replacements apply to the rest of the draft."""
+        a, b = PIECE.findall(self.rename(self.content[j])), PIECE.findall(partial.lstrip(" \t"))
+        if not 2 <= len(b) <= len(a):
+            return None
+        extra: dict[str, str] = {}
+        for x, y in zip(a, b[:-1]):
+            if x != y and not (_is_name(x) and _is_name(y) and extra.setdefault(x, y) == y):
+                return None
+        last = extra.get(a[len(b) - 1], a[len(b) - 1])
+        if not extra or not last.startswith(b[-1]):
+            return None
+        delta = indent_of(partial) - indent_of(self.lines[j])
+        rest = [last[len(b[-1]):]] + [extra.get(x, x) if _is_name(x) else x for x in a[len(b):]]
+        return "".join(rest) + self._following(j + 1, max_chars, delta, extra)
 
     def _starting_with(self, body: str) -> int | None:
         starts = [j for j, c in enumerate(self.content) if c and self.rename(c).startswith(body)]
