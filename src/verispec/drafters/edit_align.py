@@ -185,10 +185,10 @@ class EditAligner:
 
     def _fuzzy_candidates(self, content: str) -> list[int]:
         """Source lines a line equal to none may be an edit of: the next FUZZY_REACH lines, then
-        those starting with its first piece, nearest first (FUZZY_MAX at most)."""
+        (a line of SHORT_LINE characters or more) those starting with its first piece, nearest first."""
         near = [k for k in range(self.pointer + 1, min(len(self.lines), self.pointer + 1 + FUZZY_REACH))
                 if self.content[k]]
-        return near + self._same_start(content, near)
+        return near if len(content) < SHORT_LINE else near + self._same_start(content, near)
 
     def _same_start(self, content: str, skip: list[int] = ()) -> list[int]:
         """Source lines whose content starts with ``content``'s first piece, nearest the place
@@ -239,20 +239,18 @@ class EditAligner:
         if self.aligned == 0 and len(body) < MIN_START:
             return None  # nothing aligned yet: the line's first characters must say the source starts here
         nxt = self.pointer + 1
-        for j in (nxt, nxt + 1) if nxt + 1 < len(self.lines) and not self.content[nxt] else (nxt,):
-            if j < len(self.lines):
-                line = self.line(j)
-                if line.startswith(partial) and (line or j + 1 < len(self.lines)):
-                    return line[len(partial):] + self._following(j + 1, max_chars)
-                renamed = self._renamed_prefix(j, partial, max_chars)
-                if renamed is not None:
-                    return renamed
+        expected = [j for j in ((nxt, nxt + 1) if nxt + 1 < len(self.lines) and not self.content[nxt] else (nxt,))
+                    if j < len(self.lines)]
+        for j in expected:
+            line = self.line(j)
+            if line.startswith(partial) and (line or j + 1 < len(self.lines)):
+                return line[len(partial):] + self._following(j + 1, max_chars)
         if len(body) >= 2:  # re-anchor on the line's content, at the indentation it is written at
             j = self._starting_with(body)
             if j is not None:
                 delta = indent_of(partial) - indent_of(self.lines[j])
                 return self.line(j, delta)[len(partial):] + self._following(j + 1, max_chars, delta)
-            for j in self._same_start(body):  # an edit of a line starting as this one does
+            for j in expected + self._same_start(body, expected):  # renamed: the next line, or one starting alike
                 renamed = self._renamed_prefix(j, partial, max_chars)
                 if renamed is not None:
                     return renamed
