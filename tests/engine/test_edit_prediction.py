@@ -97,3 +97,31 @@ def test_greedy_equals_plain_for_edited_predictions_stories(stories_native):
         out, stats = generate(stories_native, drafter, prompt, encode_prediction(stories_native, prediction), k=8)
         assert out == plain, name
         assert stats.accepted <= stats.drafted
+
+
+def test_without_a_prediction_the_prompts_code_block_is_followed(smollm2, code_case):
+    """``prompt_code``: the prompt's last code block is aligned once an answer line matches one of its
+    lines; it drafts the dedented, renamed continuation; greedy output stays plain decoding's."""
+    from verispec.drafters.base import DraftContext
+    from verispec.sampling import make_generator
+
+    tok = smollm2.tokenizer
+    block = "```python\nclass A:\n    def f(self):\n        y = self.x + 1\n        return y * self.z\n```\n"
+    prompt = tok("Make f a function taking obj:\n" + block, add_special_tokens=False)["input_ids"]
+    answer = tok("```python\ndef f(obj):\n", add_special_tokens=False)["input_ids"]
+    d = PredictionDrafter(NoDrafter(), tokenizer=tok, prompt_code=True)
+    d.start("r", prompt)
+    ctx = DraftContext("r", prompt + answer, 16, GREEDY, make_generator(0, 1))
+    assert tok.decode(list(d.propose(ctx).tokens[1:])).startswith("    y = obj.x + 1\n    return y * obj.z")
+    assert PredictionDrafter(NoDrafter(), tokenizer=tok).propose(ctx).num_drafted == 0  # off: the inner drafter's
+    d.start("s", prompt)  # nothing aligned yet: the answer's first line drafts nothing
+    assert d.propose(DraftContext("s", prompt + answer[:4], 16, GREEDY, make_generator(0, 1))).num_drafted == 0
+
+    prompt, plain, text = code_case  # the plain answer as a re-indented, renamed code block of the prompt
+    code = edited(text.split("```python\n")[-1].split("```")[0], "self")["indented+renamed"]
+    messages = [{"role": "user", "content": f"Rewrite this class:\n```python\n{code}```\n"}]
+    prompt = encode_prompt(smollm2, messages)
+    plain = generate(smollm2, NoDrafter(), prompt, ())[0]
+    out, stats = generate(smollm2, PredictionDrafter(PromptLookupDrafter(), tokenizer=tok, prompt_code=True),
+                          prompt, ())
+    assert out == plain

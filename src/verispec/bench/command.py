@@ -208,11 +208,13 @@ def build_runners(specs, lm, o: BenchOptions) -> tuple[list, list[str]]:
         if spec.kind == "engine":
             mb = _pop_float(opts, "prefix_cache_mb", o.prefix_cache_mb)
             predicts = opts.pop("prediction", "no")
-            if predicts not in ("yes", "ids", "no"):
-                raise BenchError(f"method {spec.label}: prediction must be yes, ids or no")
+            if predicts not in ("yes", "ids", "prompt", "no"):
+                raise BenchError(f"method {spec.label}: prediction must be yes, ids, prompt or no")
             drafter = make_drafter(spec.name, lm, opts)
-            tokenizer = lm.tokenizer if predicts == "yes" else None  # ids: token-id places only (no edit alignment)
-            runners.append(EngineRunner(spec.label, lm.backend, drafter, k, o.policy, mb, predicts != "no", tokenizer))
+            # ids: token-id places only (no edit alignment); prompt: none sent, the prompt's code block aligned
+            tokenizer = lm.tokenizer if predicts in ("yes", "prompt") else None
+            runners.append(EngineRunner(spec.label, lm.backend, drafter, k, o.policy, mb, predicts in ("yes", "ids"),
+                                        tokenizer, prompt_code=predicts == "prompt"))
         elif spec.kind == "hf":
             runners.append(_hf_runner(spec, opts, k, lm, o, shared))
         else:

@@ -62,10 +62,12 @@ def text_after(tokenizer: Any, context: list[int], new: list[int]) -> str | None
     return after[len(before):] if after.startswith(before) else None
 
 
-def continuation_tokens(tokenizer: Any, committed: list[int], drafted: str) -> list[int]:
+def continuation_tokens(tokenizer: Any, committed: list[int], drafted: str, fresh: bool = False) -> list[int]:
     """The tokens that follow ``committed`` when its text is followed by ``drafted``, the last
     dropped (the text may end inside a token): the longest window of committed tokens whose text
-    re-tokenizes, with the drafted text, to those same tokens first (else nothing).
+    re-tokenizes, with the drafted text, to those same tokens first; else (the last committed token
+    would merge with the draft's first, e.g. "\n" with an indentation) nothing, or with ``fresh``
+    the drafted text tokenized alone (the boundary where the committed tokens put it).
 
     Example: committed "...re" "turn", drafted " x" -> the tokens of " x" less the last: []."""
     for w in range(min(DETOKENIZE_WINDOW, len(committed)), 0, -1):
@@ -73,7 +75,7 @@ def continuation_tokens(tokenizer: Any, committed: list[int], drafted: str) -> l
         ids = _encode(tokenizer, _decode(tokenizer, tail) + drafted)
         if ids[:w] == tail:
             return ids[w:-1]
-    return []
+    return _encode(tokenizer, drafted)[:-1] if fresh else []
 
 
 @dataclass

@@ -83,9 +83,10 @@ def _is_name(piece: str) -> bool:
 class EditAligner:
     """One request's alignment of the written text with ``source`` (module docstring). ``draft``
     takes the whole text written so far each time (it reads only what is new) and returns the text
-    to draft after it, or None."""
+    to draft after it, or None; nothing before ``min_aligned`` written lines are aligned."""
 
-    def __init__(self, source: str):
+    def __init__(self, source: str, min_aligned: int = 0):
+        self.min_aligned = min_aligned  # lines aligned before anything is drafted (a source only maybe edited)
         lines = source.split("\n")
         self.ends_newline = source.endswith("\n")
         self.lines = lines[:-1] if self.ends_newline else lines
@@ -236,7 +237,7 @@ class EditAligner:
         """The text to draft after ``text`` (all written so far), about ``max_chars`` long, or None."""
         partial = self.update(text)
         body = partial.lstrip(" \t")
-        if self.aligned == 0 and len(body) < MIN_START:
+        if self.aligned < self.min_aligned or (self.aligned == 0 and len(body) < MIN_START):
             return None  # nothing aligned yet: the line's first characters must say the source starts here
         nxt = self.pointer + 1
         expected = [j for j in ((nxt, nxt + 1) if nxt + 1 < len(self.lines) and not self.content[nxt] else (nxt,))

@@ -51,6 +51,7 @@ the rejected ones are the rest of the prediction.
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
@@ -71,6 +72,7 @@ MAX_MATCH = 64  # a match is not extended further back than this (it only ranks 
 MAX_CANDIDATES = 256  # occurrences of the output's last tokens ranked per step (those nearest the place)
 KEPT_USAGE = 4096  # finished requests whose prediction usage is kept until read
 PRIOR_ACCEPT, PRIOR_WEIGHT = 0.97, 10.0  # a drafted prediction token's acceptance before a request's own evidence
+CODE_BLOCK = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)  # a Markdown code block's code
 CHARS_PER_TOKEN = 8  # an aligned draft's text: this many characters per token of the budget (and a line more)
 
 
@@ -161,11 +163,15 @@ class PredictionDrafter(DeclaresFeatures):
     that sizes its drafts (default: the one ``inner`` sizes its own by). Declares what ``inner``
     declares (its features, memory, reset) and answers to its name (statistics name the
     method a request ran; the prediction is the request's, not a method). ``tokenizer``: the
-    target's; with it, drafts also follow an edit through the text (module docstring)."""
+    target's; with it, drafts also follow an edit through the text (module docstring).
+    ``prompt_code`` (with a tokenizer): a request without a prediction has the last Markdown code
+    block of its prompt aligned instead, drafting once a line of the answer is aligned with it."""
 
-    def __init__(self, inner: Drafter, cost: dict[int, float] | None = None, tokenizer: Any = None):
+    def __init__(self, inner: Drafter, cost: dict[int, float] | None = None, tokenizer: Any = None,
+                 prompt_code: bool = False):
         self.inner = inner
         self.tokenizer = tokenizer
+        self.prompt_code = prompt_code and tokenizer is not None
         self._prompt_lengths: dict[str, int] = {}
         self.cost = cost if cost is not None else measured_cost(inner)  # t(n), or None: drafts fill the budget
         self.name = inner.name
@@ -188,7 +194,7 @@ class PredictionDrafter(DeclaresFeatures):
     def finish(self, request_id: str) -> None:
         place = self._places.pop(request_id)
         self._prompt_lengths.pop(request_id, None)
-        if place is not None:
+        if place is not None and place.prediction:
             used = min(len(place.prediction), len(place.accepted) + place.aligned_hits)
             self._usage[request_id] = (used, len(place.prediction))
             while len(self._usage) > KEPT_USAGE:
@@ -242,12 +248,14 @@ class PredictionDrafter(DeclaresFeatures):
         return [t if t is not None else next(inner) for t in trees]
 
     def _from_prediction(self, ctx: DraftContext) -> DraftTree | None:
-        if not ctx.prediction:
+        if not ctx.prediction and not self.prompt_code:
             return None
         place = self._places.find(ctx.request_id)
         if place is None:
             place = _Place(ctx.prediction, _index(ctx.prediction))
             self._places.add(ctx.request_id, place)
+        if not place.prediction:  # the prompt's code block: its text alignment alone
+            return self._sized(ctx, place, self._aligned(ctx, place), aligned=True)
         pos = find_place(place.prediction, place.index, ctx.tokens, place.next_pos)
         if pos is None and not place.guessed_start and not place.accepted:
             place.guessed_start = True  # once: the prefill's token may be the prediction's first
@@ -262,6 +270,12 @@ class PredictionDrafter(DeclaresFeatures):
             return DraftTree.chain(ctx.tokens[-1], [])
         aligned = self._aligned(ctx, place) if self.tokenizer is not None else []
         draft = aligned or ([] if pos is None else list(place.prediction[pos:pos + ctx.budget]))
+        return self._sized(ctx, place, draft, bool(aligned), pos)
+
+    def _sized(self, ctx: DraftContext, place: _Place, draft: list[int], aligned: bool,
+               pos: int | None = None) -> DraftTree | None:
+        """``draft`` (from prediction position ``pos``, or the text alignment) cut to the cost
+        curve's size, as this step's tree; None (the inner drafter drafts) when nothing is left."""
         if draft and self.cost is not None:  # the size of the highest rate on the target's cost curve
             p = place.acceptance()
             draft = draft[:best_size([p ** (i + 1) for i in range(len(draft))], self.cost)[0]]
@@ -277,15 +291,23 @@ class PredictionDrafter(DeclaresFeatures):
         written = place.written
         if written is None:
             start = self._prompt_lengths.get(ctx.request_id, len(ctx.tokens) - 1)
-            source = self.tokenizer.decode(list(place.prediction), skip_special_tokens=False,
-                                           clean_up_tokenization_spaces=False)
-            written = place.written = _Written(source, EditAligner(source), start, start)
+            if place.prediction:
+                source, after = self._decode(list(place.prediction)), 0
+            else:  # the prompt's last code block, followed once a line of the answer is aligned with it
+                blocks = CODE_BLOCK.findall(self._decode(ctx.tokens[:start]))
+                source, after = (blocks[-1] if blocks else ""), 1
+            written = place.written = _Written(source, EditAligner(source, after), start, start)
+        if not written.source:
+            return []
         if not self._sync(written, ctx.tokens):
             return []
         text = written.aligner.draft(written.text, CHARS_PER_TOKEN * ctx.budget)
         if not text:
             return []
-        return continuation_tokens(self.tokenizer, ctx.tokens[written.start:], text)[:ctx.budget]
+        return continuation_tokens(self.tokenizer, ctx.tokens[written.start:], text, fresh=True)[:ctx.budget]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def _sync(self, written: _Written, tokens: list[int]) -> bool:
         """Bring the output's text up to ``tokens`` (holding back tokens that end inside a UTF-8
@@ -303,7 +325,7 @@ class PredictionDrafter(DeclaresFeatures):
         if new is None:  # not an extension of the text so far: decoded whole, aligned again
             written.text = self.tokenizer.decode(tokens[written.start:end], skip_special_tokens=False,
                                                  clean_up_tokenization_spaces=False)
-            written.aligner = EditAligner(written.source)
+            written.aligner = EditAligner(written.source, written.aligner.min_aligned)
         else:
             written.text += new
         written.synced = end
