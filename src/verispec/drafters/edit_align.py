@@ -17,7 +17,8 @@ or renames (``self`` -> ``obj``); text aligned line by line does not:
   A line equal to none is compared with the next source lines token by token (identifiers, numbers,
   other characters): mostly equal (``difflib`` ratio >= ``FUZZY_RATIO``), it is aligned and its
   one-for-one identifier replacements are learned as renames (``self`` -> ``obj``); a rename the
-  output is seen not to make (an aligned line keeps the identifier) is forgotten. Otherwise the line
+  output is seen not to make (an aligned line keeps the identifier) as often as it is seen made is
+  forgotten (a docstring that keeps "self" does not undo the parameter's rename). Otherwise the line
   was inserted, and the place stays;
 * the indentation delta is learned from each aligned line (output indentation minus source
   indentation) and applied to every following source line (a constant re-indentation);
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import keyword
 import re
+from bisect import insort
 from difflib import SequenceMatcher
 
 PIECE = re.compile(r"[A-Za-z_][A-Za-z_0-9]*|\d+|\s+|.")  # what lines are compared in
@@ -58,7 +60,8 @@ SHORT_REACH = 8  # ... within this many lines after the place
 MIN_START = 2  # characters of a line's content written before the first line aligned drafts
 MIN_INLINE = 8  # characters of a written line's end that anchor a draft inside a source line
 MAX_INLINE = 64  # ... at most (a longer match only ranks candidates)
-MAX_LINE_CHARS = 4096  # a longer output line is not aligned (nothing to learn from it, quadratic to compare)
+MAX_PIECES = 64  # pieces of a line compared at most (difflib is quadratic): a longer line's tail is not read
+MAX_LINE_CHARS = 1000  # a longer line is not compared piece by piece (quadratic), only matched whole
 
 
 def indent_of(line: str) -> int:
@@ -100,7 +103,14 @@ class EditAligner:
         self.continued = _continued(self.lines)
         self.delta = 0  # output indentation minus source indentation, from the last aligned line
         self.renames: dict[str, str] = {}  # source identifier -> the output's
-        self._renamed: dict[str, list[int]] | None = None  # renamed content -> lines (None: rebuild)
+        self._evidence: dict[str, int] = {}  # a rename's lines seen making it, less those seen not making it
+        self._renamed: dict[str, list[int]] | None = None  # renamed content -> lines (None: not built yet)
+        self._renamed_lines: list[str] = []  # each line's renamed content, as indexed
+        self._dirty: set[str] = set()  # names whose rename changed since the index was brought up to date
+        self._ident_lines: dict[str, list[int]] = {}  # an identifier -> the lines it occurs in
+        for j, c in enumerate(self.content):
+            for name in set(IDENT.findall(c)):
+                self._ident_lines.setdefault(name, []).append(j)
         self.pointer = -1  # the source line the last aligned output line matched
         self.aligned = 0  # output lines aligned so far
         self._done = 0  # characters of the output read (its complete lines)
@@ -118,10 +128,21 @@ class EditAligner:
         return IDENT.sub(sub, text)
 
     def _renamed_index(self) -> dict[str, list[int]]:
+        """Renamed content -> its lines, brought up to date on the lines whose names' renames changed."""
         if self._renamed is None:
-            self._renamed = {}
-            for j, c in enumerate(self.content):
-                self._renamed.setdefault(self.rename(c), []).append(j)
+            self._renamed, self._renamed_lines = {}, [self.rename(c) for c in self.content]
+            for j, c in enumerate(self._renamed_lines):
+                self._renamed.setdefault(c, []).append(j)
+        elif self._dirty:
+            for j in sorted({j for name in self._dirty for j in self._ident_lines.get(name, ())}):
+                old, new = self._renamed_lines[j], self.rename(self.content[j])
+                if new != old:
+                    self._renamed[old].remove(j)
+                    if not self._renamed[old]:
+                        del self._renamed[old]
+                    insort(self._renamed.setdefault(new, []), j)
+                    self._renamed_lines[j] = new
+        self._dirty.clear()
         return self._renamed
 
     def line(self, j: int, delta: int | None = None, extra: dict[str, str] | None = None) -> str:
@@ -167,21 +188,32 @@ class EditAligner:
     def _learn_renames(self, j: int, content: str) -> bool:
         """Align ``content`` with source line ``j`` piece by piece: mostly equal -> learn its
         one-for-one identifier replacements and forget renames it keeps (True)."""
-        a, b = PIECE.findall(self.content[j]), PIECE.findall(content)
+        if len(self.content[j]) > MAX_LINE_CHARS or len(content) > MAX_LINE_CHARS:
+            return False
+        a, b = PIECE.findall(self.content[j])[:MAX_PIECES], PIECE.findall(content)[:MAX_PIECES]
         matcher = SequenceMatcher(None, a, b, autojunk=False)
         if matcher.ratio() < FUZZY_RATIO:
             return False
-        before = dict(self.renames)
+        before, seen = dict(self.renames), {}
         for tag, i1, i2, j1, j2 in matcher.get_opcodes():
             if tag == "replace" and i2 - i1 == j2 - j1:
                 for x, y in zip(a[i1:i2], b[j1:j2]):
                     if _is_name(x) and _is_name(y):
-                        self.renames[x] = y
+                        seen[x] = y
             elif tag == "equal":
                 for x in a[i1:i2]:
-                    self.renames.pop(x, None)  # kept as written here
-        if self.renames != before:
-            self._renamed = None
+                    if x in self.renames:
+                        seen.setdefault(x, x)  # kept as written here
+        for x, y in seen.items():  # one line, one piece of evidence per name
+            if self.renames.get(x) == y:
+                self._evidence[x] += 1
+            elif x in self.renames and self._evidence[x] > 1:
+                self._evidence[x] -= 1  # seen made more often than not: kept (a docstring's "self")
+            elif x == y:
+                self.renames.pop(x)
+            else:
+                self.renames[x], self._evidence[x] = y, 1
+        self._dirty.update(x for x in seen if self.renames.get(x) != before.get(x))
         return True
 
     def _fuzzy_candidates(self, content: str) -> list[int]:
@@ -205,8 +237,6 @@ class EditAligner:
             nxt = self.pointer + 1
             if nxt < len(self.lines) and not self.content[nxt]:
                 self.pointer = nxt
-            return
-        if len(content) > MAX_LINE_CHARS:
             return
         renamed = self._renamed_index().get(content, []) if self.renames else []
         j = self._nearest(renamed, content)
@@ -234,8 +264,11 @@ class EditAligner:
 
     # ---- drafting --------------------------------------------------------------------------
     def draft(self, text: str, max_chars: int) -> str | None:
-        """The text to draft after ``text`` (all written so far), about ``max_chars`` long, or None."""
-        partial = self.update(text)
+        """The text to draft after ``text`` (all written so far), at most ``max_chars`` long, or None."""
+        drafted = self._draft(self.update(text), max_chars)
+        return None if drafted is None else drafted[:max_chars]
+
+    def _draft(self, partial: str, max_chars: int) -> str | None:
         body = partial.lstrip(" \t")
         if self.aligned < self.min_aligned or (self.aligned == 0 and len(body) < MIN_START):
             return None  # nothing aligned yet: the line's first characters must say the source starts here
@@ -262,6 +295,8 @@ class EditAligner:
         replaced one for one (a rename not learned yet: ``if obj`` for ``if self.x``): the pieces
         before its last equal line j's (identifiers may differ), its last piece starts line j's
         next; those replacements apply to the rest of the draft."""
+        if len(self.content[j]) > MAX_LINE_CHARS or len(partial) > MAX_LINE_CHARS:
+            return None
         a, b = PIECE.findall(self.rename(self.content[j])), PIECE.findall(partial.lstrip(" \t"))
         if not 2 <= len(b) <= len(a):
             return None
@@ -277,7 +312,8 @@ class EditAligner:
         return "".join(rest) + self._following(j + 1, max_chars, delta, extra)
 
     def _starting_with(self, body: str) -> int | None:
-        starts = [j for j, c in enumerate(self.content) if c and self.rename(c).startswith(body)]
+        index = self._renamed_index() if self.renames else self._raw
+        starts = sorted(j for c, lines in index.items() if c and c.startswith(body) for j in lines)
         return self._nearest(starts, body) if len(body) < SHORT_LINE or len(starts) > 1 else starts[0] if starts else None
 
     def _inline(self, partial: str, max_chars: int) -> str | None:
