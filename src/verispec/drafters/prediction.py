@@ -30,8 +30,10 @@ at the cost of t(16), three decode steps).
 Drafts that follow an edit (``edit_align.py``): given the target's tokenizer, the text written so far
 is also aligned line by line with the prediction's text, through the re-indentation and renames the
 edit makes, and that alignment's draft (the prediction's continuation as the edit writes it, tokenized
-as the target would continue the committed tokens) is proposed where it has one; the token-id place
-above drafts where it has none. A method made a top-level function (every line 4 spaces less, ``self``
+as the target would continue the committed tokens) is proposed where it differs from the token-id
+place's draft or is longer; where they agree, or the alignment has none, the token-id place drafts
+(its tokens carry prediction positions, which usage counts; an aligned draft's accepted tokens are
+counted as accepted prediction tokens without them). A method made a top-level function (every line 4 spaces less, ``self``
 renamed) loses the token-id place at every line's first token; the text alignment keeps it.
 
 A prediction is only a draft: the target verifies every token, so a wrong, empty or hostile
@@ -268,9 +270,12 @@ class PredictionDrafter(DeclaresFeatures):
         if at_end and not place.ended:
             place.ended, place.from_prediction = True, False
             return DraftTree.chain(ctx.tokens[-1], [])
+        by_ids = [] if pos is None else list(place.prediction[pos:pos + ctx.budget])
         aligned = self._aligned(ctx, place) if self.tokenizer is not None else []
-        draft = aligned or ([] if pos is None else list(place.prediction[pos:pos + ctx.budget]))
-        return self._sized(ctx, place, draft, bool(aligned), pos)
+        n = min(len(aligned), len(by_ids))
+        if aligned and (aligned[:n] != by_ids[:n] or len(aligned) > len(by_ids)):  # the alignment knows better
+            return self._sized(ctx, place, aligned, True)
+        return self._sized(ctx, place, by_ids, False, pos)  # the same tokens: drafted with their positions
 
     def _sized(self, ctx: DraftContext, place: _Place, draft: list[int], aligned: bool,
                pos: int | None = None) -> DraftTree | None:
