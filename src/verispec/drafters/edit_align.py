@@ -14,18 +14,22 @@ or renames (``self`` -> ``obj``); text aligned line by line does not:
   indentation, with the renames learned so far applied, or as written) equals it, the next source line
   first, then the nearest after the place, then before it (a moved block); a short or repeated line
   (``)``, ``else:``) only within ``SHORT_REACH`` lines after the place (it proves nothing further off).
-  A line equal to none is compared with the next source lines token by token (identifiers, numbers,
-  other characters): mostly equal (``difflib`` ratio >= ``FUZZY_RATIO``), it is aligned and its
+  A line equal to none is compared piece by piece (identifiers, numbers, other characters) with the
+  next source lines and those starting with its first piece (``def``, ``return``; a line moved back to
+  where it came from): mostly equal (``difflib`` ratio >= ``FUZZY_RATIO``), it is aligned and its
   one-for-one identifier replacements are learned as renames (``self`` -> ``obj``); a rename the
   output is seen not to make (an aligned line keeps the identifier) as often as it is seen made is
   forgotten (a docstring that keeps "self" does not undo the parameter's rename). Otherwise the line
   was inserted, and the place stays;
 * the indentation delta is learned from each aligned line (output indentation minus source
-  indentation) and applied to every following source line (a constant re-indentation);
+  indentation; not from a continuation line inside an open bracket, aligned to the bracket) and
+  applied to every following source line (a constant re-indentation);
 * the draft continues the line being written: the next source line, transformed, where it starts
   with what is written of the line; else the source line whose transformed content starts with the
   line's content (re-anchoring: a moved or deleted stretch; the indentation it is written at gives the
-  delta); else the longest end of the line (``MIN_INLINE`` characters or more) found in a source line
+  delta); else the next line (or one starting alike) whose start the line writes with identifiers
+  replaced one for one (``if obj`` + ``.x`` for ``if self.x``: a rename read before the line is
+  complete, applied to the rest of the draft); else the longest end of the line (``MIN_INLINE`` characters or more) found in a source line
   near the place (an edit inside the line). Then the following source lines, transformed, up to
   ``max_chars``.
 
@@ -43,6 +47,7 @@ drafts: the target verifies every token, so a wrong alignment costs speed, never
 
 from __future__ import annotations
 
+import heapq
 import keyword
 import re
 from bisect import insort
@@ -226,9 +231,8 @@ class EditAligner:
     def _same_start(self, content: str, skip: list[int] = ()) -> list[int]:
         """Source lines whose content starts with ``content``'s first piece, nearest the place
         first (FUZZY_MAX at most)."""
-        same = sorted((k for k in self._first.get(PIECE.match(content).group(), []) if k not in skip),
-                      key=lambda k: (k <= self.pointer, abs(k - self.pointer - 1)))
-        return same[:FUZZY_MAX]
+        return heapq.nsmallest(FUZZY_MAX, (k for k in self._first.get(PIECE.match(content).group(), ())
+                                           if k not in skip), key=lambda k: (k <= self.pointer, abs(k - self.pointer - 1)))
 
     def _align(self, written: str) -> None:
         """Align one completed output line (module docstring)."""
