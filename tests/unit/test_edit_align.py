@@ -75,19 +75,22 @@ def test_a_re_indentation_the_other_way_and_a_moved_block():
     answer = "try:\n    x = load()\n    save(x + 1)\n    y = x + 1\n    print(y)\nexcept OSError:\n    pass\n"
     aligner = EditAligner(source)
     assert aligner.draft("try:\n    x = load()\n", 100) == "    y = x + 1\n    print(y)\n    save(y)\n"
-    # the model writes save first (an edit of line 4), then goes back to line 2
-    assert aligner.draft("try:\n    x = load()\n    save(x + 1)\n", 100).startswith("    y = x + 1")
+    # the model inserts a line: the next line start waits for its first characters, then line 2 goes on
+    assert aligner.draft("try:\n    x = load()\n    save(x + 1)\n", 100) is None
+    assert aligner.draft("try:\n    x = load()\n    save(x + 1)\n    y =", 100).startswith(" x + 1\n    print(y)")
     assert follow(source, answer)[0] >= 20
 
 
 def test_inserted_and_deleted_lines_re_anchor_on_content():
     source = "a = 1\nb = 2\nc = 3\nd = 4\ne = 5\n"
     inserted = EditAligner(source)
-    assert inserted.draft("a = 1\nb = 2\nlog(b)\n", 100) == "c = 3\nd = 4\ne = 5\n"  # the place stays
+    assert inserted.draft("a = 1\nb = 2\nlog(b)\n", 100) is None  # after an inserted line: wait for evidence
+    assert inserted.draft("a = 1\nb = 2\nlog(b)\nc =", 100) == " 3\nd = 4\ne = 5\n"  # the place stayed
     deleted = EditAligner(source)
     assert deleted.draft("a = 1\nb = 2\nd = 4\n", 100) == "e = 5\n"  # the place jumps over the deletion
-    partial = EditAligner(source)
-    assert partial.draft("a = 1\nd = ", 100) == "4\ne = 5\n"  # re-anchored inside the line being written
+    partial = EditAligner(source.replace("d = ", "delta = "))
+    assert partial.draft("a = 1\nd", 100) is None  # one character proves nothing
+    assert partial.draft("a = 1\ndelta", 100) == " = 4\ne = 5\n"  # re-anchored inside the line being written
 
 
 def test_an_edit_inside_a_line_continues_after_it():

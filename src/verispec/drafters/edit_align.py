@@ -27,15 +27,17 @@ or renames (``self`` -> ``obj``); text aligned line by line does not:
 * the draft continues the line being written: the next source line, transformed, where it starts
   with what is written of the line; else the source line whose transformed content starts with the
   line's content (re-anchoring: a moved or deleted stretch; the indentation it is written at gives the
-  delta); else the next line (or one starting alike) whose start the line writes with identifiers
+  delta; ``REANCHOR`` characters of content, ``SHORT_LINE`` after an inserted line: a novel line's
+  ``if`` proves nothing, and the drafter wrapped drafts it better); else the next line (or one starting alike) whose start the line writes with identifiers
   replaced one for one (``if obj`` + ``.x`` for ``if self.x``: a rename read before the line is
   complete, applied to the rest of the draft); else the longest end of the line (``MIN_INLINE`` characters or more) found in a source line
   near the place (an edit inside the line). Then the following source lines, transformed, up to
   ``max_chars``.
 
-Before any line is aligned, a draft needs evidence the source starts here: ``MIN_START`` characters
-of the line's content written (a chat answer's first line after its code fence may be anything: an
-import, the class it came from); a line's start drafts nothing until then.
+Before any line is aligned, and after a line aligned with nothing (an inserted line: the answer may go
+on inserting), a draft needs evidence of where the line is: ``MIN_START`` characters of its content
+written (a chat answer's first line after its code fence may be anything: an import, the class it came
+from); a line's start drafts nothing until then, and the drafter it wraps drafts instead.
 
 Everything here is text; the caller tokenizes the draft (``continuation_tokens``, as the target would:
 the committed tail re-tokenized with the draft, the cross-tokenizer drafter's boundary rule). It only
@@ -62,6 +64,7 @@ FUZZY_REACH = 3  # source lines after the place a line is compared with, piece b
 FUZZY_MAX = 16  # ... and at most this many further ones that start with the same piece
 SHORT_LINE = 8  # a line's content shorter than this (or repeated in the source) re-anchors only nearby
 SHORT_REACH = 8  # ... within this many lines after the place
+REANCHOR = 4  # characters of a line's content that re-anchor it away from the next line (a deletion, a move)
 MIN_START = 2  # characters of a line's content written before the first line aligned drafts
 MIN_INLINE = 8  # characters of a written line's end that anchor a draft inside a source line
 MAX_INLINE = 64  # ... at most (a longer match only ranks candidates)
@@ -118,6 +121,7 @@ class EditAligner:
                 self._ident_lines.setdefault(name, []).append(j)
         self.pointer = -1  # the source line the last aligned output line matched
         self.aligned = 0  # output lines aligned so far
+        self.in_step = False  # was the last non-blank output line aligned?
         self._done = 0  # characters of the output read (its complete lines)
 
     # ---- the transformation ----------------------------------------------------------------
@@ -253,6 +257,7 @@ class EditAligner:
                 if self._learn_renames(k, content):
                     j = k
                     break
+        self.in_step = j is not None
         if j is not None:
             self._learn(j, written)
 
@@ -274,8 +279,8 @@ class EditAligner:
 
     def _draft(self, partial: str, max_chars: int) -> str | None:
         body = partial.lstrip(" \t")
-        if self.aligned < self.min_aligned or (self.aligned == 0 and len(body) < MIN_START):
-            return None  # nothing aligned yet: the line's first characters must say the source starts here
+        if self.aligned < self.min_aligned or (not self.in_step and len(body) < MIN_START):
+            return None  # after a line aligned with nothing: the line's first characters must say where it is
         nxt = self.pointer + 1
         expected = [j for j in ((nxt, nxt + 1) if nxt + 1 < len(self.lines) and not self.content[nxt] else (nxt,))
                     if j < len(self.lines)]
@@ -283,7 +288,9 @@ class EditAligner:
             line = self.line(j)
             if line.startswith(partial) and (line or j + 1 < len(self.lines)):
                 return line[len(partial):] + self._following(j + 1, max_chars)
-        if len(body) >= 2:  # re-anchor on the line's content, at the indentation it is written at
+        # re-anchor on the line's content, at the indentation it is written at: the answer's first line on
+        # MIN_START characters, a line after an aligned one on REANCHOR, after an inserted one on SHORT_LINE
+        if len(body) >= (MIN_START if self.aligned == 0 else REANCHOR if self.in_step else SHORT_LINE):
             j = self._starting_with(body)
             if j is not None:
                 delta = indent_of(partial) - indent_of(self.lines[j])
