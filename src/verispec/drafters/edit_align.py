@@ -329,8 +329,8 @@ class EditAligner:
 
     def _inline(self, partial: str, max_chars: int) -> str | None:
         """Continue inside a source line near the place after the longest end of ``partial`` it holds."""
-        if len(partial.strip()) < MIN_INLINE:
-            return None
+        if len(partial.strip()) < MIN_INLINE or not self.aligned:
+            return None  # an edit inside a line of a source being followed (not a first line's stray match)
         best = None  # (matched length, line)
         for j in (self.pointer + 1, self.pointer, self.pointer + 2):
             if not 0 <= j < len(self.lines):

@@ -101,14 +101,18 @@ class _Place:
     from_prediction: bool = False  # did this step's tree come from the prediction?
     guessed_start: bool = False  # was the prefill's token looked at as the prediction's start?
     ended: bool = False  # has the step after the output reached the prediction's end been drafted (plain)?
-    hits: int = 0  # drafted prediction tokens accepted
-    misses: int = 0  # prediction drafts cut short by a rejection
+    hits: int = 0  # drafted prediction tokens accepted (drafted by token-id place)
+    misses: int = 0  # prediction drafts cut short by a rejection (the same)
     aligned_hits: int = 0  # accepted tokens of drafts from the text alignment (no prediction positions)
+    aligned_misses: int = 0  # ... and those drafts cut short by a rejection
     written: _Written | None = None  # the output's text and its alignment (with a tokenizer)
 
-    def acceptance(self) -> float:
-        """p, the probability that a drafted prediction token is accepted given those before it were."""
-        return (self.hits + PRIOR_WEIGHT * PRIOR_ACCEPT) / (self.hits + self.misses + PRIOR_WEIGHT)
+    def acceptance(self, aligned: bool = False) -> float:
+        """p, the probability that a drafted prediction token is accepted given those before it were,
+        of the token-id place's drafts or (``aligned``) the text alignment's: tracked apart, so the
+        alignment's misses where the answer left the prediction do not shorten the other's drafts."""
+        hits, misses = (self.aligned_hits, self.aligned_misses) if aligned else (self.hits, self.misses)
+        return (hits + PRIOR_WEIGHT * PRIOR_ACCEPT) / (hits + misses + PRIOR_WEIGHT)
 
 
 def _index(prediction: tuple[int, ...]) -> dict[tuple[int, ...], list[int]]:
@@ -225,10 +229,11 @@ class PredictionDrafter(DeclaresFeatures):
                 if after < len(place.prediction) and obs.new_tokens[-1] == place.prediction[after]:
                     on_path.append(after)
                 place.accepted.update(on_path)
+                place.hits += len(obs.path)
+                place.misses += len(obs.path) < obs.tree.num_drafted
             else:  # drafted from the text alignment: tokens, not prediction positions
                 place.aligned_hits += len(obs.path)
-            place.hits += len(obs.path)
-            place.misses += len(obs.path) < obs.tree.num_drafted
+                place.aligned_misses += len(obs.path) < obs.tree.num_drafted
             self.steps["prediction"] += 1
             self.drafted["prediction"] += obs.tree.num_drafted
             self.accepted["prediction"] += len(obs.path)
@@ -282,7 +287,7 @@ class PredictionDrafter(DeclaresFeatures):
         """``draft`` (from prediction position ``pos``, or the text alignment) cut to the cost
         curve's size, as this step's tree; None (the inner drafter drafts) when nothing is left."""
         if draft and self.cost is not None:  # the size of the highest rate on the target's cost curve
-            p = place.acceptance()
+            p = place.acceptance(aligned)
             draft = draft[:best_size([p ** (i + 1) for i in range(len(draft))], self.cost)[0]]
         place.from_prediction = bool(draft)
         if not draft:
