@@ -96,7 +96,7 @@ class SpecDecoder:
         self.drafter = make_drafter(drafter, model, drafter_options) if isinstance(drafter, str) else drafter
         # a request's prediction (Predicted Outputs) drafts first; the drafter drafts where it has nothing
         cost = built_cost(model)  # the target's cost model, if its drafters were sized by one
-        self._predicting = PredictionDrafter(self.drafter, cost)
+        self._predicting = PredictionDrafter(self.drafter, cost, tokenizer=model.tokenizer)
         self.engine = Engine(model.backend, self._predicting, num_draft_tokens, policy,
                              PrefixCache.from_mb(prefix_cache_mb), cost)
 

@@ -210,11 +210,13 @@ def build_runners(specs, lm, o: BenchOptions) -> tuple[list, list[str]]:
         if spec.kind == "engine":
             mb = _pop_float(opts, "prefix_cache_mb", o.prefix_cache_mb)
             predicts = opts.pop("prediction", "no")
-            if predicts not in ("yes", "no"):
-                raise BenchError(f"method {spec.label}: prediction must be yes or no")
+            if predicts not in ("yes", "ids", "prompt", "no"):
+                raise BenchError(f"method {spec.label}: prediction must be yes, ids, prompt or no")
             drafter = make_drafter(spec.name, lm, opts)
-            runners.append(EngineRunner(spec.label, lm.backend, drafter, k, o.policy, mb, predicts == "yes",
-                                        built_cost(lm)))
+            # ids: token-id places only (no edit alignment); prompt: none sent, the prompt's code block aligned
+            tokenizer = lm.tokenizer if predicts in ("yes", "prompt") else None
+            runners.append(EngineRunner(spec.label, lm.backend, drafter, k, o.policy, mb, predicts in ("yes", "ids"),
+                                        built_cost(lm), tokenizer, prompt_code=predicts == "prompt"))
         elif spec.kind == "hf":
             runners.append(_hf_runner(spec, opts, k, lm, o, shared))
         else:
@@ -297,13 +299,14 @@ def run_bench(o: BenchOptions) -> tuple[dict, int]:
     from ..registry import DRAFTERS
     from ..system import threads
     from ..types import SamplingParams
-    from .datasets import GROUPS, load_prompts
+    from .datasets import GROUPS, load_data_file, load_prompts
     from .methods import parse_method, with_baseline
 
     specs = with_baseline([parse_method(m, tuple(DRAFTERS)) for m in o.methods])
     params = SamplingParams(temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
                             max_new_tokens=o.max_new_tokens, seed=o.seed, ignore_eos=o.ignore_eos)
-    prompts = load_prompts(o.data, o.categories or GROUPS, o.limit)
+    prompts = (load_data_file(o.data, o.categories, o.limit) if o.data is not None
+               else load_prompts(None, o.categories or GROUPS, o.limit))
     if not prompts:
         raise BenchError("no prompts selected")
     with threads(o.threads):  # before loading: the compiled runtime sizes its pool at load
@@ -376,7 +379,7 @@ def check_options(o: BenchOptions) -> None:
 
 
 def bench(
-    data: Optional[Path] = typer.Option(None, "--data", help="Spec-Bench question.jsonl (default: the Spec-Bench questions shipped with verispec)"),
+    data: Optional[Path] = typer.Option(None, "--data", help="a JSONL file of prompts instead of the shipped ones: Spec-Bench rows (question_id, category, turns) and rows of the edit, agent and fim workloads in the shipped format (category edit: turns + prediction; agent: messages; fim: prefix + suffix); -c selects its groups (default: all it has)"),
     category: list[str] = typer.Option([], "--category", "-c", help="Spec-Bench groups mt_bench, translation, summarization, qa, math_reasoning, rag (default: these six), our multi-turn agentic workload `agentic` (code/text revision loops, JSON tool calls), and workloads built from real material: `edit` (click functions + their commit's change; -m NAME:prediction=yes sends the original as the prediction), `agent` (SWE-agent session replays), `fim` (stdlib bodies, the model's FIM tokens); repeatable"),
     limit: Optional[int] = typer.Option(None, "--limit", help="prompts (agentic: sessions) per category (default 10; 0 = all)"),
     method: list[str] = typer.Option([], "--method", "-m", help="drafter[:k=v,...] or a peer (hf-generate, hf-pld, hf-assisted:model=truncated:4, llamacpp, llamacpp-pld); repeatable; the baseline `none` always runs"),

@@ -61,6 +61,22 @@ def text_after(tokenizer: Any, context: list[int], new: list[int]) -> str | None
     return after[len(before):] if after.startswith(before) else None
 
 
+def continuation_tokens(tokenizer: Any, committed: list[int], drafted: str, fresh: bool = False) -> list[int]:
+    """The tokens that follow ``committed`` when its text is followed by ``drafted``, the last
+    dropped (the text may end inside a token): the longest window of committed tokens whose text
+    re-tokenizes, with the drafted text, to those same tokens first; else (the last committed token
+    would merge with the draft's first, e.g. "\n" with an indentation) nothing, or with ``fresh``
+    the drafted text tokenized alone (the boundary where the committed tokens put it).
+
+    Example: committed "...re" "turn", drafted " x" -> the tokens of " x" less the last: []."""
+    for w in range(min(DETOKENIZE_WINDOW, len(committed)), 0, -1):
+        tail = committed[-w:]
+        ids = _encode(tokenizer, _decode(tokenizer, tail) + drafted)
+        if ids[:w] == tail:
+            return ids[w:-1]
+    return _encode(tokenizer, drafted)[:-1] if fresh else []
+
+
 @dataclass
 class _Stream:
     """One request's draft-side view of the committed text."""
@@ -122,18 +138,7 @@ class CrossTokenizerDrafter(WrappingDrafter):
         drafted = text_after(self.draft_tok, stream.ids[-DETOKENIZE_WINDOW:], list(chain.tokens[1:]))
         if not drafted:
             return DraftTree.chain(root, [])
-        return DraftTree.chain(root, self._target_tokens(ctx.tokens[stream.first:], drafted)[:want])
-
-    def _target_tokens(self, committed: list[int], drafted: str) -> list[int]:
-        """The target tokens that follow ``committed`` when its text is followed by ``drafted``,
-        the last dropped: the longest window of committed tokens whose text re-tokenizes, with
-        the drafted text, to those same tokens first (else nothing)."""
-        for w in range(min(DETOKENIZE_WINDOW, len(committed)), 0, -1):
-            tail = committed[-w:]
-            ids = _encode(self.target_tok, _decode(self.target_tok, tail) + drafted)
-            if ids[:w] == tail:
-                return ids[w:-1]
-        return []
+        return DraftTree.chain(root, continuation_tokens(self.target_tok, ctx.tokens[stream.first:], drafted)[:want])
 
     # ---- the draft's stream ----------------------------------------------------------------
     def _sync(self, stream: _Stream, tokens: list[int]) -> None:

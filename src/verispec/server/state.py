@@ -84,11 +84,12 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
         if key not in engines:
             drafter = make_drafter(name, model, opts, batched=True)
             cost = built_cost(model)  # the target's cost model, if a drafter was sized by one
-            engines[key] = Engine(target, PredictionDrafter(drafter, cost), config.num_draft_tokens, config.policy,
-                                  prefix, cost)
+            engines[key] = Engine(target, PredictionDrafter(drafter, cost, tokenizer=model.tokenizer),
+                                  config.num_draft_tokens, config.policy, prefix, cost)
     config = replace(config, drafters=tuple(dict.fromkeys(aliases.get(n, n) for n in config.drafters)))
     for name, drafter in (extra_drafters or {}).items():
-        engines[name] = Engine(target, PredictionDrafter(drafter), config.num_draft_tokens, config.policy, prefix)
+        engines[name] = Engine(target, PredictionDrafter(drafter, tokenizer=model.tokenizer), config.num_draft_tokens,
+                               config.policy, prefix)
     drafters = [e.drafter for e in engines.values()]
     max_len = (fits_context(target, config.max_batch, drafters) if config.max_model_len == 0
                else min(config.max_model_len, target.info.max_length))
