@@ -5,7 +5,7 @@ moved lines, and an edit inside a line; before anything is aligned, a prose prea
 
 from __future__ import annotations
 
-from verispec.drafters.edit_align import EditAligner, _continued
+from verispec.drafters.edit_align import EditAligner, continued_lines
 
 METHOD = '''    def _split(self, text):
         """Split the text into chunks."""
@@ -125,7 +125,7 @@ def test_nothing_is_drafted_before_the_source_shows_up():
 
 
 def test_continuation_lines_are_marked():
-    assert _continued(["x = f(a,", "      b)", 'y = "("', "z = [1,  # (", "  2]", "w"]) == [
+    assert continued_lines(["x = f(a,", "      b)", 'y = "("', "z = [1,  # (", "  2]", "w"]) == [
         False, True, False, False, True, False]
 
 

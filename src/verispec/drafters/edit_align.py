@@ -77,7 +77,7 @@ def indent_of(line: str) -> int:
     return len(line) - len(line.lstrip(" \t"))
 
 
-def _continued(lines: list[str]) -> list[bool]:
+def continued_lines(lines: list[str]) -> list[bool]:
     """Per line: does it start inside an open bracket of the lines before (a continuation line)?
     Brackets are counted outside one-line string literals and comments (roughly, for any language)."""
     out, depth = [], 0
@@ -108,7 +108,7 @@ class EditAligner:
             self._raw.setdefault(c, []).append(j)
             if c:
                 self._first.setdefault(PIECE.match(c).group(), []).append(j)
-        self.continued = _continued(self.lines)
+        self.continued = continued_lines(self.lines)
         self.delta = 0  # output indentation minus source indentation, from the last aligned line
         self.renames: dict[str, str] = {}  # source identifier -> the output's
         self._evidence: dict[str, int] = {}  # a rename's lines seen making it, less those seen not making it
