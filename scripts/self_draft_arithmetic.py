@@ -1,7 +1,13 @@
 """Self-speculation arithmetic on the Qwen2.5-Coder 1.5B (docs/benchmarks.md, issue 47): acceptance of
 layer-skipped drafts of the target (`-o model=self skip=...`, greedy, k fixed) vs the draft step's cost c
-(measured interleaved with the target's step); usage: python scripts/self_draft_arithmetic.py [k]."""
-import sys, torch
+(measured interleaved with the target's step); usage: python scripts/self_draft_arithmetic.py [-k K]."""
+import argparse
+
+import torch
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("-k", type=int, default=4, help="draft tokens a step (default 4)")
+K = parser.parse_args().k
 from verispec.api import load_model, SpecDecoder
 from verispec.models.self_draft import layer_subset
 from verispec.cost_curve import measure_draft_step, cached_cost_curve
@@ -13,7 +19,6 @@ n = t.backend.args.n_layers
 prompts = ["Write a Python function is_prime(n) with a docstring.",
            "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May? Think step by step.",
            "Explain what a hash table is in three sentences."]
-K = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 sets = {"none": (), "every-other-middle(7)": tuple(range(8, 21, 2)), "middle-contig(6)": tuple(range(11, 17)),
         "odd(14)": tuple(range(1, 28, 2)), "middle-contig(10)": tuple(range(9, 19)), "last-quarter-but-last(6)": tuple(range(21, 27))}
 params = SamplingParams(max_new_tokens=48, ignore_eos=True)
