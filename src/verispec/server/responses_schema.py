@@ -23,9 +23,8 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictFloat, StrictInt, StrictStr, Tag,
                       model_validator)
 
-from ..paths import lone_surrogate
 from ..types import MAX_TEMPERATURE
-from .schemas import FUNCTION_NAME
+from .schemas import FUNCTION_NAME, UnicodeBody
 
 MAX_ITEMS = 1024  # input items of one request (a stored conversation adds its own; the chat's bounds apply after)
 MAX_PARTS = 256  # content parts of one message
@@ -145,7 +144,7 @@ class TextConfig(BaseModel):
     format: TextFormat | None = None
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(UnicodeBody):
     """POST /v1/responses. Unknown fields are kept (``model_extra``) only to pass verispec's
     chat extensions on; the rest are ignored, as OpenAI clients send extras."""
 
@@ -172,14 +171,6 @@ class ResponsesRequest(BaseModel):
     max_tool_calls: StrictInt | None = None
     conversation: Any = None
     prompt: Any = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_unicode(cls, data: Any) -> Any:
-        where = lone_surrogate(data)
-        if where is not None:
-            raise ValueError(f"{where or 'the body'} is not valid Unicode (a lone UTF-16 surrogate such as \\ud800)")
-        return data
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) of the first field set to something verispec cannot do."""

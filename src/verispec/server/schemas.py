@@ -73,7 +73,21 @@ class FieldError(ValueError):
         self.param = param
 
 
-class _Sampling(BaseModel):
+class UnicodeBody(BaseModel):
+    """A request body whose strings must be valid Unicode: a lone UTF-16 surrogate anywhere is a
+    400 naming the field (``FieldError``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = lone_surrogate(data)
+        if where is not None:
+            raise FieldError(where or None,
+                             f"{where or 'the body'} is not valid Unicode (a lone UTF-16 surrogate such as \\ud800)")
+        return data
+
+
+class _Sampling(UnicodeBody):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model_config = ConfigDict(extra="ignore")
@@ -116,14 +130,6 @@ class _Sampling(BaseModel):
     guided_whitespace_pattern: Any = None
     structural_tag: Any = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_unicode(cls, data: Any) -> Any:
-        where = lone_surrogate(data)
-        if where is not None:
-            raise FieldError(where or None,
-                             f"{where or 'the body'} is not valid Unicode (a lone UTF-16 surrogate such as \\ud800)")
-        return data
 
     @field_validator("top_k", mode="before")
     @classmethod
