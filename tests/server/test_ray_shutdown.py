@@ -10,11 +10,11 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import pytest
+from serving import wait_for_line
 
 SERVER_ARGS = ["--model", "stories260k", "--max-batch", "4", "--max-model-len", "512"]
 
@@ -37,21 +37,6 @@ def _wait(pred, timeout: float, what: str) -> None:
     while not pred():
         assert time.time() < deadline, what
         time.sleep(0.2)
-
-
-def _wait_for_line(proc: subprocess.Popen, start: str, timeout: float) -> None:
-    seen: list[str] = []
-
-    def read() -> None:
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith(start):
-                return
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(timeout)
-    assert seen and seen[-1].startswith(start), "".join(seen)
 
 
 def _ray_left(t0: float, recorded: list) -> list[str]:
@@ -90,7 +75,7 @@ def test_no_ray_process_outlives_the_server(stop: str) -> None:
     recorded: list = []
     try:
         _wait(lambda: _up(f"http://127.0.0.1:{port}", proc), 240, "the Ray deployment did not come up")
-        _wait_for_line(proc, "verispec: serving", 120)
+        wait_for_line(proc, "verispec: serving", 120)
         recorded = psutil.Process(proc.pid).children(recursive=True)
         assert any("DashboardAgent" in " ".join(p.cmdline()) for p in recorded), recorded
         proc.send_signal(getattr(signal, stop))
