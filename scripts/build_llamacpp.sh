@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the llama.cpp binaries the peer benchmarks run (scripts/bench_spec_vs_llamacpp.py,
+# Build the llama.cpp binaries the peer benchmarks run (`verispec bench -m llamacpp-server`,
 # scripts/bench_vs_llamacpp.py): llama-server, llama-speculative-simple, llama-bench and
 # llama-simple, from the llama.cpp source vendored in the llama-cpp-python sdist (the same
 # llama.cpp that verispec's [llamacpp] extra runs). CPU only: Release, -DGGML_NATIVE=ON (a
@@ -13,6 +13,10 @@
 # (the development machine's build) if present, else ${LLAMACPP_DIR:-~/.cache/verispec/llama.cpp}/build/bin.
 # Only the bin path goes to stdout; progress goes to stderr.
 set -euo pipefail
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+    exit 0
+fi
 
 VERSION=0.3.16
 DIR=${LLAMACPP_DIR:-$HOME/.cache/verispec/llama.cpp}

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -151,3 +152,19 @@ def one_line_exit_2(*args: str, input: bytes | str | None = None, needle: str = 
     assert len(lines) == 1 and "Traceback" not in r.output, r.output
     assert needle.lower() in lines[0].lower(), lines[0]
     return lines[0]
+
+
+def wait_for_line(proc: subprocess.Popen, start: str, timeout: float) -> None:
+    """Read ``proc``'s stdout until a line starting with ``start`` (asserted within ``timeout`` seconds)."""
+    seen: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith(start):
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    assert seen and seen[-1].startswith(start), "".join(seen)

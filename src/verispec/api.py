@@ -24,7 +24,7 @@ from .engine import Engine
 from .engine.prefix_cache import DEFAULT_MAX_MB, PrefixCache
 from .models.load import DTYPES, LoadedModel, distilled_draft_dir, load_draft_model, load_model, target_embedding
 from .models.runtime_choice import choose_backend
-from .registry import make_drafter
+from .registry import built_cost, make_drafter
 from .types import FinishReason, GenerationOutput, RequestStats, SamplingParams, TokenLogprob, sample_seed
 
 __all__ = ["DTYPES", "Chunk", "LoadedModel", "Prompt", "SpecDecoder", "choose_backend", "distilled_draft_dir",
@@ -95,9 +95,10 @@ class SpecDecoder:
         self.model = model
         self.drafter = make_drafter(drafter, model, drafter_options) if isinstance(drafter, str) else drafter
         # a request's prediction (Predicted Outputs) drafts first; the drafter drafts where it has nothing
-        self._predicting = PredictionDrafter(self.drafter)
+        cost = built_cost(model)  # the target's cost model, if its drafters were sized by one
+        self._predicting = PredictionDrafter(self.drafter, cost, tokenizer=model.tokenizer)
         self.engine = Engine(model.backend, self._predicting, num_draft_tokens, policy,
-                             PrefixCache.from_mb(prefix_cache_mb))
+                             PrefixCache.from_mb(prefix_cache_mb), cost)
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None,
                chat: bool | None = None, prediction: str | list[int] | None = None,

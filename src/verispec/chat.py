@@ -10,6 +10,11 @@ Content spans are found by rendering the template once more with a sentinel per 
 the template rewrites contents (strip, truncation, ...) the spans are unknown, and a content
 that holds a control-token string is refused instead of guessed at.
 
+The tools' JSON (names, descriptions, parameter schemas, enum values) and the messages' earlier
+tool calls (names, arguments, ids) are client text too: each control-token string in them is
+rendered as a sentinel, then put back as a literal span (whatever the template does around it,
+the string itself is tokenized as plain text).
+
 Templates are rendered by ``chat_template`` (a worker process, under time, memory and size
 bounds: the template is the model file's code); a server renders (``render_chat``, a wait of
 up to its timeout) and tokenizes (``tokenize_chat``) on different threads.
@@ -17,6 +22,7 @@ up to its timeout) and tokenizes (``tokenize_chat``) on different threads.
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +33,8 @@ __all__ = ["ChatTooLong", "RenderedChat", "content_spans", "control_strings", "e
            "render_chat", "template_of", "tokenize_chat"]
 
 _SENTINEL = "\ue000{}\ue001"  # private-use characters: never in a template, never in tokenizers' specials
+_TOOL_SENTINEL = "\ue002{}\ue003"  # a control-token string (its index) inside the tools' JSON
+_TOOL_SENTINELS = re.compile("\ue002([0-9]{1,4})\ue003")
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,7 @@ class RenderedChat:
 
     text: str
     spans: list[tuple[int, int]] | None
+    literal: tuple[tuple[int, int], ...] = ()  # control-token strings of the tools' JSON, kept as text
 
 
 def template_of(tokenizer: Any, bounds: RenderBounds = RenderBounds(),
@@ -65,10 +74,60 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], max_chars: int |
     ``add_generation_prompt``: end with the assistant turn's opening (as transformers does)."""
     template = template or template_of(tokenizer)
     bound = DEFAULT_MAX_CHARS if max_chars is None else max_chars
+    calls = any(set(m) - {"role", "content"} for m in messages)  # tool_calls, tool_call_id: client text too
+    controls = control_strings(tokenizer) if tools or calls else []
+    if controls:
+        marked_tools = _mark_controls(tools, controls)
+        marked_messages = [{k: v if k in ("role", "content") else _mark_controls(v, controls) for k, v in m.items()}
+                           for m in messages]
+        if marked_tools == tools and marked_messages == messages:
+            controls = []  # no control-token string outside the contents
+        tools, messages = marked_tools, marked_messages
     marked = [m | {"content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
     extra = sum(len(_SENTINEL.format(i)) for i in range(len(messages)))
     text, marked_text = template.render([(messages, bound), (marked, bound + extra)], add_generation_prompt, tools)
-    return RenderedChat(text, _spans(messages, marked_text, text))
+    spans = _spans(messages, marked_text, text)
+    if not controls or "\ue002" not in text:
+        return RenderedChat(text, spans)
+    return _restore_controls(text, spans, controls)
+
+
+def _mark_controls(value: Any, controls: list[str]) -> Any:
+    """``value`` (JSON) with each control-token string in its strings (keys too) as a sentinel."""
+    pattern = re.compile("|".join(re.escape(c) for c in sorted(controls, key=len, reverse=True)))
+    index = {c: i for i, c in enumerate(controls)}
+
+    def mark(v: Any) -> Any:
+        if isinstance(v, str):
+            return pattern.sub(lambda m: _TOOL_SENTINEL.format(index[m.group()]), v)
+        if isinstance(v, dict):
+            return {mark(k): mark(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [mark(x) for x in v]
+        return v
+
+    return mark(value)
+
+
+def _restore_controls(text: str, spans: list[tuple[int, int]] | None, controls: list[str]) -> RenderedChat:
+    """The rendering with each tool sentinel (outside the message contents) back as its control
+    string, that string's span kept literal, the message spans moved to match."""
+    inside = spans or []
+    found = [(m.start(), m.end(), controls[int(m.group(1))]) for m in _TOOL_SENTINELS.finditer(text)
+             if int(m.group(1)) < len(controls) and not any(s < m.end() and m.start() < e for s, e in inside)]
+    out, literal, pos, shift = [], [], 0, 0
+    for start, end, control in found:
+        out += [text[pos:start], control]
+        literal.append((start + shift, start + shift + len(control)))
+        shift += len(control) - (end - start)
+        pos = end
+
+    def moved(i: int) -> int:
+        return i + sum(len(c) - (e - s) for s, e, c in found if e <= i)
+
+    out.append(text[pos:])
+    return RenderedChat("".join(out), None if spans is None else [(moved(s), moved(e)) for s, e in spans],
+                        tuple(literal))
 
 
 def tokenize_chat(tokenizer: Any, messages: list[dict[str, str]], rendered: RenderedChat) -> list[int]:
@@ -84,6 +143,8 @@ def tokenize_chat(tokenizer: Any, messages: list[dict[str, str]], rendered: Rend
             raise ValueError("a message contains a control token string (e.g. <|im_end|>) and this model's chat "
                              "template rewrites message contents, so it cannot be kept literal")
         spans = []
+    if rendered.literal:
+        spans = sorted(spans + list(rendered.literal))
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
     control_ids = set(tokenizer.added_tokens_decoder)

@@ -143,10 +143,19 @@ class RenderWorker:
             return answer
 
     def stop(self) -> None:
-        """Kill the worker now (a render in progress fails with one line); a later call starts a new one."""
+        """Kill the worker now (a render in progress fails with one line); a later call starts a new one.
+        With no render in progress the process is reaped and its pipes closed here (a render in
+        progress does that itself when its read fails)."""
         proc = self._proc
-        if proc is not None:
-            proc.kill()
+        if proc is None:
+            return
+        proc.kill()
+        if self._lock.acquire(blocking=False):
+            try:
+                if self._proc is proc:
+                    self._kill(proc)
+            finally:
+                self._lock.release()
 
     def _started(self) -> subprocess.Popen:
         if self._proc is not None:

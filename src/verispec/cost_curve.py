@@ -154,6 +154,10 @@ def cached_cost_curve(model, key: str, sizes: Sequence[int] = DEFAULT_SIZES, rep
     from .models.model_cache import default_cache_dir, warn, write_cache_file
 
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
+    if len(safe) > 200:  # a name under the file system's 255 bytes (keys holding two model paths): kept unique by a hash
+        import hashlib
+
+        safe = f"{safe[:150]}-{hashlib.sha256(key.encode()).hexdigest()[:24]}"
     path = Path(cache_dir or default_cache_dir()) / "cost-curves" / f"{safe}.json"
     if path.is_file():
         try:  # the cache is input: a damaged file is measured again and replaced

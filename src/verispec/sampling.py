@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .models.base import NonFiniteLogits
+from .errors import NonFiniteLogits
 from .types import SamplingParams
 
 NON_FINITE = ("the model computed NaN or infinite logits: its weights or metadata are corrupt "

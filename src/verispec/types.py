@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from .constraints import Constraint
 
-FinishReason = Literal["eos", "length", "stop", "context"]
+FinishReason = Literal["eos", "length", "stop", "context", "grammar"]
 
 
 MAX_TEMPERATURE = 2.0  # the OpenAI API's range; one bound for the CLI, bench and server
@@ -171,6 +171,11 @@ class RequestStats:
             self.drafted_at[i] += 1
         for i in range(num_accepted):
             self.accepted_at[i] += 1
+
+    def record_time(self, draft_s: float, step_s: float) -> None:
+        """One step's drafting time and its whole time (draft, verify, commit)."""
+        self.draft_s += draft_s
+        self.decode_s += step_s
 
     @property
     def tau(self) -> float:

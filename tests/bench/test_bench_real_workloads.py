@@ -113,14 +113,15 @@ def test_fim_items_need_fim_tokens_and_the_cli_runs_edit_and_agent(tmp_path):
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["bench", "--model", "stories260k", "-c", "edit", "-c", "agent", "--limit", "1",
                                  "-n", "4", "--warmup", "0", "-m", "suffix", "-m", "suffix:prediction=yes",
+                                 "-m", "suffix:prediction=ids", "-m", "suffix:prediction=prompt",
                                  "--output-dir", str(out), "--strict"])
     assert r.exit_code == 0, r.output
     records = json.loads((out / "results.json").read_text())["records"]
     assert {x["category"] for x in records} == {EDIT, AGENT}
-    assert sum(x["category"] == AGENT for x in records) == 3 * load_workload(AGENT, 1)[0].num_turns
+    assert sum(x["category"] == AGENT for x in records) == 5 * load_workload(AGENT, 1)[0].num_turns
     bad = CliRunner().invoke(app, ["bench", "--model", "stories260k", "-c", "fim", "--limit", "1", "-n", "2",
                                    "--warmup", "0", "--output-dir", str(tmp_path / "o2")])
     assert bad.exit_code == 2 and "fill-in-the-middle" in bad.output
     bad = CliRunner().invoke(app, ["bench", "--model", "stories260k", "-c", "edit", "-m", "suffix:prediction=maybe",
                                    "--output-dir", str(tmp_path / "o3")])
-    assert bad.exit_code == 2 and "prediction must be yes or no" in bad.output
+    assert bad.exit_code == 2 and "prediction must be yes, ids, prompt or no" in bad.output

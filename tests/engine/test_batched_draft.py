@@ -13,7 +13,8 @@ import torch
 from helpers import run
 from verispec.api import load_draft_model, load_model
 from verispec.drafters.base import DraftContext, NoDrafter
-from verispec.drafters.draft_model import DraftCost, DraftModelDrafter
+from verispec.cost_model import CostModel
+from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.hybrid import HybridDrafter
 from verispec.drafters.suffix_tree import SuffixDecodingDrafter
 from verispec.engine import Engine
@@ -87,7 +88,7 @@ def test_cost_sized_chains_stop_per_request(pair):
     """With the cost rule, each request's chain stops on its own draft's confidence: the batch
     drafts chains of different lengths, each the one drafted alone."""
     _, draft = pair
-    cost = DraftCost(0.2, {1: 1.05, 2: 1.1, 4: 1.2, 8: 1.6, 16: 2.6})
+    cost = CostModel({1: 1.05, 2: 1.1, 4: 1.2, 8: 1.6, 16: 2.6}, 0.2)
     d = DraftModelDrafter(draft, cost=cost)
     for i, p in enumerate(PROMPTS):
         d.start(f"r{i}", p)

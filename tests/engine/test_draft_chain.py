@@ -14,7 +14,8 @@ import torch
 from helpers import run
 from tiny_models import tiny_llama
 from verispec.drafters.base import DraftContext, NoDrafter
-from verispec.drafters.draft_model import DraftCost, DraftModelDrafter
+from verispec.cost_model import CostModel
+from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.models import cpu, cpu_abi
 from verispec.types import SamplingParams
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.skipif(not cpu_abi.available(), reason="the compiled ru
 
 V = 96
 PROMPTS = [[1, 40, 41, 3, 17, 88, 40, 41, 3, 60], [1, 70, 71, 72, 70, 71, 33], [1, 9, 20, 31, 9, 20, 31, 9]]
-COST = DraftCost(draft=0.05, curve={1: 1.02, 2: 1.05, 4: 1.15, 8: 1.5, 16: 2.6})
+COST = CostModel(draft=0.05, curve={1: 1.02, 2: 1.05, 4: 1.15, 8: 1.5, 16: 2.6})
 RULES = {"fixed": {}, "confidence": {"min_confidence": 0.3}, "cost": {"cost": COST}}
 
 

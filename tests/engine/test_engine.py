@@ -9,14 +9,15 @@ from scipy.stats import chisquare
 
 from helpers import OracleDrafter, RandomDrafter, TemperedSelfDraft, run
 from verispec.drafters.base import NoDrafter
-from verispec.drafters.draft_model import DraftCost, DraftModelDrafter
+from verispec.cost_model import CostModel
+from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
 from verispec.sampling import target_probs
 from verispec.types import SamplingParams
 
 PROMPT = [1, 5, 6, 7, 8, 5, 6, 7, 9, 10, 11]
 GREEDY = SamplingParams(max_new_tokens=48, ignore_eos=True)
-COST = DraftCost(0.3, {1: 1.1, 2: 1.2, 4: 1.5, 8: 2.2})  # draft forward and t(n), in target decode steps
+COST = CostModel({1: 1.1, 2: 1.2, 4: 1.5, 8: 2.2}, 0.3)  # draft forward and t(n), in target decode steps
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,7 @@ def test_cost_sized_drafts(toy_target):
         n = len(d.propose(DraftContext("r", PROMPT, 8, GREEDY, make_generator(0, 1))).tokens) - 1
         d.finish("r")
         return n
-    cheap, dear = drafted(DraftCost(0.0, {1: 1.0, 8: 1.0})), drafted(DraftCost(5.0, COST.curve))
+    cheap, dear = drafted(CostModel({1: 1.0, 8: 1.0}, 0.0)), drafted(CostModel(COST.curve, 5.0))
     assert cheap == 8 and dear < cheap
 
 

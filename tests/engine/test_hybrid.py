@@ -15,7 +15,8 @@ import torch
 from helpers import TemperedSelfDraft, assert_target_law, run, stories_eagle3
 from verispec.drafters import hybrid as hybrid_module
 from verispec.drafters.base import DraftContext, NoDrafter, features_of
-from verispec.drafters.draft_model import DraftCost, DraftModelDrafter
+from verispec.cost_model import CostModel
+from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
 from verispec.drafters.hybrid import HybridDrafter, fuse, truncate
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
@@ -169,7 +170,7 @@ def test_a_self_sizing_draft_model_is_asked_only_while_it_pays(toy_target, toy_d
     that is always right is asked every step, while one the target rejects is asked only until
     its tracked acceptance says it loses to plain decoding, then once in PROBE_EVERY steps."""
     c = 0.1
-    learned = CountingDraft(toy_target if which == "self-draft" else toy_draft, cost=DraftCost(c, STEEP))
+    learned = CountingDraft(toy_target if which == "self-draft" else toy_draft, cost=CostModel(STEEP, c))
     h = HybridDrafter(suffix(), learned, min_score=1e9, cost=STEEP, learned_cost={n: n * c for n in STEEP},
                       learned_sizing="self")
     assert h.learned_enabled

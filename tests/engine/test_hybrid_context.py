@@ -12,7 +12,8 @@ import pytest
 from helpers import run
 from verispec.cost_curve import ContextCostCurve
 from verispec.drafters.base import DraftContext, NoDrafter
-from verispec.drafters.draft_model import DraftCost, DraftModelDrafter
+from verispec.cost_model import CostModel
+from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.hybrid import HybridDrafter
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
 from verispec.drafters.suffix_tree import SuffixDecodingDrafter
@@ -39,7 +40,7 @@ class _Asked(NoDrafter):
         return [DraftTree.chain(c.tokens[-1], [5]) for c in ctxs]
 
 
-def priced(short: int, long: int, feed: tuple[float, float] | None = None) -> DraftCost:
+def priced(short: int, long: int, feed: tuple[float, float] | None = None) -> CostModel:
     """A draft model's costs: free verification and 0.1 a draft step at ``short`` tokens; at ``long``
     DEAR verification and 0.5 a draft step (a draft of n tokens accepted in full: (n + 1) / (1 + 1.2n),
     below plain decoding). ``feed``: its feed per token at the two contexts (timed over 64)."""
@@ -48,10 +49,10 @@ def priced(short: int, long: int, feed: tuple[float, float] | None = None) -> Dr
         {short: {1: 0.1, 64: 64 * feed[0]}, long: {1: 0.1, 64: 64 * feed[1]}}
     if feed is not None:
         verify = ContextCostCurve({short: FLAT, long: FLAT})
-    return DraftCost(0.1, FLAT, verify, ContextCostCurve(steps))
+    return CostModel(FLAT, 0.1, verify, ContextCostCurve(steps))
 
 
-def hybrid(learned, costs: DraftCost | None, catch_up: float = 0.0) -> HybridDrafter:
+def hybrid(learned, costs: CostModel | None, catch_up: float = 0.0) -> HybridDrafter:
     return HybridDrafter(PromptLookupDrafter(), learned, min_score=0.0, cost=FLAT,
                          learned_cost={n: 0.1 * n for n in SIZES}, learned_sizing="self",
                          catch_up_cost=catch_up, context_costs=costs)
@@ -152,8 +153,9 @@ def test_options_from_the_registry(stories_native, tmp_path, monkeypatch):
                                                   "learned_cost_contexts": "128"})
     assert one.context_costs is None and one.retrieval.max_global_tokens > 0  # one curve: as before
     for opts, match in (({"global_suffix": "maybe"}, "global_suffix"),
+                        ({"global_suffix": "no", "retrieval": "prompt-lookup"}, "global_suffix"),
                         ({"learned_cost_contexts": "128+x"}, "cost_contexts"),
-                        ({"learned_cost_contexts": "128-4000"}, "at most 8"),
-                        ({"learned_stop": "cost", "learned_cost_contexts": "256+512"}, "start at 128")):
+                        ({"learned_cost_contexts": "+".join(map(str, range(128, 138)))}, "at most 8"),
+                        ({"learned_stop": "cost", "learned_cost_contexts": "256+512"}, "the least 128")):
         with pytest.raises(ValueError, match=match):
             make_drafter("hybrid", stories_native, {"learned": "draft", **opts})

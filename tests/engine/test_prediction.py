@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import run, same_first_tokens_law, stories_eagle3
 
+from verispec.cost_model import CostModel
 from verispec.drafters.base import DraftContext, NoDrafter, Observation
 from verispec.drafters.prediction import PredictionDrafter, find_place
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
@@ -166,7 +167,7 @@ def test_drafts_are_sized_by_the_cost_curve_and_the_requests_acceptance():
     prediction = tuple(range(10, 90))
 
     def sizes(cost, misses):
-        d = PredictionDrafter(NoDrafter(), cost=cost)
+        d = PredictionDrafter(NoDrafter(), cost=CostModel(cost))
         ctx = DraftContext("r", [1, 10, 11], 32, GREEDY, make_generator(0, 1), prediction)
         for _ in range(misses):  # drafts rejected at their first token
             tree = d.propose(ctx)
@@ -182,7 +183,7 @@ def test_drafts_are_sized_by_the_cost_curve_and_the_requests_acceptance():
 def test_an_answer_that_starts_before_the_prediction_drafts_only_once_it_reaches_it():
     """A chat answer opens a code block before the predicted code: nothing is drafted blindly at
     the start; the prediction's first two tokens in the answer start drafting from there."""
-    d = PredictionDrafter(NoDrafter(), cost=FLAT)
+    d = PredictionDrafter(NoDrafter(), cost=CostModel(FLAT))
     prediction = tuple(range(10, 40))
     tree = d.propose(DraftContext("r", [1, 2, 7], 8, GREEDY, make_generator(0, 1), prediction))
     assert tree == DraftTree.chain(7, [])
@@ -196,7 +197,7 @@ def test_at_the_predictions_end_the_step_drafts_nothing():
     follows that code in the prompt) is not asked; the next step is plain."""
     prediction = tuple(range(10, 20))
     tokens = [1, 16, 17, 18, 19, 5, 6, 16, 17, 18, 19]  # prompt lookup would draft 5, 6, ...
-    d = PredictionDrafter(PromptLookupDrafter(), cost=FLAT)
+    d = PredictionDrafter(PromptLookupDrafter(), cost=CostModel(FLAT))
     assert d.propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1), prediction)).num_drafted == 0
     assert PromptLookupDrafter().propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1))).num_drafted > 0
 
@@ -206,7 +207,7 @@ def test_one_plain_step_after_the_answer_leaves_the_prediction_at_its_last_token
     ends in "\\n"): once, the next step is plain; after it the inner drafter drafts again."""
     prediction = tuple(range(10, 20))
     tokens = [1, 5, 6, 7, 10, 11]
-    d = PredictionDrafter(PromptLookupDrafter(), cost=FLAT)
+    d = PredictionDrafter(PromptLookupDrafter(), cost=CostModel(FLAT))
     tree = d.propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1), prediction))
     assert tree.tokens[1:] == prediction[2:10]
     d.observe(Observation("r", tree, list(range(1, 8)), [*prediction[2:9], 5], torch.zeros(tree.size, 4), None))

@@ -14,7 +14,8 @@ import torch
 from helpers import assert_target_law, law_pvalue, run, same_first_tokens_law
 from tiny_models import available_isas, tiny_llama
 from verispec.drafters.base import DraftContext
-from verispec.drafters.draft_model import DraftCost, DraftModelDrafter
+from verispec.cost_model import CostModel
+from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.models import cpu, cpu_abi
 from verispec.sampling import make_generator, target_probs
 from verispec.types import SamplingParams
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.skipif(not cpu_abi.available(), reason="the compiled ru
 
 V = 96
 PROMPT = [1, 40, 41, 3, 17, 88, 40, 41, 3, 60]
-COST = DraftCost(draft=0.05, curve={1: 1.02, 2: 1.05, 4: 1.15, 8: 1.5, 16: 2.6})
+COST = CostModel(draft=0.05, curve={1: 1.02, 2: 1.05, 4: 1.15, 8: 1.5, 16: 2.6})
 LAWS = {"T": SamplingParams(temperature=2.0), "top-k": SamplingParams(temperature=1.5, top_k=7),
         "top-p": SamplingParams(temperature=1.5, top_p=0.8), "min-p": SamplingParams(temperature=1.5, min_p=0.05),
         "all": SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.01),
@@ -170,7 +171,7 @@ def test_bad_sampled_calls_are_refused(models, sampled, message):
     assert cache.length == 0
 
 
-@pytest.mark.parametrize("cost", [None, DraftCost(draft=0.01, curve={1: 1.0, 4: 1.02, 16: 1.1})], ids=["fixed", "cost"])
+@pytest.mark.parametrize("cost", [None, CostModel(draft=0.01, curve={1: 1.0, 4: 1.02, 16: 1.1})], ids=["fixed", "cost"])
 @pytest.mark.parametrize("draft", ["other", "reduced"])
 def test_one_call_and_batched_loop_draft_the_same_sampled_chains(models, draft, cost):
     """A request drafts the same sampled chain (tokens and q, bit for bit) in one call, through the

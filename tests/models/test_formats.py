@@ -1,26 +1,22 @@
-"""Weight formats of the compiled runtime (csrc/formats/): each format's kernels on every
-ISA give the scalar reference's bits, a matrix product matches the dequantized fp32 matrix
-(gguf.quants.dequantize) within the activation quantization's error, the embedding rows are
-the dequantized rows, and tiny models mixing the formats (K-quants beside Q5_0 / Q8_0, a
-fused QKV of three formats, GQA of 6 and 7 heads per kv head) decode bitwise alike in
-chains, trees and batches, for every ISA and thread count."""
+"""Tiny models mixing the compiled runtime's weight formats (K-quants beside Q5_0 / Q8_0, a
+fused QKV of three formats, GQA of 6 and 7 heads per kv head) decode bitwise alike in chains,
+trees and batches, for every ISA and thread count; bad formats and shapes are refused. Each
+format alone, every row of the table: test_format_table.py."""
 
 from __future__ import annotations
 
 import ctypes
 
-import gguf
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from tiny_models import (
     assert_batch_bitwise,
     assert_chain_bitwise,
     assert_same_bits,
     assert_tree_bitwise,
     available_isas,
-    runtime_dequant,
     scenario,
 )
 
@@ -28,23 +24,10 @@ from verispec.models import cpu_abi
 from verispec.models.cpu import CpuLlama
 from verispec.models.cpu_abi import FORMATS
 from verispec.models.cpu_weights import quantize_matrix
-from verispec.models.ggml_quants import quantize
 
 if not cpu_abi.available():
     pytest.fail("the compiled runtime is not built", pytrace=False)
 ISAS = available_isas()  # scalar (the reference) first
-
-QUANTIZED = ("q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k")
-
-
-def test_format_table_matches_ggml():
-    """The library's table names every format with ggml's type id and block geometry."""
-    cpu_abi.library()
-    assert {"f32", *QUANTIZED} <= set(FORMATS)  # and issue 35's (test_formats_added.py)
-    for name, f in FORMATS.items():
-        qtype = GGMLQuantizationType[name.upper()]
-        assert f.fmt.ggml_type == int(qtype)
-        assert (f.block, f.block_bytes) == GGML_QUANT_SIZES[qtype]
 
 
 def _lib():
@@ -53,94 +36,6 @@ def _lib():
     lib.vs_test_matmul.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, p(ctypes.c_float),
                                    ctypes.c_int, p(ctypes.c_float), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int)
     return lib
-
-
-def run_matmul(fmt: str, blocks: np.ndarray, rows: int, cols: int, x: np.ndarray, isa: str) -> np.ndarray:
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    out = np.zeros((len(x), rows), dtype=np.float32)
-    err = ctypes.create_string_buffer(256)
-    fp = ctypes.POINTER(ctypes.c_float)
-    rc = _lib().vs_test_matmul(FORMATS[fmt].fmt.ggml_type, np.ascontiguousarray(blocks).ctypes.data, rows, cols,
-                               x.ctypes.data_as(fp), len(x), out.ctypes.data_as(fp), isa.encode(), err, 256)
-    assert rc == 0, err.value.decode()
-    return out
-
-
-def weights(fmt: str, rows: int, cols: int, seed: int) -> np.ndarray:
-    """GGUF blocks of a random matrix with rows of different scales (and an all-zero row)."""
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 2.0, (rows, 1)).astype(np.float32)
-    w[rows // 2] = 0.0
-    if fmt == "f32":
-        return w
-    if fmt == "q5_1":  # not among the library's quantizers (issue 35's format): gguf's writes it
-        return gguf.quants.quantize(w, GGMLQuantizationType.Q5_1)
-    return quantize(w, fmt)
-
-
-def activations(T: int, cols: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((T, cols)).astype(np.float32)
-    x[:, :32] *= 50.0  # blocks of very different scales
-    x[0, 64:96] = 0.0  # an all-zero activation block
-    return x
-
-
-@pytest.mark.parametrize("fmt", ["f32", *QUANTIZED])
-def test_every_isa_gives_the_scalar_bits(fmt):
-    """T = 11 tokens (tiles of 8 + 3 and 4 + 4 + 3) and rows = 40 (a partial last panel): every
-    ISA equals the scalar reference bitwise, and a token's outputs do not depend on the others."""
-    rows, cols = 40, 768
-    w = weights(fmt, rows, cols, seed=1)
-    x = activations(11, cols, seed=2)
-    ref = run_matmul(fmt, w, rows, cols, x, "scalar")
-    assert np.isfinite(ref).all() and np.abs(ref).max() > 0
-    for isa in ISAS:
-        got = run_matmul(fmt, w, rows, cols, x, isa)
-        assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), f"{isa} differs from scalar"
-        alone = run_matmul(fmt, w, rows, cols, x[5:6], isa)
-        assert np.array_equal(alone.view(np.uint32), ref[5:6].view(np.uint32)), f"{isa}: token 5 alone differs"
-
-
-@pytest.mark.parametrize("fmt", [*QUANTIZED, "q5_1"])
-def test_every_token_count_gives_the_scalar_bits(fmt):
-    """T = 1..9 tokens (every tile width of every ISA's matmul and its remainders) and rows = 37 (a
-    last panel with a partial half): every ISA equals the scalar reference bitwise."""
-    rows, cols = 37, 512
-    w = weights(fmt, rows, cols, seed=5)
-    x = activations(9, cols, seed=6)
-    ref = run_matmul(fmt, w, rows, cols, x, "scalar")  # a token's outputs do not depend on the others
-    for isa in ISAS:
-        for T in range(1, 10):
-            got = run_matmul(fmt, w, rows, cols, x[:T], isa)
-            assert np.array_equal(got.view(np.uint32), ref[:T].view(np.uint32)), f"{isa}, T = {T} differs from scalar"
-
-
-@pytest.mark.parametrize("fmt", QUANTIZED)
-def test_matmul_matches_the_dequantized_matrix(fmt):
-    """|W x - runtime| <= sum_k |W_k| * (its activation block's max |x|) / 254 (int8 rounding of
-    x is at most half a step of max/127) + 1e-5 relative float rounding, per output."""
-    rows, cols = 48, 1024
-    w = weights(fmt, rows, cols, seed=3)
-    wf = gguf.quants.dequantize(w, GGMLQuantizationType[fmt.upper()]).astype(np.float64)
-    x = activations(5, cols, seed=4)
-    exact = x.astype(np.float64) @ wf.T
-    amax = np.abs(x).reshape(5, cols // 32, 32).max(-1).repeat(32, -1)  # [T, cols]
-    bound = (np.abs(wf)[None] * (amax[:, None, :] / 254.0)).sum(-1) * 1.0001 + 1e-5 * (np.abs(wf)[None] * np.abs(x)[:, None, :]).sum(-1)
-    for isa in ISAS:
-        got = run_matmul(fmt, w, rows, cols, x, isa)
-        err = np.abs(got - exact)
-        assert (err <= bound + 1e-6).all(), f"{isa}: worst error {err.max():.3g} vs bound {bound[err.argmax() // rows % 5].max():.3g}"
-        assert err.max() > 0 or fmt == "q8_0"  # the bound is not vacuous: quantized activations do differ
-
-
-@pytest.mark.parametrize("fmt", QUANTIZED)
-def test_embedding_rows_are_the_dequantized_rows(fmt):
-    rows, cols = 37, 512
-    w = weights(fmt, rows, cols, seed=5)
-    ref = gguf.quants.dequantize(w, GGMLQuantizationType[fmt.upper()]).astype(np.float32)
-    out = runtime_dequant(fmt, w, rows, cols)
-    np.testing.assert_allclose(out, ref, rtol=2e-7, atol=1e-7 * float(np.abs(ref).max()))
 
 
 def test_bad_formats_and_shapes_are_refused():

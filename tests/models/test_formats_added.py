@@ -1,8 +1,7 @@
-"""The compiled runtime's formats of issue 35 (Q2_K, Q3_K, F16, BF16, IQ4_NL, IQ4_XS, Q5_1):
-each format's row dequantization is bitwise ``gguf.quants.dequantize``, its kernels on every
-ISA give the scalar reference's bits, its matrix product matches the dequantized matrix
-within the activation quantization's error, and a tiny model of these formats decodes
-bitwise alike on every ISA and thread count, in chains, trees and batches.
+"""The compiled runtime's formats of issue 35 (Q2_K, Q3_K, F16, BF16, IQ4_NL, IQ4_XS, Q5_1) in a
+tiny model that decodes bitwise alike on every ISA and thread count, in chains, trees and
+batches, and in a GGUF on both runtimes (each format alone, as every row of the table:
+test_format_table.py).
 
 Test weights: ``gguf.quants.quantize`` where the gguf package encodes the type (F16, BF16,
 Q5_1); the others (which it only decodes) are random blocks: random bytes with finite fp16
@@ -10,7 +9,6 @@ super-block scales, which is every valid block of those formats."""
 
 from __future__ import annotations
 
-import ctypes
 
 import gguf
 import numpy as np
@@ -23,13 +21,11 @@ from tiny_models import (
     assert_same_bits,
     assert_tree_bitwise,
     available_isas,
-    runtime_dequant,
     scenario,
 )
 
 from verispec.models import cpu_abi
 from verispec.models.cpu import CpuLlama
-from verispec.models.cpu_abi import FORMATS
 from verispec.models.cpu_weights import RawMatrix
 
 if not cpu_abi.available():
@@ -64,83 +60,6 @@ def blocks(fmt: str, rows: int, cols: int, seed: int, std: float = 1.0) -> np.nd
         half[rows // 2] = 0.0
         out[:, :, at:at + 2] = half.view(np.uint8).reshape(rows, cols // block, 2)
     return out.reshape(rows, -1)
-
-
-def dequantized(fmt: str, data: np.ndarray) -> np.ndarray:
-    return gguf.quants.dequantize(data, qtype(fmt)).astype(np.float32)
-
-
-def run_matmul(fmt: str, data: np.ndarray, rows: int, cols: int, x: np.ndarray, isa: str) -> np.ndarray:
-    lib = cpu_abi.library()
-    fp = ctypes.POINTER(ctypes.c_float)
-    lib.vs_test_matmul.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, fp, ctypes.c_int, fp,
-                                   ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int)
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    out = np.zeros((len(x), rows), dtype=np.float32)
-    err = ctypes.create_string_buffer(256)
-    rc = lib.vs_test_matmul(FORMATS[fmt].fmt.ggml_type, np.ascontiguousarray(data).ctypes.data, rows, cols,
-                            x.ctypes.data_as(fp), len(x), out.ctypes.data_as(fp), isa.encode(), err, 256)
-    assert rc == 0, err.value.decode()
-    return out
-
-
-def activations(T: int, cols: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((T, cols)).astype(np.float32)
-    x[:, :32] *= 50.0  # blocks of very different scales
-    x[0, 64:96] = 0.0  # an all-zero activation block
-    return x
-
-
-def test_format_table_has_the_added_formats():
-    cpu_abi.library()
-    for name in ADDED:
-        f = FORMATS[name]
-        assert f.fmt.ggml_type == int(qtype(name)) and (f.block, f.block_bytes) == GGML_QUANT_SIZES[qtype(name)]
-
-
-@pytest.mark.parametrize("fmt", ADDED)
-def test_row_dequantization_is_the_gguf_packages_bitwise(fmt):
-    rows, cols = 37, 512
-    data = blocks(fmt, rows, cols, seed=5)
-    ref = dequantized(fmt, data)
-    got = runtime_dequant(fmt, data, rows, cols)
-    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
-    assert np.abs(ref).max() > 0
-
-
-@pytest.mark.parametrize("fmt", ADDED)
-def test_every_isa_gives_the_scalar_bits(fmt):
-    """T = 11 tokens (tiles of 8 + 3 and 4 + 4 + 3) and rows = 40 (a partial last panel): every
-    ISA equals the scalar reference bitwise, and a token's outputs do not depend on the others."""
-    rows, cols = 40, 768
-    data = blocks(fmt, rows, cols, seed=1)
-    x = activations(11, cols, seed=2)
-    ref = run_matmul(fmt, data, rows, cols, x, "scalar")
-    assert np.isfinite(ref).all() and np.abs(ref).max() > 0
-    for isa in ISAS:
-        got = run_matmul(fmt, data, rows, cols, x, isa)
-        assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), f"{isa} differs from scalar"
-        alone = run_matmul(fmt, data, rows, cols, x[5:6], isa)
-        assert np.array_equal(alone.view(np.uint32), ref[5:6].view(np.uint32)), f"{isa}: token 5 alone differs"
-
-
-@pytest.mark.parametrize("fmt", ADDED)
-def test_matmul_matches_the_dequantized_matrix(fmt):
-    """Quantized formats: |W x - runtime| <= sum_k |W_k| * (its activation block's max |x|) / 254
-    (int8 rounding of x) + 1e-5 relative float rounding, per output; F16 / BF16 (fp32
-    activations): the float rounding term alone."""
-    rows, cols = 48, 1024
-    data = blocks(fmt, rows, cols, seed=3)
-    wf = dequantized(fmt, data).astype(np.float64)
-    x = activations(5, cols, seed=4)
-    exact = x.astype(np.float64) @ wf.T
-    amax = np.abs(x).reshape(5, cols // 32, 32).max(-1).repeat(32, -1)  # [T, cols]
-    rounding = 1e-5 * (np.abs(wf)[None] * np.abs(x)[:, None, :]).sum(-1)
-    act = 0.0 if fmt in ("f16", "bf16") else (np.abs(wf)[None] * (amax[:, None, :] / 254.0)).sum(-1) * 1.0001
-    for isa in ISAS:
-        err = np.abs(run_matmul(fmt, data, rows, cols, x, isa) - exact)
-        assert (err <= act + rounding + 1e-6).all(), f"{isa}: worst error {err.max():.3g}"
 
 
 # ----------------------------------------------------------------------------- a tiny model of these formats

@@ -1,10 +1,13 @@
-"""A GGUF's header is parsed once per model load (issue 37): the ``GGUFInfo`` read when the file is
+"""A GGUF is opened once per model load (issue 48) and its header parsed once (issue 37): the ``GGUFInfo`` read when the file is
 resolved reaches the config, the tokenizer, the weights and the cache entry's name. The
 tokenizer's large arrays are read on a tokenizer-cache miss only, at the offsets that one parse
 recorded (no second parse). Counted on the compiled runtime, the PyTorch runtime and drafts."""
 
 from __future__ import annotations
 
+import builtins
+import io
+import os
 from pathlib import Path
 
 import pytest
@@ -56,3 +59,33 @@ def test_drafts_parse_only_their_own_file(backend: str, parses: list[Path], tmp_
     draft = load_draft_model(target, str(draft_path))
     assert parses == [draft_path]
     assert draft.info.vocab_size == target.backend.info.vocab_size
+
+
+@pytest.fixture
+def opens(monkeypatch) -> list[str]:
+    """The paths of every file opened from now on (``open``, ``io.open``, ``os.open``)."""
+    seen: list[str] = []
+
+    def counting(real):
+        def open_(file, *args, **kwargs):
+            if isinstance(file, (str, Path)):
+                seen.append(str(file))
+            return real(file, *args, **kwargs)
+        return open_
+
+    for module, name in ((builtins, "open"), (io, "open"), (os, "open")):
+        monkeypatch.setattr(module, name, counting(getattr(module, name)))
+    return seen
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_one_open_per_load(backend: str, parses: list[Path], opens: list[str], tmp_path: Path) -> None:
+    """One open and one read-only map per load: the tokenizer's texts, the weights (views on the
+    compiled runtime, dequantized tensors on the PyTorch one) and the cache entry's name all read
+    the map the header parse made."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, "qwen2")
+    for cold in (True, False):
+        opens.clear()
+        load_model(str(path), backend=backend)
+        assert opens.count(str(path)) == 1, f"cold tokenizer cache: {cold}"

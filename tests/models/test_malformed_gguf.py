@@ -344,7 +344,8 @@ def _meta_values(vtype: int, value: object) -> list[list]:
     common = [[STRING, "7"], [BOOL, True], [ARRAY, [UINT32, [1, 2]]], [UINT32, 0], [INT32, -1]]
     if vtype == STRING:
         return common + [[STRING, ""], [STRING, "é" * 3], [STRING, value * 2]]
-    floats = [[FLOAT32, math.nan], [FLOAT32, math.inf], [FLOAT32, -1.0], [FLOAT32, 0.0], [FLOAT64, 1e300]]
+    floats = [[FLOAT32, math.nan], [FLOAT32, math.inf], [FLOAT32, -1.0], [FLOAT32, 0.0], [FLOAT64, 1e300],
+              [FLOAT32, 1e-45], [FLOAT32, 1e20]]  # finite and positive, but outside any plausible range
     if vtype in (FLOAT32, FLOAT64):
         return common + floats
     return common + floats[:3] + [[UINT64, 1 << 62], [UINT32, (1 << 32) - 1], [UINT32, 1 << 24],

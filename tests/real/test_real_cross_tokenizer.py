@@ -1,7 +1,7 @@
 """SmolLM2-135M (its own 49,152-token vocabulary) drafting for the Qwen2.5-Coder 1.5B through text
 (``drafters/cross_tokenizer.py``): ``--drafter draft -o model=`` routes it there, and greedy output
 equals plain decoding on code, with drafts accepted. Marked ``qwen`` (the Qwen parts are installed
-for that group); speed is in scripts/bench_cross_tokenizer.py."""
+for that group); its speed is in docs/history/benchmarks-2026-11.md."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from serving import running_server
 
 from verispec.api import SpecDecoder, encode_prompt, load_model
+from verispec.drafters.prompt_lookup import PromptLookupDrafter
 from verispec.types import SamplingParams
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -73,7 +74,7 @@ def test_parse_and_a_tool_call_round_trip_through_the_openai_client(qwen):
                                                    tool_choice="required", parallel_tool_calls=False, max_tokens=60,
                                                    stream=stream)
             if stream:
-                calls = [c for chunk in first if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
+                calls = _accumulated(first)
             else:
                 assert first.choices[0].finish_reason == "tool_calls"
                 calls = first.choices[0].message.tool_calls
@@ -88,3 +89,46 @@ def test_parse_and_a_tool_call_round_trip_through_the_openai_client(qwen):
                                                    tool_choice="none", max_tokens=40)
             answer = final.choices[0].message
             assert not answer.tool_calls and "21" in answer.content
+
+
+def _accumulated(chunks):
+    """Streamed tool calls put together as OpenAI's clients do: id and name first, then the arguments in pieces."""
+    calls = {}
+    for chunk in chunks:
+        for d in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+            if d.index in calls:
+                calls[d.index].function.arguments += d.function.arguments
+            else:
+                calls[d.index] = d
+    return [calls[i] for i in sorted(calls)]
+
+
+@pytest.mark.qwen
+def test_tool_calls_in_auto_and_required_mode_stop_after_the_call_and_match_plain_decoding(qwen):
+    """Auto: Qwen2.5-Coder writes its call as fenced JSON, parsed into tool_calls; required (parallel calls
+    allowed): the answer ends after the call; streamed, text arrives piece by piece; the token ids under
+    speculation (auto drafter, prompt lookup) equal those of plain decoding."""
+    with running_server(qwen, TARGET, max_batch=2, max_model_len=1024,
+                        drafters={"prompt-lookup": PromptLookupDrafter()}) as (url, _, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+
+        def ask(messages=ASK, **kw):
+            return client.chat.completions.create(model=TARGET, messages=messages, tools=[WEATHER], temperature=0,
+                                                  max_tokens=kw.pop("max_tokens", 40), **kw)
+
+        tokens = {}
+        for extra in ({"speculation": False}, {}, {"drafter": "prompt-lookup"}):  # {}: the default (hybrid)
+            r = ask(tool_choice="auto", extra_body=extra | {"return_token_ids": True}).choices[0]
+            assert r.finish_reason == "tool_calls" and r.message.content is None
+            assert [c.function.name for c in r.message.tool_calls] == ["get_weather"]
+            assert json.loads(r.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+            tokens[json.dumps(extra)] = r.model_extra["token_ids"]
+        assert len({json.dumps(t) for t in tokens.values()}) == 1, tokens
+        required = ask(tool_choice="required").choices[0]
+        assert required.finish_reason == "tool_calls" and len(required.message.tool_calls) == 1
+        calls = _accumulated(ask(tool_choice="required", stream=True))
+        assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Paris"}]
+        text = [c.choices[0].delta.content for c in ask([{"role": "user", "content": "Say hello in French."}],
+                                                        tool_choice="auto", max_tokens=16, stream=True)
+                if c.choices and c.choices[0].delta.content]
+        assert len(text) > 2

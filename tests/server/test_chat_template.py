@@ -282,3 +282,17 @@ def test_generate_with_a_hostile_gguf_template(tmp_path, source, needle) -> None
     assert time.monotonic() - start < 60  # forever before
     r = runner.invoke(cli_app, [*args, "--no-chat"])  # the model file is still usable without its template
     assert r.exit_code == 0, r.output
+
+
+def test_the_shared_render_process_is_reaped_at_exit() -> None:
+    """A process that rendered a chat exits without a ResourceWarning: the render process is reaped
+    and its pipes closed at exit (``make test`` printed one after its summary)."""
+    import subprocess
+    import sys
+
+    code = ("from verispec.chat_template import ChatTemplate\n"
+            "print(ChatTemplate(\"{{ messages[0]['content'] }}\", {}).render([([{'role': 'user', 'content': 'hi'}], 100)]))")
+    r = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "['hi']", r.stderr
+    assert "ResourceWarning" not in r.stderr, r.stderr

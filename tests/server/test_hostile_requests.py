@@ -238,8 +238,11 @@ def test_negative_grace_is_rejected(chatml) -> None:
     from verispec.server.state import ServerConfig, build_state
 
     state = build_state(ServerConfig(model=MODEL, max_model_len=64), model=chatml)
-    with pytest.raises(ValueError, match="graceful"):
-        make_server(state, -1.0)
+    try:
+        with pytest.raises(ValueError, match="graceful"):
+            make_server(state, -1.0)
+    finally:
+        state.close()  # its render process and threads
     with pytest.raises(ValueError):
         Limits(max_body_bytes=0)
 
@@ -354,12 +357,19 @@ def test_extreme_sampling_values_answer(url, body) -> None:  # noqa: F811
     assert r.json()["usage"]["completion_tokens"] >= 1
 
 
-def test_server_logprobs_have_no_replacement_bytes(url) -> None:  # noqa: F811
+def test_server_logprobs_carry_the_bytes_of_partial_characters(url, chatml) -> None:  # noqa: F811
+    """Tokens that are parts of a UTF-8 character (stories260K's byte-fallback ``<0xE6>``, the first
+    byte of 日, pushed by ``logit_bias``) carry their raw byte and are named ``bytes:\\xe6``, never
+    U+FFFD (what the token decoded alone gives), on both endpoints."""
+    bias = {str(chatml.tokenizer.get_vocab()["<0xE6>"]): 100}
     r = post(url, "chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
-                                       "logprobs": True, "top_logprobs": 3, "temperature": 0})
+                                       "logprobs": True, "top_logprobs": 3, "temperature": 0, "logit_bias": bias})
     assert r.status_code == 200, r.text
     content = r.json()["choices"][0]["logprobs"]["content"]
-    assert content and all(e["bytes"] != [239, 191, 189] for e in content)
+    assert [(e["token"], e["bytes"]) for e in content] == [("bytes:\\xe6", [0xE6])] * 8
+    r = post(url, "completions", {"prompt": "hi", "max_tokens": 8, "logprobs": 1, "temperature": 0, "logit_bias": bias})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["logprobs"]["tokens"] == ["bytes:\\xe6"] * 8
 
 
 @pytest.mark.parametrize("path", ["/docs", "/openapi.json", "/redoc", "/docs/oauth2-redirect"])

@@ -114,3 +114,47 @@ def test_cli_prediction_changes_nothing(tmp_path):
     assert out["token_ids"] == plain["token_ids"]
     assert out["stats"]["accepted_prediction_tokens"] > 0
     assert out["stats"]["steps"] < plain["stats"]["steps"]
+
+
+def _usage_of(client, stream: bool, **kw):
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=stream, **kw,
+                                       **({"stream_options": {"include_usage": True}} if stream else {}))
+    if not stream:
+        return r.usage, r.choices[0].message.content
+    text, usage = [], None
+    for chunk in r:
+        text += [chunk.choices[0].delta.content or ""] if chunk.choices else []
+        usage = chunk.usage or usage
+    return usage, "".join(text)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("at", [3, 12, 30, 60])
+def test_a_stop_string_cuts_the_accepted_prediction_tokens(served, client, plain, at, stream):
+    """OpenAI counts prediction tokens that appear in the completion: none past a stop string's cut."""
+    stop = plain[at:at + 4]
+    usage, text = _usage_of(client, stream, prediction={"type": "content", "content": plain}, stop=[stop], **GREEDY)
+    assert text == plain[:plain.index(stop)]
+    details = usage.completion_tokens_details
+    assert details.accepted_prediction_tokens <= usage.completion_tokens
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == _tokens(served, plain)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("case", ["max_tokens 1", "max_tokens 2", "empty", "speculation off", "no drafts",
+                                  "draft limit 0"])
+def test_a_prediction_is_always_counted(served, client, plain, case, stream):
+    """``completion_tokens_details`` whenever a prediction came, drafted from or not."""
+    kw = GREEDY | {"extra_body": dict(GREEDY["extra_body"])}
+    prediction = "" if case == "empty" else plain
+    if case.startswith("max_tokens"):
+        kw["max_tokens"] = int(case[-1])
+    else:
+        kw["extra_body"] |= {"speculation off": {"speculation": False}, "no drafts": {"num_draft_tokens": 0},
+                             "draft limit 0": {"num_draft_tokens": 0, "speculation": True}, "empty": {}}[case]
+    usage, text = _usage_of(client, stream, prediction={"type": "content", "content": prediction}, **kw)
+    assert plain.startswith(text)
+    details = usage.completion_tokens_details
+    assert details is not None
+    assert details.accepted_prediction_tokens <= usage.completion_tokens
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == _tokens(served, prediction)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from serving import wait_for_line
 
 from verispec.server.routing import PrefixTable, prefix_keys, routing_text
 
@@ -194,21 +195,6 @@ def _listeners(root: int) -> list[tuple[str, int, str]]:
     return found
 
 
-def _wait_for_line(proc: subprocess.Popen, start: str, timeout: float) -> None:
-    seen: list[str] = []
-
-    def read() -> None:
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith(start):
-                return
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(timeout)
-    assert seen and seen[-1].startswith(start), "".join(seen)
-
-
 @pytest.mark.ray
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
 def test_serve_ray_on_loopback_listens_on_loopback_only(host: str) -> None:
@@ -223,7 +209,7 @@ def test_serve_ray_on_loopback_listens_on_loopback_only(host: str) -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         _wait(lambda: _up(url, proc), 240, "the Ray deployment did not come up")
-        _wait_for_line(proc, "verispec: serving", 120)  # then its SIGTERM handler is in place
+        wait_for_line(proc, "verispec: serving", 120)  # then its SIGTERM handler is in place
         listeners = _listeners(proc.pid)
         assert any(p == port for _, p, _ in listeners) and len(listeners) > 5, listeners
         assert [x for x in listeners if not is_loopback(x[0])] == []

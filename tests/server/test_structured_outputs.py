@@ -48,7 +48,7 @@ def client(served):
 
 def ask(client, **kw):
     return client.chat.completions.create(model=MODEL, messages=kw.pop("messages", MESSAGES),
-                                          temperature=kw.pop("temperature", 0), max_tokens=kw.pop("max_tokens", 80),
+                                          temperature=kw.pop("temperature", 0), max_tokens=kw.pop("max_tokens", 140),
                                           **kw)
 
 
@@ -103,10 +103,14 @@ def test_bad_formats_are_one_line_400s(client, fmt, needle):
 def _round_trip(client, stream: bool):
     first = ask(client, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, stream=stream)
     if stream:
-        calls, finish = [], None
+        calls, finish = {}, None
         for c in first:
             if c.choices:
-                calls += c.choices[0].delta.tool_calls or []
+                for d in c.choices[0].delta.tool_calls or []:  # id and name first, then the arguments in pieces
+                    if d.index not in calls:
+                        calls[d.index] = d
+                    else:
+                        calls[d.index].function.arguments += d.function.arguments
                 finish = c.choices[0].finish_reason or finish
         call = calls[0]
     else:
@@ -141,8 +145,8 @@ def test_bad_tool_requests_are_400(client):
     with pytest.raises(openai.BadRequestError, match="needs tools"):
         ask(client, tool_choice="required")
     with pytest.raises(openai.BadRequestError, match="strin"):
-        ask(client, tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}],
-            tool_choice="required")
+        ask(client, tools=[{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+            "type": "object", "properties": {"a": {"type": "strin"}}}}}], tool_choice="required")
 
 
 def test_every_sample_follows_the_format(client):

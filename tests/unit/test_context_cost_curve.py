@@ -1,8 +1,8 @@
 """Cost curves by context (``cost_curve.ContextCostCurve``, ``cached_context_curve``): read linearly
 between the timed contexts and held outside them, one context = one curve everywhere (the behaviour
 before), each context timed once and cached under its own key (the probe context under the key used
-before), contexts the model cannot hold left out; a draft model's costs by context (``DraftCost.at``,
-``DraftCost.feed``) and the draft step and feed timed at a context (``measure_draft_step``)."""
+before), contexts the model cannot hold left out; a draft model's costs by context (``CostModel.at``,
+``CostModel.feed``) and the draft step and feed timed at a context (``measure_draft_step``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from verispec import cost_curve
 from verispec.cost_curve import (PROBE_CONTEXT, ContextCostCurve, cached_context_curve, cached_cost_curve,
                                  measure_draft_step)
-from verispec.drafters.draft_model import DraftCost
+from verispec.cost_model import CostModel
 from verispec.policies.draft_budget import interpolate
 
 SHORT = {1: 1.0, 4: 1.2, 16: 2.0}
@@ -88,14 +88,14 @@ def test_each_context_is_timed_once_and_cached(tmp_path, monkeypatch):
 def test_draft_costs_by_context():
     curves = ContextCostCurve({128: SHORT, 3072: LONG})
     steps = ContextCostCurve({128: {1: 0.2, 64: 3.2}, 3072: {1: 0.4, 64: 9.6}})
-    cost = DraftCost(0.2, SHORT, curves, steps)
+    cost = CostModel(SHORT, 0.2, curves, steps)
     here = cost.at(3072)
     assert here.draft == pytest.approx(0.4) and here.curve == LONG and here.curve_by_context is None
     assert cost.at(1600).draft == pytest.approx(0.3) and cost.at(1600).verify(4) == pytest.approx(1.4)
     assert cost.feed(128) == pytest.approx(0.05) and cost.feed(3072) == pytest.approx(0.15)
-    plain = DraftCost(0.2, SHORT)
+    plain = CostModel(SHORT, 0.2)
     assert plain.at(3072) is plain and plain.feed(3072) is None
-    assert DraftCost(0.2, SHORT, None, ContextCostCurve({128: {1: 0.2}})).feed(128) is None  # no feed timed
+    assert CostModel(SHORT, 0.2, None, ContextCostCurve({128: {1: 0.2}})).feed(128) is None  # no feed timed
 
 
 def test_draft_step_and_feed_timed_at_a_context(toy_target, toy_draft):

@@ -165,3 +165,83 @@ def test_no_test_imports_a_private_name():
     assert found == []
     assert _private_imports("from verispec.api import _Detokenizer, SpecDecoder\nfrom verispec import __version__\n"
                             "def f():\n    from verispec.models.cpu import _LIB\n") == ["_Detokenizer", "_LIB"]
+
+
+def test_readers_do_not_branch_on_architecture_names() -> None:
+    """What an architecture decides is a field of its row (``Architecture``): no module of
+    ``models/`` but ``architectures.py`` compares a value with an architecture's name or
+    model_type (``arch == "qwen2"``, ``cfg["model_type"] == "llama"``, ``in ("gemma3", ...)``)."""
+    import ast
+    from pathlib import Path
+
+    from verispec.models import architectures
+
+    names = {a.name for a in architectures.ARCHITECTURES.values()} | \
+        {a.model_type for a in architectures.ARCHITECTURES.values()}
+    found = []
+    for path in sorted(Path(architectures.__file__).parent.rglob("*.py")):
+        if path.name == "architectures.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                for c in ast.walk(node):
+                    if isinstance(c, ast.Constant) and c.value in names:
+                        found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "architecture names branched on outside architectures.py:\n" + "\n".join(found)
+
+
+def _concrete_drafters() -> set[str]:
+    """The names of the drafter classes of ``verispec.drafters`` (what implements ``Drafter``,
+    not the declared protocols and bases)."""
+    from verispec.drafters import base
+
+    names = set()
+    for info in pkgutil.iter_modules(verispec.drafters.__path__):
+        module = importlib.import_module(f"verispec.drafters.{info.name}")
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == module.__name__ and issubclass(cls, base.DeclaresFeatures) \
+                    and cls not in (base.DeclaresFeatures, base.WrappingDrafter, base.StatelessDrafter):
+                names.add(name)
+    return names
+
+
+def _capability_violations() -> list[str]:
+    """``isinstance`` against a concrete drafter class outside the registry, and ``getattr`` /
+    ``hasattr`` on a drafter or runner (a name mentioning one) anywhere in the package."""
+    import ast
+
+    concrete, found = _concrete_drafters(), []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) >= 2):
+                continue
+            if node.func.id == "isinstance" and rel != "registry.py":
+                classes = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+                if any(ast.unparse(c).split(".")[-1] in concrete for c in classes):
+                    found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+            elif node.func.id in ("getattr", "hasattr") and re.search(
+                    r"drafter|runner|inner|learned|retrieval", ast.unparse(node.args[0]), re.I):
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_capabilities_are_declared_not_probed():
+    """Issue 48: code asks a drafter what it can do through declared protocols (``Speculates``,
+    ``CountsPrefill``, ``Features``) and declarations (``Runner.predicts``), never by its class
+    (outside the registry, which builds them) or by probing attributes."""
+    assert {"DraftModelDrafter", "SuffixDecodingDrafter", "PredictionDrafter", "HybridDrafter"} <= _concrete_drafters()
+    assert _capability_violations() == []
+
+
+def test_the_target_cost_has_one_owner():
+    """No drafter declares the target's cost (``verify_cost`` is gone from the protocol and every
+    drafter): the registry builds the cost model once and hands it to drafters and engines."""
+    import ast
+
+    found = [f"{p.relative_to(SRC).as_posix()}:{n.lineno}" for p in sorted(SRC.rglob("*.py"))
+             for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+             if isinstance(n, (ast.Attribute, ast.Name)) and (getattr(n, "attr", None) or getattr(n, "id", None))
+             == "verify_cost"]
+    assert found == []
+    assert "verify_cost" not in Drafter.__annotations__

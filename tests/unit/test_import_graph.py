@@ -154,3 +154,12 @@ def test_no_circle_between_packages():
                                                        if _node(m) == a and _node(d) == b))
                   for a, b in zip(cycle, cycle[1:])]
         raise AssertionError("packages import each other (counting imports inside functions):\n" + "\n".join(detail))
+
+
+def test_sampling_and_verification_do_not_import_the_models():
+    """The target distribution and the acceptance rules know logits, not backends: the error they
+    raise on a corrupt row (``NonFiniteLogits``) lives in ``verispec.errors``."""
+    lazy = import_graph(lazy=True)
+    for module, deps in lazy.items():
+        if module == "verispec.sampling" or module.startswith("verispec.verify"):
+            assert not {d for d in deps if d.startswith("verispec.models")}, (module, deps)

@@ -169,3 +169,15 @@ def test_a_cost_curve_timed_on_a_busy_machine_is_used_not_stored(tmp_path, monke
     assert cached_cost_curve(None, "toy", sizes=(1, 2), cache_dir=tmp_path, measure=measure) == {1: 1.0, 2: 3.5}
     assert cached_cost_curve(None, "toy", sizes=(1, 2), cache_dir=tmp_path, measure=measure) == {1: 1.0, 2: 3.5}
     assert len(timed) == 2
+
+
+def test_a_cost_curve_keyed_by_long_paths_is_stored_under_a_short_unique_name(tmp_path, monkeypatch):
+    """A draft found by path beside a target given by path: a key of two paths is no file name over 255 bytes."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    keys = [f"/{'a' * 120}/target.gguf-cpu-t2-draftstep-/{'b' * 120}/draft{i}.gguf" for i in range(2)]
+    for i, key in enumerate(keys):
+        assert cached_cost_curve(None, key, sizes=(1,), cache_dir=tmp_path, measure=lambda m, s, r, i=i: {1: i + 1.0}) \
+            == {1: i + 1.0}
+    names = [p.name for p in (tmp_path / "cost-curves").iterdir()]
+    assert len(names) == 2 and all(len(n) < 255 for n in names)
+    assert cached_cost_curve(None, keys[1], sizes=(1,), cache_dir=tmp_path, measure=None) == {1: 2.0}

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 err = Console(stderr=True)
 
@@ -53,6 +54,7 @@ class BenchOptions:
     quick: bool
     quant: str = "auto"
     prefix_cache_mb: float = 1024.0  # per method (0 = off); a method's option prefix_cache_mb overrides it
+    draft_search: tuple | None = None  # models.discovery.Location's searched for a draft auto runs; None = off
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,7 @@ def build_runners(specs, lm, o: BenchOptions) -> tuple[list, list[str]]:
     """One runner per method spec (baseline first); peers that cannot run are skipped
     with a notice. Every method takes the option ``k`` (its own draft budget, default
     ``-k``). Returns (runners, notices)."""
-    from ..registry import make_drafter
+    from ..registry import built_cost, make_drafter
     from .runners import EngineRunner
 
     shared, runners = _Shared(), []
@@ -208,10 +210,13 @@ def build_runners(specs, lm, o: BenchOptions) -> tuple[list, list[str]]:
         if spec.kind == "engine":
             mb = _pop_float(opts, "prefix_cache_mb", o.prefix_cache_mb)
             predicts = opts.pop("prediction", "no")
-            if predicts not in ("yes", "no"):
-                raise BenchError(f"method {spec.label}: prediction must be yes or no")
+            if predicts not in ("yes", "ids", "prompt", "no"):
+                raise BenchError(f"method {spec.label}: prediction must be yes, ids, prompt or no")
             drafter = make_drafter(spec.name, lm, opts)
-            runners.append(EngineRunner(spec.label, lm.backend, drafter, k, o.policy, mb, predicts == "yes"))
+            # ids: token-id places only (no edit alignment); prompt: none sent, the prompt's code block aligned
+            tokenizer = lm.tokenizer if predicts in ("yes", "prompt") else None
+            runners.append(EngineRunner(spec.label, lm.backend, drafter, k, o.policy, mb, predicts in ("yes", "ids"),
+                                        built_cost(lm), tokenizer, prompt_code=predicts == "prompt"))
         elif spec.kind == "hf":
             runners.append(_hf_runner(spec, opts, k, lm, o, shared))
         else:
@@ -261,6 +266,7 @@ def _meta(o: BenchOptions, lm, num_prompts: int, notices: list[str]) -> dict:
         "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "seed": o.seed,
         "repeats": o.repeats, "warmup": o.warmup, "ignore_eos": o.ignore_eos, "near_tie": o.near_tie,
         "quick": o.quick, "notices": notices,
+        "found_draft": str(lm.found_draft.path) if getattr(lm, "found_draft", None) else None,  # --draft-search: auto's draft
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # whole process
     }
 
@@ -283,7 +289,7 @@ class _LineLog:
         self.done += 1
         elapsed = time.perf_counter() - self.t0
         eta = elapsed / self.done * (self.total - self.done)
-        err.print(f"[{self.done}/{self.total}] {label} · elapsed {elapsed:.0f} s · ETA {eta:.0f} s",
+        err.print(f"[{self.done}/{self.total}] {escape(label)} · elapsed {elapsed:.0f} s · ETA {eta:.0f} s",
                   highlight=False, soft_wrap=True)
 
 
@@ -293,13 +299,14 @@ def run_bench(o: BenchOptions) -> tuple[dict, int]:
     from ..registry import DRAFTERS
     from ..system import threads
     from ..types import SamplingParams
-    from .datasets import GROUPS, load_prompts
+    from .datasets import GROUPS, load_data_file, load_prompts
     from .methods import parse_method, with_baseline
 
     specs = with_baseline([parse_method(m, tuple(DRAFTERS)) for m in o.methods])
     params = SamplingParams(temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
                             max_new_tokens=o.max_new_tokens, seed=o.seed, ignore_eos=o.ignore_eos)
-    prompts = load_prompts(o.data, o.categories or GROUPS, o.limit)
+    prompts = (load_data_file(o.data, o.categories, o.limit) if o.data is not None
+               else load_prompts(None, o.categories or GROUPS, o.limit))
     if not prompts:
         raise BenchError("no prompts selected")
     with threads(o.threads):  # before loading: the compiled runtime sizes its pool at load
@@ -315,9 +322,14 @@ def _run_loaded(o: BenchOptions, specs, params, prompts) -> tuple[dict, int]:
     from .report import write_all
 
     lm = load_model(o.model, dtype=o.dtype, backend=o.backend, quant=o.quant)
+    if o.draft_search is not None:  # --draft-search: auto runs a draft found on the machine
+        from ..cli.common import say
+        from ..models.discovery import with_found_draft
+
+        lm = with_found_draft(lm, o.draft_search, say)
     runners, notices = build_runners(specs, lm, o)
     for note in notices:
-        err.print(f"[yellow]notice:[/yellow] {note}", highlight=False, soft_wrap=True)
+        err.print(f"[yellow]notice:[/yellow] {escape(note)}", highlight=False, soft_wrap=True)
     total = num_generations(prompts, len(runners), o.repeats) + o.warmup * len(runners)
     with _progress() as progress:
         task = progress.add_task("bench", total=total)
@@ -367,7 +379,7 @@ def check_options(o: BenchOptions) -> None:
 
 
 def bench(
-    data: Optional[Path] = typer.Option(None, "--data", help="Spec-Bench question.jsonl (default: the Spec-Bench questions shipped with verispec)"),
+    data: Optional[Path] = typer.Option(None, "--data", help="a JSONL file of prompts instead of the shipped ones: Spec-Bench rows (question_id, category, turns) and rows of the edit, agent and fim workloads in the shipped format (category edit: turns + prediction; agent: messages; fim: prefix + suffix); -c selects its groups (default: all it has)"),
     category: list[str] = typer.Option([], "--category", "-c", help="Spec-Bench groups mt_bench, translation, summarization, qa, math_reasoning, rag (default: these six), our multi-turn agentic workload `agentic` (code/text revision loops, JSON tool calls), and workloads built from real material: `edit` (click functions + their commit's change; -m NAME:prediction=yes sends the original as the prediction), `agent` (SWE-agent session replays), `fim` (stdlib bodies, the model's FIM tokens); repeatable"),
     limit: Optional[int] = typer.Option(None, "--limit", help="prompts (agentic: sessions) per category (default 10; 0 = all)"),
     method: list[str] = typer.Option([], "--method", "-m", help="drafter[:k=v,...] or a peer (hf-generate, hf-pld, hf-assisted:model=truncated:4, llamacpp, llamacpp-pld); repeatable; the baseline `none` always runs"),
@@ -392,6 +404,8 @@ def bench(
     strict: bool = typer.Option(False, "--strict", help="exit 1 if one of our methods mismatches (not a near-tie)"),
     quick: bool = typer.Option(False, "--quick", help="CI smoke run: 1 summarization + 1 rag prompt, 48 tokens, none vs prompt-lookup"),
     prefix_cache_mb: float = typer.Option(1024.0, help="MiB of K/V each method keeps across its requests (prefix cache, cpu backend; 0 = off); a method's option prefix_cache_mb overrides it, e.g. -m none:prefix_cache_mb=0"),
+    draft_search: bool = typer.Option(False, "--draft-search", help="method auto drafts with a draft model found among the GGUF files on this machine (as `verispec generate --draft-search`)"),
+    draft_search_path: list[Path] = typer.Option([], "--draft-search-path", help="a folder --draft-search looks in instead of the usual stores (repeatable; implies --draft-search)"),
 ) -> None:
     """Benchmark methods on Spec-Bench (and our workloads) against plain decoding (and peer engines)."""
     from transformers.utils import logging as hf_logging
@@ -403,12 +417,13 @@ def bench(
     out = output_dir or Path("results") / time.strftime("bench-%Y%m%d-%H%M%S")
     opts = BenchOptions(data, p.categories, p.limit or None, p.methods, model, backend, dtype, temperature,
                         top_p, top_k, seed, p.max_new_tokens, num_draft_tokens, policy, repeats, p.warmup,
-                        threads, ignore_eos, max_prompt_tokens, near_tie, out, strict, quick, quant, prefix_cache_mb)
+                        threads, ignore_eos, max_prompt_tokens, near_tie, out, strict, quick, quant, prefix_cache_mb,
+                        _draft_search(draft_search, draft_search_path))
     try:
         check_options(opts)
         result, bad = run_bench(opts)
     except (ValueError, ModelError) as e:
-        err.print(f"[red]error:[/red] {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+        err.print(f"[red]error:[/red] {escape(str(e).splitlines()[0] if str(e) else type(e).__name__)}",
                   highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     _print_summary(result)
@@ -416,6 +431,12 @@ def bench(
         err.print(f"[red]strict:[/red] {bad} greedy output(s) of verispec methods differ from plain decoding "
                   "beyond a near-tie", highlight=False)
         raise typer.Exit(1)
+
+
+def _draft_search(search: bool, paths: list[Path]):
+    from ..cli.common import draft_search_locations
+
+    return draft_search_locations(search, paths)
 
 
 def _print_summary(result: dict) -> None:

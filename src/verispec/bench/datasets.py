@@ -15,6 +15,7 @@ of ``bench/data`` rebuilt by ``scripts/build_*_workload.py`` add fields:
 
     load_prompts(None, ("rag", "agentic"), 3)  # 3 Spec-Bench rag prompts + 3 agentic sessions
     load_prompts(None, ("edit", "agent", "fim"), 5)
+    load_data_file("my_edits.jsonl")  # a user's rows of any of these formats (verispec bench --data)
 """
 
 from __future__ import annotations
@@ -153,6 +154,39 @@ def load_workload(name: str, limit: int | None = None) -> list[BenchPrompt]:
     for number, line in enumerate(read_text_file(path, "benchmark file").splitlines(), 1):
         if line.strip() and (limit is None or len(out) < limit):
             out.append(_real_prompt(parse_json_line(line, f"{path} line {number}"), f"{path} line {number}"))
+    return out
+
+
+def load_data_file(path: str | Path, categories: tuple[str, ...] = (), limit: int | None = None) -> list[BenchPrompt]:
+    """The prompts of a user's file (``verispec bench --data``), in file order: Spec-Bench rows
+    (``question_id``, ``category``, ``turns``) and rows of the real-material workloads in the shipped
+    format (``category`` edit, agent or fim, with their fields: the module docstring), at most
+    ``limit`` per group; ``categories`` selects groups (empty: every group the file has). Every
+    row is checked, selected or not (ValueError naming file and line; question_ids are unique)."""
+    from ..paths import parse_json_line, read_text_file
+
+    check_groups(categories)
+    path, out, seen, counts = Path(path), [], {}, {}
+    for number, line in enumerate(read_text_file(path, "benchmark file").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path} line {number}"
+        row = parse_json_line(line, where)
+        if isinstance(row, dict) and row.get("category") in REAL_WORKLOADS:
+            prompt = _real_prompt(row, where)
+        else:
+            row = _row(path, number, line)
+            prompt = BenchPrompt(row["question_id"], group_of(row["category"]), tuple(row["turns"]))
+            if prompt.category not in ALL_GROUPS:
+                raise ValueError(f"{where}: unknown category {row['category']!r:.40}")
+        if prompt.question_id in seen:  # records are keyed by it: a duplicate would mix two conversations
+            raise ValueError(f"{where}: question_id {prompt.question_id!r} repeats line {seen[prompt.question_id]}")
+        seen[prompt.question_id] = number
+        group = prompt.category
+        if (categories and group not in categories) or (limit is not None and counts.get(group, 0) >= limit):
+            continue
+        counts[group] = counts.get(group, 0) + 1
+        out.append(prompt)
     return out
 
 

@@ -139,7 +139,7 @@ def _record(label: str, bp: BenchPrompt, turn: int, repeat: int, prompt: list[in
 
 
 def _generate(runner: Runner, prompt: list[int], params: SamplingParams, prediction: list[int]) -> Generation:
-    if prediction and getattr(runner, "predicts", False):
+    if prediction and runner.predicts:
         return runner.generate(prompt, params, prediction=prediction)
     return runner.generate(prompt, params)
 

@@ -9,7 +9,7 @@
   ``[llamacpp]``; :func:`llamacpp_available` says whether it is installed.
 * llama.cpp's own ``llama-server`` binary (scripts/build_llamacpp.sh builds it from the same
   vendored llama.cpp): plain (``llamacpp-server``) and speculative with a draft GGUF
-  (``llamacpp-server-spec``), as scripts/bench_spec_vs_llamacpp.py runs them. Its vendored
+  (``llamacpp-server-spec``, its best flags on our sweeps by default). Its vendored
   version (llama.cpp 4227c9be, llama-cpp-python 0.3.16) has no ``--spec-type ngram-*``: its
   n-gram lookup exists only as the one-shot ``llama-lookup`` example, not in the server.
 

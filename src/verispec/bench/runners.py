@@ -15,6 +15,7 @@ import torch
 
 from ..drafters.base import Drafter
 from ..drafters.prediction import PredictionDrafter
+from ..cost_model import CostModel
 from ..engine import Engine
 from ..engine.prefix_cache import PrefixCache
 from ..models.base import CausalLM
@@ -65,13 +66,17 @@ def sync(device: torch.device) -> None:
 class EngineRunner(Runner):
     """A drafter through our engine (the drafter ``none`` is the baseline), with its own
     prefix cache (``prefix_cache_mb``, 0 = off): each method reuses only its own requests.
-    ``predicts``: the drafter is wrapped in a ``PredictionDrafter`` and items' predictions are sent."""
+    ``predicts``: the drafter is wrapped in a ``PredictionDrafter`` and items' predictions are sent;
+    ``tokenizer`` (the target's) lets its drafts follow an edit through the text (``edit_align.py``);
+    ``prompt_code``: no prediction is sent, the prompt's last code block is aligned instead."""
 
-    def __init__(self, label: str, target: CausalLM, drafter: Drafter,
-                 num_draft_tokens: int, policy: str = "fixed", prefix_cache_mb: float = 0, predicts: bool = False):
+    def __init__(self, label: str, target: CausalLM, drafter: Drafter, num_draft_tokens: int, policy: str = "fixed",
+                 prefix_cache_mb: float = 0, predicts: bool = False, cost: CostModel | None = None,
+                 tokenizer=None, prompt_code: bool = False):
         self.label, self.drafter, self.predicts = label, drafter, predicts
-        self.engine = Engine(target, PredictionDrafter(drafter) if predicts else drafter, num_draft_tokens, policy,
-                             PrefixCache.from_mb(prefix_cache_mb))
+        wrapped = (PredictionDrafter(drafter, cost, tokenizer=tokenizer, prompt_code=prompt_code)
+                   if predicts or prompt_code else drafter)
+        self.engine = Engine(target, wrapped, num_draft_tokens, policy, PrefixCache.from_mb(prefix_cache_mb), cost)
         self._device = target.info.device
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, prediction: list[int] = ()) -> Generation:

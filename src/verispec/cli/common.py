@@ -13,6 +13,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 err = Console(stderr=True)
 PREFIX_CACHE_MB = 1024.0  # = engine.prefix_cache.DEFAULT_MAX_MB (not imported: `verispec --help` stays instant)
@@ -22,11 +23,30 @@ THREADS_HELP = "threads of the compiled runtime's pool and of torch (as llama.cp
 QUANT_HELP = ("weights: auto (the checkpoint's own: a GGUF's blocks on cpu, int4 for a Q4 GGUF on native), "
               "none (float32), int8 or int4 (quantized at load: Q8_0 / Q4_1 on cpu, int8 / int4 on native; "
               "hf: auto or none)")
+DRAFT_SEARCH_HELP = ("look for a draft model among the GGUF files already on this machine (Hugging Face's cache, "
+                     "Ollama's, LM Studio's, ~/models): a smaller one with the target's vocabulary, else one that "
+                     "drafts through text where that pays; auto runs it (models/discovery.py)")
+DRAFT_SEARCH_PATH_HELP = "a folder --draft-search looks in instead of the usual stores (repeatable; implies --draft-search)"
+
+
+def draft_search_locations(search: bool, paths: list[Path]) -> list | None:
+    """The locations ``--draft-search`` / ``--draft-search-path`` name; None when neither is given."""
+    if not search and not paths:
+        return None
+    from ..models.discovery import default_locations, locations_from_paths
+
+    return locations_from_paths(paths) if paths else default_locations()
+
+
+def say(line: str) -> None:
+    """One line of what the command chose (stderr)."""
+    err.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
 def fail(message: str) -> None:
-    """One-line error and exit code 2 (bad input), never a traceback."""
-    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    """One-line error and exit code 2 (bad input), never a traceback. The message is printed as
+    it is (rich markup escaped: ``verispec[ray]`` keeps its brackets)."""
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 

@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from .common import (PREFIX_CACHE_HELP, PREFIX_CACHE_MB, QUANT_HELP, THREADS_HELP, check, check_model_arg,
-                     check_text_args, emit, err, fail, parse_options, read_prompt)
+from .common import (DRAFT_SEARCH_HELP, DRAFT_SEARCH_PATH_HELP, PREFIX_CACHE_HELP, PREFIX_CACHE_MB, QUANT_HELP,
+                     THREADS_HELP, check, check_model_arg, check_text_args, draft_search_locations, emit, err, fail,
+                     parse_options, read_prompt, say)
 
 
 def peak_rss_mb() -> float:
@@ -24,7 +26,7 @@ def stats_table(stats: dict) -> Table:
     for key in ("new_tokens", "cached_tokens", "target_forwards", "steps", "drafted", "accepted", "tau", "alpha",
                 "tokens_per_second", "prefill_s", "decode_s", "peak_rss_mb", "backend", "threads", "bit_exact",
                 "bit_exact_reason", "prefix_cache"):
-        table.add_row(key, str(stats.get(key)))
+        table.add_row(key, escape(str(stats.get(key))))
     ppa = stats.get("per_position_acceptance") or []
     table.add_row("per_position_acceptance", " ".join(f"{x:.2f}" for x in ppa[:12]))
     return table
@@ -43,7 +45,7 @@ def generate(
     drafter: str = typer.Option("auto", help="auto (default: the best lossless method measured for the model: "
                                 "Qwen2.5-Coder 1.5B: hybrid of suffix and the 0.5B draft; others: suffix), "
                                 "suffix, prompt-lookup, draft, hybrid, none, ... (`verispec drafters`)"),
-    drafter_option: list[str] = typer.Option([], "--drafter-option", "-o", help="key=value, repeatable"),
+    drafter_option: list[str] = typer.Option([], "--drafter-option", "-o", help="key=value, repeatable: an option of the drafter (`verispec drafters` lists them)"),
     num_draft_tokens: int = typer.Option(16, "-k", "--num-draft-tokens", help="draft budget per step (16: the "
                                          "compiled runtime verifies 16 tokens for ~3x one step, docs/cpu.md)"),
     policy: str = typer.Option("fixed", help="draft length policy: fixed or heuristic"),
@@ -62,6 +64,8 @@ def generate(
     quant: str = typer.Option("auto", help=QUANT_HELP),
     prefix_cache_mb: float = typer.Option(PREFIX_CACHE_MB, help=PREFIX_CACHE_HELP),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP),
+    draft_search: bool = typer.Option(False, "--draft-search", help=DRAFT_SEARCH_HELP),
+    draft_search_path: list[Path] = typer.Option([], "--draft-search-path", help=DRAFT_SEARCH_PATH_HELP),
 ) -> None:
     """Generate text with speculative decoding and print speculation statistics."""
     from ..api import SpecDecoder, load_model
@@ -88,6 +92,11 @@ def generate(
                                 max_new_tokens=max_new_tokens, seed=seed, stop=tuple(stop))
         n_threads = set_threads(threads)  # before loading: the compiled runtime sizes its pool at load
         lm = load_model(model, dtype=dtype, backend=backend, quant=quant)
+        locations = draft_search_locations(draft_search, draft_search_path)
+        if locations is not None:
+            from ..models.discovery import with_found_draft
+
+            lm = with_found_draft(lm, locations, say)
         limit = max_text_chars(lm.tokenizer, lm.backend.info.max_length)
         check(len(text) <= limit, f"the prompt has {len(text)} characters, more than the "
               f"{lm.backend.info.max_length}-token context of {lm.name} can hold (at most {limit})")
@@ -184,10 +193,10 @@ def demo(
     (plain, t_plain), (spec, t_spec) = runs.values()
     emit(spec.text)
     backend = lm.backend.description
-    table = Table("decoding", "tokens", "seconds", "tokens/s", "tau", "speed-up", title=f"{lm.name} on {backend}"
+    table = Table("decoding", "tokens", "seconds", "tokens/s", "tau", "speed-up", title=escape(f"{lm.name} on {backend}")
                   + ("" if "threads" in backend else f", {n_threads} thread{'s' * (n_threads != 1)}"))
     for name, (out, t) in runs.items():
-        table.add_row(name, str(len(out.token_ids)), f"{t:.2f}", f"{len(out.token_ids) / t:.1f}",
+        table.add_row(escape(name), str(len(out.token_ids)), f"{t:.2f}", f"{len(out.token_ids) / t:.1f}",
                       f"{out.stats.tau:.2f}", f"{t_plain / t:.2f}x")
     err.print(table)
     same = plain.token_ids == spec.token_ids

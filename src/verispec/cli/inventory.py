@@ -7,6 +7,7 @@ import json
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .common import emit
@@ -18,18 +19,21 @@ def models() -> None:
 
     table = Table("name", "description")
     for name, desc in list_models():
-        table.add_row(name, desc)
+        table.add_row(escape(name), escape(desc))
     Console().print(table)
 
 
 def drafters() -> None:
-    """List the drafters and their options."""
+    """List the drafters and their options (-o key=value), from each drafter's options dataclass."""
+    from ..drafters.options import describe, summary
     from ..registry import ALIASES, DRAFTERS
 
-    table = Table("name", "description")
-    for name, (_, desc) in DRAFTERS.items():
+    table = Table("name", "description", "options (-o key=value; default)")
+    for name, (_, options) in DRAFTERS.items():
         aliases = [a for a, n in ALIASES.items() if n == name]
-        table.add_row(name + (f" ({', '.join(aliases)})" if aliases else ""), desc)
+        rows = [f"{key}" + (f"={default}" if default else "") + (f" ({kind})" if kind else "") + f": {text}"
+                for key, kind, default, text in describe(options)]
+        table.add_row(escape(name + (f" ({', '.join(aliases)})" if aliases else "")), escape(summary(options)), escape("\n".join(rows)))
     Console().print(table)
 
 

@@ -74,7 +74,9 @@ def grammar_of(kind: ConstraintKind, spec: Any, strict: bool = True) -> str:
                 or not all(isinstance(s, str) and s for s in spec)):
             raise GrammarError(f"a choice is a list of 1 to {MAX_CHOICES} non-empty strings")
         _check_text(json.dumps(spec), "choice list")
-        return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(s) for s in spec))
+        # one lexeme (a terminal, matched by the lexer's automaton), not a rule of alternatives:
+        # the parser's Earley rows would hold one item per string, past its limit at 2,000
+        return llguidance.LLMatcher.grammar_from_lark("start: CHOICE\nCHOICE: " + " | ".join(json.dumps(s) for s in spec))
     raise GrammarError(f"unknown constraint kind {kind!r}; use one of {', '.join(KINDS)}")
 
 

@@ -67,9 +67,10 @@ def _walk(tree: DraftTree, matcher: Matcher) -> tuple[torch.Tensor, list[bool]]:
                 reachable[node] = True
                 matcher.fill_eos_only(bits[node])
                 continue
-            if not matcher.advance([tree.tokens[node]]):
-                raise RuntimeError(f"the grammar engine refused token {tree.tokens[node]} its own mask allowed")
             reachable[node] = True
+            if not matcher.advance([tree.tokens[node]]):  # allowed, but past the engine's limits: the
+                matcher.fill_eos_only(bits[node])  # answer ends there (as plain decoding's commit does)
+                continue
             stack.append((node, True))
         matcher.fill_bitmask(bits[node])
         for child in reversed(tree.children[node]):
@@ -136,8 +137,8 @@ class GrammarDraft:
         (EOS, or the grammar is complete and only EOS may follow)."""
         if self.matcher.ends_at(token):
             return False
-        if not self.matcher.advance([token]):
-            raise RuntimeError(f"the grammar engine refused token {token} its own mask allowed")
+        if not self.matcher.advance([token]):  # past the grammar engine's limits: the chain ends
+            return False
         self.advanced += 1
         return not self.matcher.stopped
 
@@ -254,9 +255,9 @@ def jump_forward(tree: DraftTree, matcher: Matcher, budget: int, sizing: JumpFor
     drafts = list(tree.tokens[1:])
     if budget <= 0 or any(matcher.ends_at(t) for t in drafts):  # no room, or the chain already ends the answer
         forced = []
+    elif not matcher.advance(drafts):  # a pruned chain the engine's limits stop inside
+        forced = []
     else:
-        if not matcher.advance(drafts):
-            raise RuntimeError("jump_forward needs a chain the grammar allows (prune it first)")
         try:
             forced = matcher.forced()[:budget]
         finally:

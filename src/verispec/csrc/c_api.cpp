@@ -260,6 +260,45 @@ int vs_model_finish(void* mp, char* err, int n) {
   return 0;
 }
 
+// A model of `n` of a finished model's layers (`keep`: ascending, distinct) with its embedding, final
+// norm and head: self-speculation's draft (Draft & Verify, Zhang et al. 2023; SWIFT, Xia et al. 2024).
+// Its matrices are the parent's, not copied (`borrowed`: the parent frees them and must outlive it);
+// its K/V cache is its own, of n layers. Same forward, so a kept layer computes exactly what it
+// computes in the parent, over the subset's own K/V.
+void* vs_model_subset(void* pp, const int32_t* keep, int n, char* err, int len) {
+  auto* p = (Model*)pp;
+  if (!p || !keep || n < 1 || n > p->cfg.n_layers) {
+    set_err(err, len, "a layer subset keeps 1 to all of the model's layers");
+    return nullptr;
+  }
+  for (int i = 0; i < n; i++)
+    if (keep[i] < 0 || keep[i] >= p->cfg.n_layers || (i && keep[i] <= keep[i - 1])) {
+      set_err(err, len, "a layer subset lists ascending, distinct layers of the model");
+      return nullptr;
+    }
+  try {
+    auto* m = new Model();
+    m->cfg = p->cfg;
+    m->cfg.n_layers = n;
+    for (int i = 0; i < n; i++) m->layers.push_back(p->layers[keep[i]]);
+    m->norm = p->norm;
+    m->rope_cos = p->rope_cos;
+    m->rope_sin = p->rope_sin;
+    m->embed = p->embed;
+    m->head = p->head;
+    m->in_proj = p->in_proj;
+    m->in_norm = p->in_norm;
+    m->tied = p->tied;
+    m->k = p->k;
+    m->pool = p->pool;
+    m->borrowed = true;
+    return m;
+  } catch (const std::exception& ex) {
+    set_err(err, len, std::string("cannot create the layer subset: ") + ex.what());
+    return nullptr;
+  }
+}
+
 // Bytes of repacked weights read per decode step (the embedding's rows are read one per token).
 size_t vs_model_weight_bytes(void* mp) {
   auto* m = (Model*)mp;
@@ -268,18 +307,15 @@ size_t vs_model_weight_bytes(void* mp) {
   return total;
 }
 
-// Rows of a source matrix re-encoded as Q4_0, Q3_K or Q2_K blocks (dst_type; dst: rows x the
-// rows' bytes in that format): a draft model streams fewer bytes per token; the target checks
+// Rows of a source matrix re-encoded as blocks of dst_type, a format whose table row has a
+// quantize_row (Q4_0, Q3_K, Q2_K; dst: rows x the rows' bytes in that format): a draft model streams fewer bytes per token; the target checks
 // every drafted token, so output is unchanged (models/cpu_weights.py requantize). Rows are
 // split over `threads` threads.
 int vs_requantize(int dst_type, int src_type, const void* data, int rows, int cols, void* dst, int threads, char* err,
                   int n) {
   const vs::Format* f = vs::format_by_type(src_type);
   const vs::Format* to = vs::format_by_type(dst_type);
-  void (*quantize_row)(const float*, int, uint8_t*) = dst_type == 2 ? vs::quantize_row_q4_0
-                                                      : dst_type == 11 ? vs::quantize_row_q3_k
-                                                      : dst_type == 10 ? vs::quantize_row_q2_k : nullptr;
-  if (!f || !to || !quantize_row || rows < 1 || cols % vs::QK || cols % f->block_cols || cols % to->block_cols ||
+  if (!f || !to || !to->quantize_row || rows < 1 || cols % vs::QK || cols % f->block_cols || cols % to->block_cols ||
       threads < 1) {
     set_err(err, n, "unsupported format or shape");
     return -1;
@@ -293,7 +329,7 @@ int vs_requantize(int dst_type, int src_type, const void* data, int rows, int co
       std::vector<float> row(cols);
       for (int r = p0 * vs::PANEL; r < std::min(rows, p1 * vs::PANEL); r++) {
         f->dequant_row(m.data + (size_t)(r / vs::PANEL) * m.panel_bytes, cols, r % vs::PANEL, row.data());
-        quantize_row(row.data(), cols, (uint8_t*)dst + (size_t)r * rb);
+        to->quantize_row(row.data(), cols, (uint8_t*)dst + (size_t)r * rb);
       }
     }, 4);
     std::free(m.data);
@@ -321,7 +357,7 @@ int vs_formats(char* out, int n) {
   for (int i = 0; i < vs::N_FORMATS; i++) {
     const vs::Format* f = vs::FORMATS[i];
     s += (i ? "," : "") + std::string(f->name) + ":" + std::to_string(f->ggml_type) + ":" + std::to_string(f->block_cols) + ":" +
-         std::to_string(f->src_block_bytes);
+         std::to_string(f->src_block_bytes) + ":" + (f->quantize_row ? "1" : "0");
   }
   set_err(out, n, s);
   return (int)s.size() < n ? 0 : -1;

@@ -150,7 +150,7 @@ int draw(const float* q, int rows, double u) {
   return last;
 }
 
-// DraftCost.keeps / pays_another (drafters/draft_model.py)
+// CostModel.keeps / pays_another (cost_model.py)
 bool keeps(const DraftChain& d, int i, double expected, double p) {
   const double paid = (i + 1) * d.draft_cost;
   return (expected + p) / (paid + d.verify[i + 1]) >= expected / (paid + d.verify[i]);

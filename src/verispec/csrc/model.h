@@ -100,8 +100,11 @@ struct Model {
   const Kernels* k = nullptr;  // the ISA's kernels (matmuls go by k->isa into each Format)
   std::shared_ptr<ThreadPool> pool;  // ThreadPool::shared: one pool per thread count in the process
   std::mutex busy;  // one forward (or thread-count change) at a time: the pool runs one job
+  // a layer subset of another model (vs_model_subset): its matrices are that model's, freed by it
+  bool borrowed = false;
 
   ~Model() {
+    if (borrowed) return;
     for (auto& l : layers)
       for (Linear* w : {&l.wqkv, &l.wo, &l.w13, &l.w2}) w->clear();
     embed.clear();

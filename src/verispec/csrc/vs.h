@@ -17,7 +17,7 @@
 
 namespace vs {
 
-constexpr int ABI_VERSION = 5;  // bump when Config, Batch, the slots or the formats change
+constexpr int ABI_VERSION = 6;  // bump when Config, Batch, the slots or the formats change
 constexpr int PANEL = 16;       // output rows per weight panel (one AVX-512 register of fp32 lanes)
 constexpr int QK = 32;          // elements per activation quantization block (and per small weight block)
 constexpr int QK_K = 256;       // elements per K-quant super-block
@@ -73,12 +73,12 @@ struct Format {
   // lane r of `panel` as fp32 [cols] (embedding lookups)
   void (*dequant_row)(const uint8_t* panel, int cols, int r, float* out);
   MatmulFn matmul[N_ISA];    // scalar reference, AVX2, AVX-512 VNNI: bitwise equal
+  // fp32 [cols] -> source blocks of this format (vs_requantize: a draft re-encoded at load);
+  // null: not a re-quantization target
+  void (*quantize_row)(const float* x, int cols, uint8_t* out) = nullptr;
 };
 
 const Format* format_by_type(int ggml_type);  // null if unsupported
-void quantize_row_q4_0(const float* x, int cols, uint8_t* out);  // fp32 -> source Q4_0 blocks (formats/q4.cpp)
-void quantize_row_q3_k(const float* x, int cols, uint8_t* out);  // fp32 -> source Q3_K blocks (formats/q3_k.cpp)
-void quantize_row_q2_k(const float* x, int cols, uint8_t* out);  // fp32 -> source Q2_K blocks (formats/q2_k.cpp)
 extern const Format* const FORMATS[];
 extern const int N_FORMATS;
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -116,9 +116,6 @@ def features_of(drafter: Drafter) -> Features:
 class Drafter(Protocol):
     name: ClassVar[str]
     features: Features  # what it reads from the target's forwards besides logits (and so observes the prefill)
-    # the target's measured cost curve t(n) it sizes its drafts by, if any: the engine sizes a constrained
-    # request's forced-token drafts by it too (constraints.speculation.JumpForward); None: they fill the budget
-    verify_cost: dict[int, float] | None
 
     def start(self, request_id: str, prompt_ids: list[int]) -> None: ...
 
@@ -156,12 +153,11 @@ class Drafter(Protocol):
 
 class DeclaresFeatures:
     """Base of the drafters: the ``Drafter`` declarations most of them make, reading no
-    ``features`` (``NO_FEATURES``), sizing by no ``verify_cost``, keeping no state sized by the
+    ``features`` (``NO_FEATURES``), keeping no state sized by the
     context (``context_bytes`` 0), learning nothing across requests (``reset`` is a no-op) and
     proposing for a batch request by request (``propose_batch``)."""
 
     features: Features = NO_FEATURES
-    verify_cost: dict[int, float] | None = None
 
     def context_bytes(self, max_length: int, rows: int) -> int:
         return 0  # no state sized by the context
@@ -177,6 +173,46 @@ class DeclaresFeatures:
 
     def propose_batch(self, ctxs: Sequence[DraftContext]) -> list[DraftTree]:
         return [self.propose(c) for c in ctxs]  # type: ignore[attr-defined]
+
+
+class WrappingDrafter(DeclaresFeatures):
+    """Base of a drafter that wraps another (``inner``: a drafter, or for a drafter that talks
+    to its draft model through text the draft model's own drafter): what the wrapper holds and
+    learns is ``inner``'s (memory, context-sized state, ``reset``, its cost signature)."""
+
+    inner: Drafter
+
+    def memory_bytes(self) -> int:
+        return self.inner.memory_bytes()
+
+    def context_bytes(self, max_length: int, rows: int) -> int:
+        return self.inner.context_bytes(max_length, rows)
+
+    def reserve(self, max_length: int, rows: int) -> None:
+        self.inner.reserve(max_length, rows)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def cost_signature(self) -> str:
+        return self.inner.cost_signature()
+
+
+@runtime_checkable
+class Speculates(Protocol):
+    """A retrieval drafter whose draft carries its own node values and the length of the
+    context match it continues (SuffixDecoding): ``speculate(ctx)`` gives them with the tree
+    (``.to_tree(root)``, ``.probs``, ``.match_length``)."""
+
+    def speculate(self, ctx: DraftContext) -> Any: ...
+
+
+@runtime_checkable
+class CountsPrefill(Protocol):
+    """A drafter whose ``start`` runs a model over the prompt: ``prefill_tokens(prompt)`` says
+    how many tokens that costs now (its prefix cache counted), so a caller can rent the start."""
+
+    def prefill_tokens(self, prompt_ids: list[int]) -> int: ...
 
 
 S = TypeVar("S")

@@ -33,16 +33,15 @@ from typing import Any, ClassVar
 from ..models.base import CausalLM
 from ..tree import DraftTree
 from ..types import SamplingParams
-from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
-from .draft_model import DraftModelDrafter
+from .base import DraftContext, Observation, RequestTable, WrappingDrafter
+from .draft_model import DraftModelDrafter, DraftModelOptions
 
 DETOKENIZE_WINDOW = 4  # tokens decoded before the new ones, so a token's text is read in context (vLLM's prefix offset)
 RESYNC_WINDOW = 3  # the draft's last tokens re-tokenized with appended text (a boundary may move)
 RESYNC_TRIES = 8  # further start points tried before re-tokenizing the whole text
 UTF8_HOLD = 4  # at most this many trailing tokens held back for an incomplete UTF-8 character
 GREEDY = SamplingParams(temperature=0.0)
-# target tokens proposed per step at most: SmolLM2-135M for the Qwen2.5-Coder 1.5B paid most at 2-3 (docs/benchmarks.md)
-DEFAULT_MAX_DRAFT = 3
+DEFAULT_MAX_DRAFT = DraftModelOptions.max_draft  # target tokens proposed per step at most (draft_model.py)
 
 
 def _decode(tokenizer: Any, ids: list[int]) -> str:
@@ -62,6 +61,22 @@ def text_after(tokenizer: Any, context: list[int], new: list[int]) -> str | None
     return after[len(before):] if after.startswith(before) else None
 
 
+def continuation_tokens(tokenizer: Any, committed: list[int], drafted: str, fresh: bool = False) -> list[int]:
+    """The tokens that follow ``committed`` when its text is followed by ``drafted``, the last
+    dropped (the text may end inside a token): the longest window of committed tokens whose text
+    re-tokenizes, with the drafted text, to those same tokens first; else (the last committed token
+    would merge with the draft's first, e.g. "\n" with an indentation) nothing, or with ``fresh``
+    the drafted text tokenized alone (the boundary where the committed tokens put it).
+
+    Example: committed "...re" "turn", drafted " x" -> the tokens of " x" less the last: []."""
+    for w in range(min(DETOKENIZE_WINDOW, len(committed)), 0, -1):
+        tail = committed[-w:]
+        ids = _encode(tokenizer, _decode(tokenizer, tail) + drafted)
+        if ids[:w] == tail:
+            return ids[w:-1]
+    return _encode(tokenizer, drafted)[:-1] if fresh else []
+
+
 @dataclass
 class _Stream:
     """One request's draft-side view of the committed text."""
@@ -73,7 +88,7 @@ class _Stream:
     ids: list[int] = field(default_factory=list)  # the draft's tokens: prefix + a tokenization of text
 
 
-class CrossTokenizerDrafter(DeclaresFeatures):
+class CrossTokenizerDrafter(WrappingDrafter):
     """Chain drafts for a target from ``draft``, a causal LM with its own ``draft_tokenizer``,
     through text (module docstring); ``target_tokenizer`` is the target's. ``max_draft``: target
     tokens proposed at most (the engine's budget may be larger); ``min_confidence``: as
@@ -82,7 +97,7 @@ class CrossTokenizerDrafter(DeclaresFeatures):
     name: ClassVar[str] = "draft"
 
     def __init__(self, draft: CausalLM, draft_tokenizer: Any, target_tokenizer: Any, target_bos: int | None = None,
-                 max_draft: int = DEFAULT_MAX_DRAFT, min_confidence: float = 0.0):
+                 max_draft: int = DEFAULT_MAX_DRAFT, min_confidence: float = DraftModelOptions.min_confidence):
         if max_draft < 1:
             raise ValueError("max_draft must be >= 1")
         self.model, self.max_draft = draft, max_draft
@@ -109,15 +124,6 @@ class CrossTokenizerDrafter(DeclaresFeatures):
     def observe(self, obs: Observation) -> None:
         pass  # the stream is brought up to date in propose
 
-    def memory_bytes(self) -> int:
-        return self.inner.memory_bytes()
-
-    def context_bytes(self, max_length: int, rows: int) -> int:
-        return self.inner.context_bytes(max_length, rows)
-
-    def reserve(self, max_length: int, rows: int) -> None:
-        self.inner.reserve(max_length, rows)
-
     # ---- one proposal ----------------------------------------------------------------------
     def propose(self, ctx: DraftContext) -> DraftTree:
         stream = self._streams.get(ctx.request_id)
@@ -132,18 +138,7 @@ class CrossTokenizerDrafter(DeclaresFeatures):
         drafted = text_after(self.draft_tok, stream.ids[-DETOKENIZE_WINDOW:], list(chain.tokens[1:]))
         if not drafted:
             return DraftTree.chain(root, [])
-        return DraftTree.chain(root, self._target_tokens(ctx.tokens[stream.first:], drafted)[:want])
-
-    def _target_tokens(self, committed: list[int], drafted: str) -> list[int]:
-        """The target tokens that follow ``committed`` when its text is followed by ``drafted``,
-        the last dropped: the longest window of committed tokens whose text re-tokenizes, with
-        the drafted text, to those same tokens first (else nothing)."""
-        for w in range(min(DETOKENIZE_WINDOW, len(committed)), 0, -1):
-            tail = committed[-w:]
-            ids = _encode(self.target_tok, _decode(self.target_tok, tail) + drafted)
-            if ids[:w] == tail:
-                return ids[w:-1]
-        return []
+        return DraftTree.chain(root, continuation_tokens(self.target_tok, ctx.tokens[stream.first:], drafted)[:want])
 
     # ---- the draft's stream ----------------------------------------------------------------
     def _sync(self, stream: _Stream, tokens: list[int]) -> None:

@@ -17,76 +17,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
 from ..constraints.speculation import GrammarDraft
+from ..cost_model import CostModel
 from ..models.base import CausalLM, KVCache, model_bytes
 from ..memory import cache_pool_bytes
 from ..models.cache_pool import CachePool, PooledCache
 from ..sampling import sample, target_probs
 from ..tree import DraftTree
 from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
+from .options import option
 
 if TYPE_CHECKING:
-    from ..cost_curve import ContextCostCurve
     from ..engine.prefix_cache import PrefixCache
-
-
-@dataclass(frozen=True)
-class DraftCost:
-    """Measured costs in target decode steps: ``draft`` one draft forward; ``curve`` the target
-    forward over the root and n drafted tokens at measured n (``policies.tree_shape``); both at the
-    probe context (128 tokens). By context, where measured (``cost_curve.ContextCostCurve``):
-    ``curve_by_context`` the target's t(n | context), ``draft_by_context`` the draft's forward over
-    n tokens (size 1: a draft step; a larger size: a feed of the history) over the target's decode
-    step at that context; ``at(context)`` reads both there."""
-
-    draft: float
-    curve: dict[int, float]
-    curve_by_context: ContextCostCurve | None = None
-    draft_by_context: ContextCostCurve | None = None
-
-    def at(self, context: int) -> DraftCost:
-        """The costs at ``context`` tokens (itself where nothing was measured by context)."""
-        if self.curve_by_context is None and self.draft_by_context is None:
-            return self
-        curve = self.curve if self.curve_by_context is None else self.curve_by_context.at(context)
-        draft = self.draft if self.draft_by_context is None else self.draft_by_context.t(1, context, at_zero=0.0)
-        return DraftCost(draft, curve)
-
-    def feed(self, context: int) -> float | None:
-        """A token of history fed to the draft model at ``context`` tokens, in target decode steps there
-        (its measured feed forward over its size), or None where no feed was measured."""
-        by = self.draft_by_context
-        largest = None if by is None else max(by.curves[by.contexts[0]])
-        if largest is None or largest <= 1:
-            return None
-        return by.t(largest, context, at_zero=0.0) / largest
-
-    def verify(self, n: int) -> float:
-        """t(n), interpolated linearly between measured sizes (t(0) = 1, a decode step)."""
-        points = sorted({0: 1.0, **self.curve}.items())
-        for (n0, t0), (n1, t1) in zip(points, points[1:]):
-            if n <= n1:
-                return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
-        (n0, t0), (n1, t1) = points[-2], points[-1]
-        return t1 + (t1 - t0) * (n - n1) / (n1 - n0)
-
-    def keeps(self, i: int, expected: float, p: float, forwards: int | None = None) -> bool:
-        """With i tokens kept (E = ``expected`` tokens a step) and ``forwards`` draft forwards
-        paid (i + 1 unless told: tokens a grammar forces cost none), does token i + 1, reached
-        with probability ``p``, raise tokens per unit time?"""
-        paid = (i + 1 if forwards is None else forwards) * self.draft
-        return (expected + p) / (paid + self.verify(i + 1)) >= expected / (paid + self.verify(i))
-
-    def pays_another(self, i: int, expected: float, p: float, forwards: int | None = None) -> bool:
-        """With i + 1 tokens kept (``forwards`` draft forwards paid, i + 1 unless told), is one
-        more draft forward worth paying for, the next token guessed to be reached with probability ``p``?"""
-        paid = (i + 1 if forwards is None else forwards) * self.draft
-        now = expected / (paid + self.verify(i + 1))
-        return (expected + p) / (paid + self.draft + self.verify(i + 2)) >= now
 
 
 @dataclass
@@ -109,7 +55,7 @@ class _Chain:
     grammar: GrammarDraft | None = None  # a constrained request's grammar, walked along the chain
     forwards: int = 0  # draft forwards whose logits gave a draft (tokens the grammar forces need none)
     ended: bool = False  # a draft ended the answer (EOS, or the grammar is complete)
-    cost: DraftCost | None = None  # the drafter's costs at this request's context (``DraftCost.at``)
+    cost: CostModel | None = None  # the drafter's costs at this request's context (``CostModel.at``)
     # a sampled chain on a backend that drafts in one call: one uniform per token of the budget, drawn up front (the
     # one call's randomness, and the Python loop's there, so a request drafts the same chain alone or batched)
     uniforms: list[float] | None = None
@@ -121,6 +67,51 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+@dataclass(frozen=True)
+class DraftModelOptions:
+    """A small LM: the shipped distilled draft, else the catalog's draft for the target, else the target's first 4 layers; a model with another tokenizer drafts through text (Universal Assisted Generation)."""
+
+    model: str = option("auto", "shipped|truncated:N|self|<name|path> (auto: shipped, else the catalog's draft, else "
+                               "truncated:4; self: the target's own layers less skip=, its weights shared: "
+                               "self-speculation, Draft & Verify / SWIFT)")
+    vocab: str = option("auto", "auto|full|N: an FR-Spec head of the N most frequent tokens (auto: 32768 for a catalog GGUF)")
+    quant: str = option("auto", "auto|file|q4_0|q3_k|q2_k: the draft's matrices re-encoded at load (auto: q4_0 for a catalog GGUF)")
+    skip: str = option("", "layers of a GGUF draft, or of the target with model=self, left out (3+10-12; self's "
+                             "default: every other middle layer)")
+    window: int = option(0, "each draft layer attends to its last N keys (0: all)")
+    stop: Literal["auto", "cost", "fixed"] = option("auto", "cost: each draft sized by the measured costs and its confidence")
+    min_confidence: float = option(0.0, "a draft stops below this top probability")
+    pool_rows: int = option(16, "requests drafted together in one batched draft forward")
+    prefix_cache_mb: float = option(256.0, "the draft's own prefix cache across requests (0: off)")
+    # SmolLM2-135M for the Qwen2.5-Coder 1.5B paid most at 2-3 (docs/history/benchmarks-2026-11.md)
+    max_draft: int = option(3, "another tokenizer: target tokens drafted a step at most")
+    cost_contexts: str = option("128+1024+3072", "the contexts stop=cost times its costs at, joined by '+' (the first "
+                                                  "128), read at each request's length; 128 alone: one curve for all")
+
+    def __post_init__(self) -> None:
+        if self.vocab not in ("auto", "full") and not self.vocab.isdigit():
+            raise ValueError(f"vocab must be auto, full or a token count, got {self.vocab!r}")
+        from ..models.cpu_weights import REQUANTS
+
+        if self.quant not in ("auto", "file", *REQUANTS):
+            raise ValueError(f"quant must be auto, file or {', '.join(REQUANTS)}, got {self.quant!r}")
+        parts = self.cost_contexts.split("+")
+        if not all(p.isdigit() for p in parts) or len(parts) > 8 or min(map(int, parts)) != 128:
+            raise ValueError("cost_contexts must be at most 8 token counts joined by '+', the least 128 "
+                             f"(128+1024+3072), got {self.cost_contexts!r}")
+        for name, ok, rule in (("window", self.window >= 0, ">= 0"), ("pool_rows", self.pool_rows >= 1, ">= 1"),
+                               ("prefix_cache_mb", self.prefix_cache_mb >= 0, ">= 0"),
+                               ("max_draft", self.max_draft >= 1, ">= 1"),
+                               ("min_confidence", 0 <= self.min_confidence < 1, "in [0, 1)")):
+            if not ok:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)}")
+
+    @property
+    def contexts(self) -> tuple[int, ...]:
+        """``cost_contexts`` as token counts."""
+        return tuple(sorted({int(p) for p in self.cost_contexts.split("+")}))
 
 
 class DraftModelDrafter(DeclaresFeatures):
@@ -137,7 +128,7 @@ class DraftModelDrafter(DeclaresFeatures):
     those P (the expected tokens of a step), a token is kept while it raises E / time, and
     another draft forward is paid for while the next token, guessed as likely as the last,
     would. Output is unchanged either way: only how much is drafted. Where ``cost`` was timed at
-    several contexts (``DraftCost.at``) both are read at the request's length.
+    several contexts (``CostModel.at``) both are read at the request's length.
 
     ``propose_batch`` drafts for several requests at once on a backend with batched forwards
     (``BackendCaps.batched``): their caches are rows of one pool (``pool_rows`` of them; later
@@ -170,8 +161,9 @@ class DraftModelDrafter(DeclaresFeatures):
 
     name: ClassVar[str] = "draft"
 
-    def __init__(self, model: CausalLM, min_confidence: float = 0.0, cost: DraftCost | None = None,
-                 pool_rows: int = 16, one_call: bool = True, prefix_cache: PrefixCache | None = None):
+    def __init__(self, model: CausalLM, min_confidence: float = DraftModelOptions.min_confidence,
+                 cost: CostModel | None = None, pool_rows: int = DraftModelOptions.pool_rows, one_call: bool = True,
+                 prefix_cache: PrefixCache | None = None):
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError("min_confidence must be in [0, 1)")
         if pool_rows < 1:
@@ -236,10 +228,6 @@ class DraftModelDrafter(DeclaresFeatures):
 
     def observe(self, obs: Observation) -> None:
         pass  # the cache is re-synchronised lazily in propose()
-
-    @property
-    def verify_cost(self) -> dict[int, float] | None:  # type: ignore[override]
-        return None if self.cost is None else self.cost.curve
 
     @property
     def pool(self) -> CachePool | None:

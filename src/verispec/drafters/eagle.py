@@ -66,6 +66,8 @@ from ..tree import DraftTree
 from .base import LAST_HIDDEN, DeclaresFeatures, DraftContext, Features, Observation, RequestTable
 from .dynamic_tree import rerank, select_frontier, size_by_cost, tree_from_candidates
 from .eagle_runner import HeadRunner, TorchHeadRunner
+from ..models.formats import WeightFormat
+from .options import option
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,25 @@ class _EagleState:
     last_logits: torch.Tensor | None = None  # [Vd] draft logits read from it
 
 
+@dataclass(frozen=True)
+class EagleOptions:
+    """EAGLE feature head on target hidden states, EAGLE-2 dynamic trees (Li et al. 2024); eagle3: EAGLE-3's fused low/mid/high layers."""
+
+    mode: Literal["tree", "chain"] = option("tree", "a dynamic tree or a chain")
+    depth: int = option(6, "draft depth")
+    top_k: int = option(8, "children expanded per node")
+    weights: str | None = option(None, "a directory of trained head weights (default: the shipped ones)")
+    runtime: Literal["auto", "compiled", "torch"] = option("auto", "where the head runs (auto: compiled beside a compiled target)")
+    head_quant: str = option(WeightFormat.Q8_0.value, "the head's weights on the compiled runtime: q8_0 or f32")
+    budget: Literal["measured", "fixed"] = option("measured", "measured: each draft sized by the target's cost curve")
+
+    def __post_init__(self) -> None:
+        if self.depth < 1 or self.top_k < 1:
+            raise ValueError("eagle needs depth >= 1 and top_k >= 1")
+        if self.head_quant not in (WeightFormat.Q8_0, WeightFormat.F32):
+            raise ValueError(f"head_quant must be {WeightFormat.Q8_0} or {WeightFormat.F32}, got {self.head_quant!r}")
+
+
 class EagleDrafter(DeclaresFeatures):
     """EAGLE chains (``mode="chain"``) or EAGLE-2 dynamic trees (``mode="tree"``: expand
     ``top_k`` nodes per depth for ``depth`` levels, rerank to the engine's budget).
@@ -271,8 +292,8 @@ class EagleDrafter(DeclaresFeatures):
 
     name: ClassVar[str] = "eagle"
 
-    def __init__(self, head: EagleHead, embed: torch.Tensor, mode: Literal["chain", "tree"] = "tree",
-                 depth: int = 6, top_k: int = 8, runner: HeadRunner | None = None,
+    def __init__(self, head: EagleHead, embed: torch.Tensor, mode: Literal["chain", "tree"] = EagleOptions.mode,
+                 depth: int = EagleOptions.depth, top_k: int = EagleOptions.top_k, runner: HeadRunner | None = None,
                  cost: dict[int, float] | None = None):
         if mode not in ("chain", "tree"):
             raise ValueError(f"mode must be chain or tree, not {mode!r}")

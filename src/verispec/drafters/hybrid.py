@@ -1,106 +1,65 @@
 """Hybrid drafting: a model-free (retrieval) drafter and a learned drafter, chosen or fused
 per step, each step's size from the measured cost curve.
 
-Retrieval (SuffixDecoding, prompt lookup) is nearly free and wins where the answer copies
-the context; a learned drafter (EAGLE, EAGLE-3, a distilled draft LM) is the only help on
-novel text but costs model calls. Per step (``mode="fallback"``):
+Retrieval (SuffixDecoding, prompt lookup) is nearly free and wins where the answer copies the
+context; a learned drafter (EAGLE, EAGLE-3, a distilled draft LM) is the only help on novel
+text but costs model calls. Per step (``mode="fallback"``):
 
-  1. the retrieval draft, its nodes in best-first order with values (SuffixDecoding: the
-     tries' path probabilities; prompt lookup: its tracked per-depth acceptance); it is a
-     candidate only when its score (sum of values) reaches ``min_score``;
-  2. each option's best size and rate (``policies/draft_budget.py``, Sequoia's
-     hardware-aware rule per step): retrieval ``(E_r(n) + 1) / t(n)``; learned
-     ``(E_l(n) + 1) / (t(n) + c(n))`` with ``E_l`` from the learned drafter's tracked
-     per-depth acceptance and ``c(n)`` its measured drafting time; plain decoding 1;
-  3. the option with the highest rate proposes (retrieval wins ties); the learned drafter
-     is called only when it proposes. A learned drafter that would lose to plain decoding
-     even if every node were accepted (``(n + 1) / (t(n) + c(n)) <= 1`` for every n) is
-     left out at construction (``learned_enabled``): no calls, no hidden states.
+  1. the retrieval draft, best-first with node values (SuffixDecoding: the tries' path
+     probabilities; prompt lookup: its tracked per-depth acceptance), is a candidate when its
+     score (sum of values) reaches ``min_score`` and (SuffixDecoding) the context suffix it
+     continues is at least ``min_match`` tokens;
+  2. each option's best size and rate (``policies/draft_budget.py``, Sequoia's hardware-aware
+     rule per step): retrieval ``(E_r(n) + 1) / t(n)``; learned ``(E_l(n) + 1) / (t(n) + c(n))``
+     with ``E_l`` its tracked per-depth acceptance and ``c(n)`` its measured drafting time;
+     plain decoding 1;
+  3. the highest rate proposes (retrieval wins ties); the learned drafter is called only when
+     it proposes. One that would lose to plain decoding even if every node were accepted is left
+     out at construction (``learned_enabled``); with ``learned_cost`` one whose tracked
+     acceptance says it loses is asked only once in PROBE_EVERY steps.
 
-``mode="fuse"`` merges the retrieval draft into the learned tree by longest shared prefix
-(RASD: Quan et al. 2025, "Retrieval-Augmented Speculative Decoding", arXiv 2503.03434,
-tree fusion), at the learned drafter's chosen size plus the retrieval's, within the budget.
-
-Without a cost curve (``cost=None``) the rule is the plain fallback: retrieval when its
-score reaches ``min_score``, else the learned drafter at the full budget.
-
-``min_match`` gates SuffixDecoding drafts by the length of the context suffix they continue:
-below it the trie's path probabilities are not worth trusting. On the Qwen2.5-Coder pair
-(tuning prompts: our own code tasks, GSM8K train, stdlib rewrites outside the benchmark),
-drafts after matches of 2-3 tokens were accepted for 0.4-1.6 tokens per step whatever their
-score, against 19 of 20 after matches of 12 or more (a function being copied).
-``learned_sizing="self"`` is for a learned drafter that sizes its own drafts from the cost
-curves (the draft model's cost rule): when retrieval is not a candidate it gets the full
-budget, and retrieval proposes whenever it passes the gates and pays (its ``best_size`` > 0).
-With ``learned_cost`` (its c(n)) the learned drafter is asked only while its tracked acceptance
-says it beats plain decoding at some size, and probed once in PROBE_EVERY steps otherwise: on a
-machine whose verify curve is steep (AVX2 without VNNI) a draft model must not spend a step's
-worth of drafting and verification for fewer tokens than plain decoding gives.
-This rule (``min_match=6``) was chosen by offline greedy simulation on those prompts
-(``scripts/simulate_hybrid.py``): it drafts like the draft model alone on new code and beats
-SuffixDecoding alone on rewrites by ~8%, where the rate rule below lost to both.
-
+``mode="fuse"`` merges the retrieval draft into the learned tree by longest shared prefix (RASD:
+Quan et al. 2025, "Retrieval-Augmented Speculative Decoding", arXiv 2503.03434). Without a cost
+curve the rule is the plain fallback: retrieval when it passes its gates, else the learned
+drafter at the full budget. ``learned_sizing="self"``: the learned drafter sizes its own drafts
+(the draft model's cost rule) and gets the full budget when retrieval is not a candidate.
 Under a constraint (``ctx.grammar``) the retrieval draft loses the nodes the grammar forbids
-before it is sized (the engine would cut them before verification anyway), so a draft the
-grammar cuts to nothing leaves the step to the learned drafter, whose drafts the grammar masks.
+before it is sized.
 
-Both sub-drafters observe every step, whoever proposed (the learned one reads the target's
-hidden states of whatever tree was verified), so each stays in sync with the committed
-context. The prefill observation goes only to sub-drafters that need hidden states. A learned
-drafter that reads no features (a draft model) starts a request only when it is first asked to
-propose, with everything committed before that step as its prompt: a request whose steps the
-retrieval drafts carry (an edit, a turn of an agent session whose history the target reuses from
-the prefix cache) never pays the draft model's prompt prefill.
+Both sub-drafters observe every step, whoever proposed; the prefill observation goes only to
+sub-drafters that need hidden states. A learned drafter that reads no features (a draft model)
+starts a request only when first asked to propose, with everything committed so far as its
+prompt, and, when next asked, feeds itself every token committed since it last drafted.
+Asking it then is a rent-or-buy decision (ski rental, Karlin et al. 1988, "Competitive snoopy
+caching"): each step decoded without it forgoes ``1 - 1/r`` decode steps (r its rate on the
+cost curve), the catch-up costs ``pending * catch_up_cost``; it is asked once the forgone
+savings reach that cost (within twice the better choice in hindsight); a short catch-up is paid
+at once. Its first start (the prompt's prefill past its own prefix cache) is rented by
+``rent_start``: ``"constrained"`` on constrained requests only (a schema the draft model has
+seen starts it at once), ``"always"`` on every request, ``"predicted"`` after a prediction (ski
+rental with a prediction, Purohit, Svitkina and Kumar 2018, "Improving Online Algorithms via ML
+Predictions"): the median length of the last ANSWERS_KEPT answers, less what this answer has,
+predicts the tokens to come; the start is bought at once where they would save more than it
+costs (or no answer has finished yet), else rented until the forgone savings reach twice its
+cost (1 / PREDICTION_TRUST). A request that carries a prediction (Predicted Outputs) rents the
+start plainly. The measurements behind ``min_match``, the rent rules and their defaults:
+docs/benchmarks.md, "How auto chooses".
 
-Catching up (``catch_up_cost``, target decode steps per token): a started learned drafter that reads
-no features feeds itself, when next asked, every token committed since it last drafted; after a
-long run of retrieval or prediction drafts (an edit copying a function) that is a prefill of
-hundreds of tokens in the draft model, for a step that may be the answer's last (the closing
-fence, then EOS). Asking it is a rent-or-buy decision (ski rental, Karlin et al. 1988, "Competitive
-snoopy caching"): each step decoded without it forgoes ``1 - 1/r`` decode steps of saving, r its
-measured rate on the cost curve, and the catch-up costs ``pending * catch_up_cost``; it is asked
-once the forgone savings reach the catch-up's cost, within twice the cost of the better choice in
-hindsight whatever the length of the stretch it would draft. A short catch-up (a few tokens) is
-paid at once.
+The hybrid declares the learned drafter's ``features`` as its own, so the engine hands its
+observations the features it reads; a learned drafter left out asks for nothing.
 
-Its first start is a catch-up too: the prompt's prefill, past the prefix the draft model's own
-prefix cache holds (``DraftModelDrafter.prefill_tokens``). On a constrained request it is rented
-the same way: a JSON answer is short next to its prompt (JSONSchemaBench: answers of 2-138 tokens
-for schema prompts of 113-584), the grammar's forced tokens carry its steps meanwhile, and a
-request whose schema the draft model has seen before (a tool's, in an agent's every turn) starts
-it at once. Elsewhere (``rent_start``) the first start is not deferred (``"constrained"``), is rented the
-same way on every request (``"always"``), or follows a prediction (``"predicted"``: ski rental with a
-prediction, Purohit, Svitkina and Kumar 2018, "Improving Online Algorithms via ML Predictions"): the median
-length of the last ANSWERS_KEPT answers, less what this answer already has, predicts the tokens to come; where
-they would save more than the start costs at the tracked rate, or where no answer has finished yet, it is
-bought at once (as without the rule); where not, it is rented until the forgone savings reach twice its cost
-(1 / PREDICTION_TRUST). The draft model's prefill of a long prompt for a short answer (a translation, a
-fill-in-the-middle after 90 lines, an agent turn after 2-3k tokens of history) costs more than its drafts
-save there; on a coding answer it pays, and plain rent-or-buy, at the prior rate of a draft model that has not
-drafted yet, waited for it over a hundred steps (``docs/benchmarks.md``, "The draft model's first start").
-A request that carries a prediction (Predicted Outputs: an edit sends the file) rents the start plainly, as
-``"always"`` does: the prediction, not the answers before, says what comes, and what it covers the draft
-model need not draft (edits with the prediction, by counts: 4.20x our plain decoding rented, 3.56x by the
-answers' median).
-
-By context (``context_costs``: a self-sizing draft model's ``DraftCost`` with curves timed at several
+By context (``context_costs``: a self-sizing draft model's ``CostModel`` with curves timed at several
 contexts, ``cost_curve.ContextCostCurve``): every price above (t(n), the draft model's c(n) = n draft
-steps, a catch-up's cost per token: its measured feed of the history there) is read at the request's
-current length, not at the 128 tokens a single curve was timed at. Verifying and drafting cost more at
-2-3k tokens of agent history, and feeding that history to the draft model most of all; where, at that
-context, even a draft accepted in full would lose to plain decoding (``best_size`` of all-ones values
-is 0) the draft model is not asked, nor started (``declined`` counts those steps): the free drafters
-carry the turn. Elsewhere its tracked acceptance is priced there as above.
+steps, a catch-up's cost per token: its timed feed of the history there) is read at the request's
+current length, not at the 128 tokens a single curve was timed at. Where, at that context, even a
+draft accepted in full would lose to plain decoding the draft model is not asked, nor started
+(``declined`` counts those steps): the free drafters carry the turn.
 
-The hybrid declares the learned drafter's ``features`` (EAGLE-3: the fused target layers)
-as its own, so the engine hands its observations the features it reads; a learned drafter
-left out asks for nothing.
-
-Lossless: every proposed tree is a sub-drafter's own tree (with its draft probabilities,
-if any) or a fused point-mass tree. A point-mass node is verified by recursive rejection
-(accept x with probability p(x), else sample the residual), whose output law is p for
-*any* x chosen independently of the verification's randomness, so dropping the learned
-tree's q in a fusion only lowers acceptance. Greedy: any tree verifies to plain decoding.
+Lossless: every proposed tree is a sub-drafter's own tree (with its draft probabilities, if
+any) or a fused point-mass tree. A point-mass node is verified by recursive rejection, whose
+output law is p for *any* x chosen independently of the verification's randomness, so dropping
+the learned tree's q in a fusion only lowers acceptance. Greedy: any tree verifies to plain
+decoding.
 """
 
 from __future__ import annotations
@@ -112,11 +71,12 @@ from statistics import median
 from typing import ClassVar, Literal
 
 from ..constraints.speculation import keep_nodes, reachable
+from ..cost_model import CostModel
 from ..policies.draft_budget import DepthAcceptance, best_size
 from ..tree import DraftTree
-from .base import NO_FEATURES, DeclaresFeatures, DraftContext, Drafter, Observation, RequestTable, features_of
-from .draft_model import DraftCost, DraftModelDrafter
-from .suffix_tree import SuffixDecodingDrafter
+from .base import (NO_FEATURES, CountsPrefill, DeclaresFeatures, DraftContext, Drafter, Observation, RequestTable,
+                   Speculates, features_of)
+from .options import option
 
 Source = Literal["retrieval", "learned", "fused", "none"]
 SOURCES: tuple[Source, ...] = ("retrieval", "learned", "fused", "none")
@@ -146,18 +106,6 @@ def fuse(base: DraftTree, other: DraftTree, budget: int) -> DraftTree:
             parents.append(where[p])
         where.append(child[key])
     return DraftTree(tuple(tokens), tuple(parents))
-
-
-def catch_up_per_token(cost: DraftCost) -> float:
-    """A token of history fed to a draft model, in target decode steps, where its feed was not timed:
-    the target's marginal cost per token at its largest measured sizes, scaled by the draft's forward
-    over the target's (both compute-bound there).
-
-    >>> catch_up_per_token(DraftCost(0.25, {16: 2.0, 32: 3.6}))
-    0.025
-    """
-    (n0, t0), (n1, t1) = sorted(cost.curve.items())[-2:] if len(cost.curve) > 1 else ((0, 1.0), *cost.curve.items())
-    return cost.draft * (t1 - t0) / (n1 - n0)
 
 
 def truncate(tree: DraftTree, n: int) -> DraftTree:
@@ -203,6 +151,28 @@ class _Proposal:
     r_accepted: int = 0  # ... and tokens accepted
 
 
+@dataclass(frozen=True)
+class HybridOptions:
+    """Suffix (or prompt lookup) first, a learned drafter when that pays more, or both fused (RASD); sizes from the measured cost curves."""
+
+    retrieval: Literal["suffix", "prompt-lookup"] = option("suffix", "the model-free drafter")
+    learned: Literal["eagle", "eagle3", "draft"] = option("eagle", "the learned drafter")
+    mode: Literal["fallback", "fuse"] = option("fallback", "one of them proposes, or the two trees fused (RASD)")
+    min_score: float = option(1.0, "retrieval drafts worth fewer expected tokens are no candidate")
+    min_match: int = option(0, "suffix drafts only after a context match this long")
+    budget: Literal["measured", "fixed"] = option("measured", "measured: sizes from the cost curves")
+    rent_start: Literal["predicted", "always", "constrained"] = option(
+        "predicted", "when a draft model's first start on a request is deferred (module docstring)")
+    global_suffix: bool = option(True, "retrieval=suffix: its global trie over earlier requests (no: each request's own)")
+    learned_options: dict = option({}, "an option of the learned drafter", passthrough="learned")
+
+    def __post_init__(self) -> None:
+        if self.min_score < 0 or self.min_match < 0:
+            raise ValueError("min_score and min_match must be >= 0")
+        if not self.global_suffix and self.retrieval != "suffix":
+            raise ValueError("global_suffix=no needs retrieval=suffix")
+
+
 class HybridDrafter(DeclaresFeatures):
     """A retrieval drafter first, a learned drafter when that pays more (or both fused),
     sized per step from the target's cost curve ``cost`` (t(n)) and the learned drafter's
@@ -210,12 +180,12 @@ class HybridDrafter(DeclaresFeatures):
 
     name: ClassVar[str] = "hybrid"
 
-    def __init__(self, retrieval: Drafter, learned: Drafter, mode: Literal["fallback", "fuse"] = "fallback",
-                 min_score: float = 1.0, cost: dict[int, float] | None = None,
-                 learned_cost: dict[int, float] | None = None, min_match: int = 0,
+    def __init__(self, retrieval: Drafter, learned: Drafter, mode: Literal["fallback", "fuse"] = HybridOptions.mode,
+                 min_score: float = HybridOptions.min_score, cost: dict[int, float] | None = None,
+                 learned_cost: dict[int, float] | None = None, min_match: int = HybridOptions.min_match,
                  learned_sizing: Literal["hybrid", "self"] = "hybrid", catch_up_cost: float = 0.0,
-                 rent_start: Literal["constrained", "always", "predicted"] = "constrained",
-                 context_costs: DraftCost | None = None):
+                 rent_start: Literal["constrained", "always", "predicted"] = HybridOptions.rent_start,
+                 context_costs: CostModel | None = None):
         if mode not in ("fallback", "fuse"):
             raise ValueError(f"mode must be fallback or fuse, not {mode!r}")
         if min_score < 0:
@@ -235,7 +205,6 @@ class HybridDrafter(DeclaresFeatures):
             raise ValueError(f"the retrieval drafter {retrieval.name} must be model-free")
         self.retrieval, self.learned, self.mode, self.min_score = retrieval, learned, mode, min_score
         self.cost, self.learned_cost = cost, learned_cost
-        self.verify_cost = cost
         self.catch_up_cost = catch_up_cost if cost is not None and not features_of(learned).wanted else 0.0
         if context_costs is not None and (cost is None or learned_sizing != "self"):
             raise ValueError("context_costs prices a self-sizing draft model (learned_sizing=self, with cost)")
@@ -248,7 +217,7 @@ class HybridDrafter(DeclaresFeatures):
         self._subs = (retrieval, learned) if self.learned_enabled else (retrieval,)
         # what the learned drafter reads (EAGLE-3: its target layers), only while it is in
         self.features = features_of(learned) if self.learned_enabled else NO_FEATURES
-        self._scored = isinstance(retrieval, SuffixDecodingDrafter)  # gives its own node values
+        self._scored = isinstance(retrieval, Speculates)  # gives its own node values
         self._learned_acc = DepthAcceptance()
         self._retrieval_acc = DepthAcceptance()  # node values of drafters without their own
         self._requests: RequestTable[_Proposal] = RequestTable()
@@ -368,15 +337,15 @@ class HybridDrafter(DeclaresFeatures):
 
     def _priced(self, context: int) -> tuple[dict[int, float] | None, dict[int, float] | None, float]:
         """t(n), the learned drafter's c(n) and its catch-up per token at ``context`` tokens: with
-        ``context_costs`` (a draft model's ``DraftCost`` by context) read there (c(n) = n draft steps; the
-        catch-up its measured feed per token, else ``catch_up_per_token``), else the curves given."""
+        ``context_costs`` (a draft model's ``CostModel`` by context) read there (c(n) = n draft steps; the
+        catch-up its timed feed per token, else ``CostModel.catch_up``), else the curves given."""
         if self.context_costs is None:
             return self.cost, self.learned_cost, self.catch_up_cost
         here = self.context_costs.at(context)
         catch_up = 0.0
         if self.catch_up_cost:
             feed = self.context_costs.feed(context)
-            catch_up = catch_up_per_token(here) if feed is None else feed
+            catch_up = here.catch_up() if feed is None else feed
         return here.curve, {n: n * here.draft for n in here.curve}, catch_up
 
     def _self_sizer_pays(self, ctx: DraftContext, tracked_pays: bool) -> bool:
@@ -449,7 +418,7 @@ class HybridDrafter(DeclaresFeatures):
         for this step? ``rate``: its best rate on the tracked acceptance (``_sizes``); ``catch_up``:
         a token fed to it, in target decode steps at this context (``_priced``)."""
         pending = len(ctx.tokens) - 1 - state.learned_seen  # the root comes with the draft in any case
-        if not state.learned_started and isinstance(self.learned, DraftModelDrafter):  # + the prompt's last token
+        if not state.learned_started and isinstance(self.learned, CountsPrefill):  # + the prompt's last token
             pending = self.learned.prefill_tokens(list(ctx.tokens[:-1])) + 1
         saving = max(0.0, 1.0 - 1.0 / rate)
         state.rent += saving

@@ -55,6 +55,7 @@ from typing import ClassVar
 
 from ..tree import DraftTree
 from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
+from .options import option
 
 NGRAM_ENTRY_BYTES = 64  # a tuple header + an OrderedDict slot, per stored continuation
 TOKEN_REF_BYTES = 8
@@ -161,13 +162,28 @@ class _LookaheadState:
     harvested: int = field(default=0)
 
 
+@dataclass(frozen=True)
+class LookaheadOptions:
+    """Lookahead decoding: Jacobi window + n-gram pool in one forward; give -k >= (window+guesses)*(ngram-1) (Fu et al. 2024)."""
+
+    window: int = option(5, "Jacobi window width")
+    ngram: int = option(4, "n-gram length of the pool")
+    guesses: int = option(5, "n-grams verified per step")
+    max_keys: int = option(8192, "keys the n-gram pool holds at most")
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.ngram < 2 or self.guesses < 1 or self.max_keys < 1:
+            raise ValueError("lookahead needs window >= 1, ngram >= 2, guesses >= 1, max_keys >= 1")
+
+
 class LookaheadDrafter(DeclaresFeatures):
     """Jacobi window + n-gram pool. Options: ``window`` W (5), ``ngram`` N (4),
     ``guesses`` G per key (5), ``max_keys`` per request pool (8192)."""
 
     name: ClassVar[str] = "lookahead"
 
-    def __init__(self, window: int = 5, ngram: int = 4, guesses: int = 5, max_keys: int = 8192):
+    def __init__(self, window: int = LookaheadOptions.window, ngram: int = LookaheadOptions.ngram, guesses: int = LookaheadOptions.guesses,
+                 max_keys: int = LookaheadOptions.max_keys):
         if window < 1 or ngram < 2 or guesses < 1 or max_keys < 1:
             raise ValueError("lookahead needs window >= 1, ngram >= 2, guesses >= 1, max_keys >= 1")
         self.W, self.N, self.G, self.max_keys = window, ngram, guesses, max_keys

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,7 @@ from torch import nn
 
 from ..tree import DraftTree
 from .base import LAST_HIDDEN, DeclaresFeatures, DraftContext, Features, Observation, RequestTable
+from .options import option
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,14 @@ class _MedusaState:
 TREES = ("sparse", "sequoia")
 
 
+@dataclass(frozen=True)
+class MedusaOptions:
+    """Medusa heads on the target's last hidden state, sparse tree from measured head accuracy (Cai et al. 2024)."""
+
+    tree: Literal["sparse", "sequoia"] = option("sparse", "the tree: sparse (from head accuracy) or sequoia (sized by the cost curve)")
+    weights: str | None = option(None, "a directory of trained heads (default: the shipped ones)")
+
+
 class MedusaDrafter(DeclaresFeatures):
     """Tree drafts from Medusa heads (``tree``: sparse or sequoia); at most ``budget`` nodes
     per step from the engine."""
@@ -123,7 +132,7 @@ class MedusaDrafter(DeclaresFeatures):
     features: ClassVar[Features] = LAST_HIDDEN  # the target's last hidden state
 
     def __init__(self, heads: MedusaHeads, embed: torch.Tensor, rank_acc: list[list[float]] | None = None,
-                 tree: str = "sparse", cost: dict[int, float] | None = None):
+                 tree: str = MedusaOptions.tree, cost: dict[int, float] | None = None):
         cfg = heads.cfg
         if tuple(embed.shape) != (cfg.vocab_size, cfg.hidden_size):
             raise ValueError(f"target embedding has shape {tuple(embed.shape)}; the Medusa heads expect "

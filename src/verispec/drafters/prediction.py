@@ -27,6 +27,15 @@ departs from it, and the wrapped drafter's drafts would copy what follows the co
 (a chat prompt's instructions: on the edit workload such a draft of 16 tokens was always rejected,
 at the cost of t(16), three decode steps).
 
+Drafts that follow an edit (``edit_align.py``): given the target's tokenizer, the text written so far
+is also aligned line by line with the prediction's text, through the re-indentation and renames the
+edit makes, and that alignment's draft (the prediction's continuation as the edit writes it, tokenized
+as the target would continue the committed tokens) is proposed where it differs from the token-id
+place's draft or is longer; where they agree, or the alignment has none, the token-id place drafts
+(its tokens carry prediction positions, which usage counts; an aligned draft's accepted tokens are
+counted as accepted prediction tokens without them). A method made a top-level function (every line 4 spaces less, ``self``
+renamed) loses the token-id place at every line's first token; the text alignment keeps it.
+
 A prediction is only a draft: the target verifies every token, so a wrong, empty or hostile
 prediction costs speed at worst, never output. Its size is bounded like a prompt's by the
 caller (the engine refuses one longer than the context).
@@ -34,8 +43,10 @@ caller (the engine refuses one longer than the context).
 Usage (``prediction_usage``): OpenAI counts ``accepted_prediction_tokens`` (prediction tokens
 that appeared in the completion) and ``rejected_prediction_tokens`` (those that did not).
 Here the accepted ones are the prediction's drafted tokens the target accepted, and the token
-the target added after them where it continues the prediction, each position counted once;
-the rejected ones are the rest of the prediction.
+the target added after them where it continues the prediction, each position counted once and
+only where it lies inside the completion returned (a stop string or ``max_tokens`` cuts what
+the engine accepted past it); the rejected ones are the rest of the prediction. A request that
+drafts nothing from its prediction (speculation off, one token) accepts none.
 
     d = PredictionDrafter(SuffixDrafter())
     engine = Engine(target, d, 16)
@@ -44,15 +55,20 @@ the rejected ones are the rest of the prediction.
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
 from ..policies.draft_budget import best_size
 from ..tree import DraftTree
 from ..types import RequestStats
-from .base import DeclaresFeatures, DraftContext, Drafter, Features, Observation, RequestTable
-from .draft_model import DraftCost
+from ..cost_model import CostModel
+from .base import DraftContext, Drafter, Features, Observation, RequestTable, WrappingDrafter
+from .cross_tokenizer import DETOKENIZE_WINDOW, UTF8_HOLD, continuation_tokens, text_after
+from .edit_align import EditAligner
 
 MIN_MATCH = 2  # output tokens that must match the prediction before its continuation is drafted
 RESYNC_MATCH = 4  # ...and, away from the place drafting stands at, this many (2 tokens recur by chance)
@@ -60,6 +76,19 @@ MAX_MATCH = 64  # a match is not extended further back than this (it only ranks 
 MAX_CANDIDATES = 256  # occurrences of the output's last tokens ranked per step (those nearest the place)
 KEPT_USAGE = 4096  # finished requests whose prediction usage is kept until read
 PRIOR_ACCEPT, PRIOR_WEIGHT = 0.97, 10.0  # a drafted prediction token's acceptance before a request's own evidence
+CODE_BLOCK = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)  # a Markdown code block's code
+CHARS_PER_TOKEN = 8  # an aligned draft's text: this many characters per token of the budget (and a line more)
+
+
+@dataclass
+class _Written:
+    """A request's output as text, for the edit aligner: decoded incrementally."""
+
+    source: str  # the prediction's text
+    aligner: EditAligner
+    start: int  # the first output token (the prompt's length)
+    synced: int  # tokens whose text ``text`` holds
+    text: str = ""
 
 
 @dataclass
@@ -70,16 +99,24 @@ class _Place:
     index: dict[tuple[int, ...], list[int]]  # n-gram -> its start positions, ascending
     next_pos: int = 0  # the prediction position after the last drafted/accepted one
     drafted: dict[int, int] = field(default_factory=dict)  # this step's tree node -> prediction position
-    accepted: set[int] = field(default_factory=set)  # prediction positions accepted as drafts
+    accepted: dict[int, int] = field(default_factory=dict)  # prediction position accepted -> its index in the tokens
+    base: int = 0  # this step's root's index in the request's tokens (prompt first) + 1
     from_prediction: bool = False  # did this step's tree come from the prediction?
     guessed_start: bool = False  # was the prefill's token looked at as the prediction's start?
     ended: bool = False  # has the step after the output reached the prediction's end been drafted (plain)?
-    hits: int = 0  # drafted prediction tokens accepted
-    misses: int = 0  # prediction drafts cut short by a rejection
+    hits: int = 0  # drafted prediction tokens accepted (drafted by token-id place)
+    misses: int = 0  # prediction drafts cut short by a rejection (the same)
+    aligned_hits: int = 0  # accepted tokens of drafts from the text alignment (no prediction positions)
+    aligned_misses: int = 0  # ... and those drafts cut short by a rejection
+    aligned_at: list[int] = field(default_factory=list)  # their accepted tokens' indices in the request's tokens
+    written: _Written | None = None  # the output's text and its alignment (with a tokenizer)
 
-    def acceptance(self) -> float:
-        """p, the probability that a drafted prediction token is accepted given those before it were."""
-        return (self.hits + PRIOR_WEIGHT * PRIOR_ACCEPT) / (self.hits + self.misses + PRIOR_WEIGHT)
+    def acceptance(self, aligned: bool = False) -> float:
+        """p, the probability that a drafted prediction token is accepted given those before it were,
+        of the token-id place's drafts or (``aligned``) the text alignment's: tracked apart, so the
+        alignment's misses where the answer left the prediction do not shorten the other's drafts."""
+        hits, misses = (self.aligned_hits, self.aligned_misses) if aligned else (self.hits, self.misses)
+        return (hits + PRIOR_WEIGHT * PRIOR_ACCEPT) / (hits + misses + PRIOR_WEIGHT)
 
 
 def _index(prediction: tuple[int, ...]) -> dict[tuple[int, ...], list[int]]:
@@ -123,29 +160,28 @@ def find_place(prediction: tuple[int, ...], index: dict[tuple[int, ...], list[in
     return best
 
 
-def measured_cost(drafter: Drafter) -> dict[int, float] | None:
-    """The target's measured t(n) that ``drafter`` sizes its own drafts by (the hybrid's, a draft
-    model's), or None."""
-    cost = getattr(drafter, "cost", None)
-    return cost.curve if isinstance(cost, DraftCost) else cost if isinstance(cost, dict) else None
-
-
-class PredictionDrafter(DeclaresFeatures):
+class PredictionDrafter(WrappingDrafter):
     """Drafts a request's prediction where the output follows it; ``inner`` drafts elsewhere
-    (and observes every step, so it stays in step with the request). ``cost``: the target's t(n)
-    that sizes its drafts (default: the one ``inner`` sizes its own by). Declares what ``inner``
+    (and observes every step, so it stays in step with the request). ``cost``: the target's cost
+    model (``registry.cost_model``) that sizes its drafts; None: they fill the budget. Declares what ``inner``
     declares (its features, memory, reset) and answers to its name (statistics name the
-    method a request ran; the prediction is the request's, not a method)."""
+    method a request ran; the prediction is the request's, not a method). ``tokenizer``: the
+    target's; with it, drafts also follow an edit through the text (module docstring).
+    ``prompt_code`` (with a tokenizer): a request without a prediction has the last Markdown code
+    block of its prompt aligned instead, drafting once a line of the answer is aligned with it."""
 
-    def __init__(self, inner: Drafter, cost: dict[int, float] | None = None):
+    def __init__(self, inner: Drafter, cost: CostModel | None = None, tokenizer: Any = None,
+                 prompt_code: bool = False):
         self.inner = inner
-        self.cost = cost if cost is not None else measured_cost(inner)  # t(n), or None: drafts fill the budget
+        self.cost = None if cost is None else cost.curve  # t(n), or None: drafts fill the budget
+        self.tokenizer = tokenizer  # the target's: drafts that follow an edit (edit_align.py); None: token ids only
+        self.prompt_code = prompt_code and tokenizer is not None
+        self._prompt_lengths: dict[str, int] = {}
         self.name = inner.name
         self.features: Features = inner.features  # drafters declare theirs at construction
-        self.verify_cost = inner.verify_cost
         self._places: RequestTable[_Place] = RequestTable()
-        # finished requests' (accepted, prediction tokens), oldest first, until read (bounded)
-        self._usage: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        # finished requests' (accepted tokens' indices, prediction tokens), oldest first, until read (bounded)
+        self._usage: OrderedDict[str, tuple[tuple[int, ...], int]] = OrderedDict()
         # verified proposals from predictions, their drafted and accepted tokens (as ``HybridDrafter``'s by source)
         self.steps: Counter[str] = Counter()
         self.drafted: Counter[str] = Counter()
@@ -153,25 +189,36 @@ class PredictionDrafter(DeclaresFeatures):
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
+        if self.tokenizer is not None:
+            self._prompt_lengths[request_id] = len(prompt_ids)
         self.inner.start(request_id, prompt_ids)
 
     def finish(self, request_id: str) -> None:
         place = self._places.pop(request_id)
-        if place is not None:
-            self._usage[request_id] = (len(place.accepted), len(place.prediction))
+        self._prompt_lengths.pop(request_id, None)
+        if place is not None and place.prediction:
+            # accepted: the prediction's positions (their token indices), then the aligned drafts' tokens
+            at = sorted(set(place.accepted.values()) | set(place.aligned_at))[:len(place.prediction)]
+            self._usage[request_id] = (tuple(at), len(place.prediction))
             while len(self._usage) > KEPT_USAGE:
                 self._usage.popitem(last=False)
         self.inner.finish(request_id)
 
-    def prediction_usage(self, request_id: str) -> tuple[int, int] | None:
+    def prediction_usage(self, request_id: str, end: int | None = None) -> tuple[int, int] | None:
         """(accepted, rejected) prediction tokens of a finished request that had a prediction
-        (OpenAI's ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``); read once."""
+        (OpenAI's ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``), counting only
+        accepted tokens before index ``end`` of its tokens (prompt first: the completion's end);
+        read once."""
         usage = self._usage.pop(request_id, None)
-        return None if usage is None else (usage[0], usage[1] - usage[0])
+        if usage is None:
+            return None
+        accepted = sum(1 for i in usage[0] if end is None or i < end)
+        return accepted, usage[1] - accepted
 
     def record_usage(self, request_id: str, stats: RequestStats) -> None:
-        """Put a finished request's prediction usage (if it had a prediction) into its statistics."""
-        usage = self.prediction_usage(request_id)
+        """Put a finished request's prediction usage (if it had a prediction) into its statistics,
+        counting only its completion's ``stats.new_tokens`` tokens."""
+        usage = self.prediction_usage(request_id, stats.prompt_tokens + stats.new_tokens)
         if usage is not None:
             stats.accepted_prediction_tokens, stats.rejected_prediction_tokens = usage
 
@@ -179,13 +226,21 @@ class PredictionDrafter(DeclaresFeatures):
         place = self._places.find(obs.request_id)
         if place is not None and place.from_prediction:
             on_path = [place.drafted[node] for node in obs.path if node in place.drafted]
-            after = on_path[-1] + 1 if on_path else min(place.drafted.values())
-            # the step's last token (the target's own) may continue the prediction too: it appeared in the answer
-            if after < len(place.prediction) and obs.new_tokens[-1] == place.prediction[after]:
-                on_path.append(after)
-            place.accepted.update(on_path)
-            place.hits += len(obs.path)
-            place.misses += len(obs.path) < obs.tree.num_drafted
+            if place.drafted:
+                at = [place.base + i for i, node in enumerate(obs.path) if node in place.drafted]
+                after = on_path[-1] + 1 if on_path else min(place.drafted.values())
+                # the step's last token (the target's own) may continue the prediction too: it appeared in the answer
+                if after < len(place.prediction) and obs.new_tokens[-1] == place.prediction[after]:
+                    on_path.append(after)
+                    at.append(place.base + len(obs.path))
+                for pos, index in zip(on_path, at):
+                    place.accepted.setdefault(pos, index)
+                place.hits += len(obs.path)
+                place.misses += len(obs.path) < obs.tree.num_drafted
+            else:  # drafted from the text alignment: tokens, not prediction positions
+                place.aligned_at += [place.base + i for i in range(len(obs.path))]
+                place.aligned_hits += len(obs.path)
+                place.aligned_misses += len(obs.path) < obs.tree.num_drafted
             self.steps["prediction"] += 1
             self.drafted["prediction"] += obs.tree.num_drafted
             self.accepted["prediction"] += len(obs.path)
@@ -207,46 +262,89 @@ class PredictionDrafter(DeclaresFeatures):
         return [t if t is not None else next(inner) for t in trees]
 
     def _from_prediction(self, ctx: DraftContext) -> DraftTree | None:
-        if not ctx.prediction:
+        if not ctx.prediction and not self.prompt_code:
             return None
         place = self._places.find(ctx.request_id)
         if place is None:
             place = _Place(ctx.prediction, _index(ctx.prediction))
             self._places.add(ctx.request_id, place)
+        if not place.prediction:  # the prompt's code block: its text alignment alone
+            return self._sized(ctx, place, self._aligned(ctx, place), aligned=True)
         pos = find_place(place.prediction, place.index, ctx.tokens, place.next_pos)
         if pos is None and not place.guessed_start and not place.accepted:
             place.guessed_start = True  # once: the prefill's token may be the prediction's first
             if place.prediction[0] == ctx.tokens[-1]:
                 pos = 1
-                place.accepted.add(0)  # the prefill's token: it appeared in the answer
+                place.accepted[0] = len(ctx.tokens) - 1  # the prefill's token: it appeared in the answer
         # followed to its end (or to its last token, which the answer may spell otherwise, e.g. "\n```"): once, a
         # plain step (see the module docstring)
         at_end = pos == len(place.prediction) or (pos is None and 0 < place.next_pos >= len(place.prediction) - 1)
         if at_end and not place.ended:
             place.ended, place.from_prediction = True, False
             return DraftTree.chain(ctx.tokens[-1], [])
-        draft = [] if pos is None else list(place.prediction[pos:pos + ctx.budget])
+        by_ids = [] if pos is None else list(place.prediction[pos:pos + ctx.budget])
+        aligned = self._aligned(ctx, place) if self.tokenizer is not None else []
+        n = min(len(aligned), len(by_ids))
+        if aligned and (aligned[:n] != by_ids[:n] or len(aligned) > len(by_ids)):  # the alignment knows better
+            return self._sized(ctx, place, aligned, True)
+        return self._sized(ctx, place, by_ids, False, pos)  # the same tokens: drafted with their positions
+
+    def _sized(self, ctx: DraftContext, place: _Place, draft: list[int], aligned: bool,
+               pos: int | None = None) -> DraftTree | None:
+        """``draft`` (from prediction position ``pos``, or the text alignment) cut to the cost
+        curve's size, as this step's tree; None (the inner drafter drafts) when nothing is left."""
         if draft and self.cost is not None:  # the size of the highest rate on the target's cost curve
-            p = place.acceptance()
+            p = place.acceptance(aligned)
             draft = draft[:best_size([p ** (i + 1) for i in range(len(draft))], self.cost)[0]]
         place.from_prediction = bool(draft)
         if not draft:
             return None
-        place.drafted = {i + 1: pos + i for i in range(len(draft))}  # chain node i + 1 drafts position pos + i
+        # chain node i + 1 drafts position pos + i (an aligned draft: no positions)
+        place.drafted = {} if aligned else {i + 1: pos + i for i in range(len(draft))}
+        place.base = len(ctx.tokens)
         return DraftTree.chain(ctx.tokens[-1], draft)
 
-    # ---- what the wrapped drafter declares -------------------------------------------
-    def memory_bytes(self) -> int:
-        return self.inner.memory_bytes()
+    def _aligned(self, ctx: DraftContext, place: _Place) -> list[int]:
+        """The edit aligner's draft (``edit_align.py``) as target tokens continuing ``ctx.tokens``, or []."""
+        written = place.written
+        if written is None:
+            start = self._prompt_lengths.get(ctx.request_id, len(ctx.tokens) - 1)
+            if place.prediction:
+                source, after = self._decode(list(place.prediction)), 0
+            else:  # the prompt's last code block, followed once a line of the answer is aligned with it
+                blocks = CODE_BLOCK.findall(self._decode(ctx.tokens[:start]))
+                source, after = (blocks[-1] if blocks else ""), 1
+            written = place.written = _Written(source, EditAligner(source, after), start, start)
+        if not written.source:
+            return []
+        if not self._sync(written, ctx.tokens):
+            return []
+        text = written.aligner.draft(written.text, CHARS_PER_TOKEN * ctx.budget)
+        if not text:
+            return []
+        return continuation_tokens(self.tokenizer, ctx.tokens[written.start:], text, fresh=True)[:ctx.budget]
 
-    def context_bytes(self, max_length: int, rows: int) -> int:
-        return self.inner.context_bytes(max_length, rows)
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def reserve(self, max_length: int, rows: int) -> None:
-        self.inner.reserve(max_length, rows)
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    def cost_signature(self) -> str:
-        return self.inner.cost_signature()
+    def _sync(self, written: _Written, tokens: list[int]) -> bool:
+        """Bring the output's text up to ``tokens`` (holding back tokens that end inside a UTF-8
+        character, as the cross-tokenizer drafter does); True when it holds them all."""
+        end, held = len(tokens), 0
+        if end <= written.synced:
+            return end == written.synced
+        context = tokens[max(written.start, written.synced - DETOKENIZE_WINDOW):written.synced]
+        new = text_after(self.tokenizer, context, tokens[written.synced:end])
+        while new is not None and new.endswith("\ufffd") and held < UTF8_HOLD:
+            end, held = end - 1, held + 1
+            if end == written.synced:
+                return False
+            new = text_after(self.tokenizer, context, tokens[written.synced:end])
+        if new is None:  # not an extension of the text so far: decoded whole, aligned again
+            written.text = self.tokenizer.decode(tokens[written.start:end], skip_special_tokens=False,
+                                                 clean_up_tokenization_spaces=False)
+            written.aligner = EditAligner(written.source, written.aligner.min_aligned)
+        else:
+            written.text += new
+        written.synced = end
+        return end == len(tokens)

@@ -4,10 +4,12 @@ n from ``max_ngram`` down to ``min_ngram``, and propose the tokens that followed
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 from ..tree import DraftTree
 from .base import DraftContext, StatelessDrafter
+from .options import option
 
 
 def find_continuation(
@@ -50,13 +52,29 @@ def find_continuations(
     return []
 
 
+@dataclass(frozen=True)
+class PromptLookupOptions:
+    """n-gram match over prompt + output (prompt lookup decoding, Saxena 2023)."""
+
+    max_ngram: int = option(3, "longest n-gram matched at the end of the output")
+    min_ngram: int = option(1, "shortest n-gram matched")
+    num_candidates: int = option(1, "distinct continuations drafted (a tree when > 1)")
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError("prompt lookup needs 1 <= min_ngram <= max_ngram")
+        if self.num_candidates < 1:
+            raise ValueError("num_candidates must be >= 1")
+
+
 class PromptLookupDrafter(StatelessDrafter):
     """Chain draft from the most recent n-gram match; with ``num_candidates > 1`` a tree
     of several distinct continuations sharing prefixes (budget counts tree nodes)."""
 
     name: ClassVar[str] = "prompt-lookup"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_candidates: int = 1):
+    def __init__(self, max_ngram: int = PromptLookupOptions.max_ngram, min_ngram: int = PromptLookupOptions.min_ngram,
+                 num_candidates: int = PromptLookupOptions.num_candidates):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("prompt lookup needs 1 <= min_ngram <= max_ngram")
         if num_candidates < 1:

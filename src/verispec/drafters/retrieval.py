@@ -31,6 +31,7 @@ import numpy as np
 
 from ..tree import DraftTree
 from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
+from .options import option
 
 SEPARATOR = -1
 
@@ -240,14 +241,30 @@ def frequency_tree(root: int, conts: list[list[int]], budget: int) -> DraftTree:
     return DraftTree(tokens=tuple(tokens), parents=tuple(parents))
 
 
+@dataclass(frozen=True)
+class RestOptions:
+    """REST retrieval from a suffix-array datastore (He et al. 2024)."""
+
+    datastore: str = option("", "the datastore file (.npz; build one with `verispec datastore build`); required")
+    max_match: int = option(16, "longest context suffix looked up")
+    min_match: int = option(2, "shortest context suffix looked up")
+    max_candidates: int = option(256, "continuations read from the datastore at most")
+
+    def __post_init__(self) -> None:
+        if not self.datastore:
+            raise ValueError("needs -o datastore=<file.npz> (build one with `verispec datastore build`)")
+        if not 1 <= self.min_match <= self.max_match or self.max_candidates < 1:
+            raise ValueError("rest needs 1 <= min_match <= max_match and max_candidates >= 1")
+
+
 class RetrievalDrafter(DeclaresFeatures):
     """REST over a read-only ``Datastore``. Options: ``max_match`` (16), ``min_match`` (2),
     ``max_candidates`` occurrences read per step (256)."""
 
     name: ClassVar[str] = "rest"
 
-    def __init__(self, datastore: Datastore, max_match: int = 16, min_match: int = 2,
-                 max_candidates: int = 256):
+    def __init__(self, datastore: Datastore, max_match: int = RestOptions.max_match, min_match: int = RestOptions.min_match,
+                 max_candidates: int = RestOptions.max_candidates):
         if not 1 <= min_match <= max_match or max_candidates < 1:
             raise ValueError("rest needs 1 <= min_match <= max_match and max_candidates >= 1")
         self.datastore = datastore

@@ -31,6 +31,7 @@ from typing import ClassVar
 from ..tree import DraftTree
 from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
 from .suffix_trie import EMPTY_DRAFT, TOKEN_BYTES, SuffixDraft, SuffixTrie
+from .options import option
 
 
 @dataclass
@@ -56,6 +57,27 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+@dataclass(frozen=True)
+class SuffixOptions:
+    """SuffixDecoding: per-request + global suffix tries, adaptive trees (Oliaro et al. 2024)."""
+
+    max_depth: int = option(64, "deepest node a trie keeps")
+    max_match: int = option(32, "longest context suffix matched")
+    max_spec_factor: float = option(2.0, "a draft is at most this times the match length")
+    min_token_prob: float = option(0.1, "nodes below this path probability are not drafted")
+    max_global_tokens: int = option(100_000, "tokens of recent requests kept in the global trie (0: no global trie)")
+    min_score: float = option(1.5, "drafts expected to give fewer tokens are dropped")
+    max_global_mb: float = option(64.0, "the global trie's estimated memory; least recently used requests evicted past it")
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_match < self.max_depth:
+            raise ValueError("suffix needs 1 <= max_match < max_depth")
+        if self.max_spec_factor <= 0 or not 0 <= self.min_token_prob <= 1 or self.max_global_tokens < 0 \
+                or self.min_score < 0 or not self.max_global_mb > 0:
+            raise ValueError("suffix needs max_spec_factor > 0, 0 <= min_token_prob <= 1, max_global_tokens >= 0, "
+                             "min_score >= 0 and max_global_mb > 0")
 
 
 class SuffixDecodingDrafter(DeclaresFeatures):
@@ -87,16 +109,17 @@ class SuffixDecodingDrafter(DeclaresFeatures):
     about 3-5%; a draft worth less than about 1.5 expected tokens slows decoding down, and
     once a step pays for a draft, drafting up to twice the match length is nearly free.
     Offline greedy simulation on recorded SmolLM2 outputs with the measured cost curve
-    (scripts/simulate_drafters.py): predicted decode speedup at k = 8 from 1.24x to 1.41x on
+    (a one-off script, docs/history): predicted decode speedup at k = 8 from 1.24x to 1.41x on
     Spec-Bench and from 2.13x to 2.33x on the agentic workload; neutral (within 2%) with the
     native backend's flatter small-draft costs. Drafting nothing is always lossless.
     """
 
     name: ClassVar[str] = "suffix"
 
-    def __init__(self, max_depth: int = 64, max_match: int = 32, max_spec_factor: float = 2.0,
-                 min_token_prob: float = 0.1, max_global_tokens: int = 100_000, min_score: float = 1.5,
-                 global_prompts: bool = True, max_global_mb: float = 64.0):
+    def __init__(self, max_depth: int = SuffixOptions.max_depth, max_match: int = SuffixOptions.max_match,
+                 max_spec_factor: float = SuffixOptions.max_spec_factor, min_token_prob: float = SuffixOptions.min_token_prob,
+                 max_global_tokens: int = SuffixOptions.max_global_tokens, min_score: float = SuffixOptions.min_score,
+                 global_prompts: bool = True, max_global_mb: float = SuffixOptions.max_global_mb):
         if not 1 <= max_match < max_depth:
             raise ValueError("suffix drafter needs 1 <= max_match < max_depth")
         if max_spec_factor <= 0 or not 0.0 <= min_token_prob <= 1.0 or max_global_tokens < 0 or min_score < 0:

@@ -20,6 +20,7 @@ come in rank order, so every prefix of the template is itself a valid tree.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import heapq
 from typing import ClassVar
 
@@ -27,6 +28,7 @@ import torch
 
 from ..tree import DraftTree
 from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
+from .options import option
 
 # Roughly the per-rank acceptance of a recycled top-k row on chat text (the top-1 of a
 # stale row is right about half the time); only the order of magnitude matters.
@@ -85,6 +87,18 @@ def expand_template(adjacency: torch.Tensor, root: int, template: tuple[tuple[in
     return DraftTree(tokens=tuple(tokens), parents=tuple(parents))
 
 
+@dataclass(frozen=True)
+class TokenRecyclingOptions:
+    """Token Recycling: [V, k] successor matrix from past verifications, static tree template (Luo et al. 2024)."""
+
+    k: int = option(8, "successors kept per token")
+    max_depth: int = option(8, "deepest level of the tree template")
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.max_depth < 1:
+            raise ValueError("token recycling needs k >= 1 and max_depth >= 1")
+
+
 class TokenRecyclingDrafter(DeclaresFeatures):
     """Adjacency-matrix drafter. Options: ``k`` successors kept per token (8),
     ``max_depth`` of the template (8), ``rank_probs`` (acceptance profile for the template).
@@ -92,7 +106,7 @@ class TokenRecyclingDrafter(DeclaresFeatures):
 
     name: ClassVar[str] = "token-recycling"
 
-    def __init__(self, vocab_size: int, k: int = 8, max_depth: int = 8,
+    def __init__(self, vocab_size: int, k: int = TokenRecyclingOptions.k, max_depth: int = TokenRecyclingOptions.max_depth,
                  rank_probs: tuple[float, ...] = DEFAULT_RANK_PROBS):
         if vocab_size < 1 or not 1 <= k <= vocab_size or max_depth < 1:
             raise ValueError("token recycling needs vocab_size >= 1, 1 <= k <= vocab_size, max_depth >= 1")

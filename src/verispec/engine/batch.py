@@ -350,7 +350,8 @@ class BatchEngine:
                 results[i] = out
                 continue
             try:
-                results[i] = engine.complete_step(req, tree, out[0], out[1], t_start, t_drafted)
+                results[i] = engine.complete_step(req, tree, out[0], out[1])
+                req.stats.record_time(t_drafted - t_start, time.perf_counter() - t_start)
             except Exception as e:  # noqa: BLE001
                 results[i] = e
         return BatchStep(results, len(reqs), cap, batched, forward_s)  # type: ignore[arg-type]

@@ -17,7 +17,9 @@ from ..constraints.speculation import JumpForward, mask_logits, shape_draft
 from ..drafters.base import DraftContext, Drafter, Observation, features_of
 from ..logits_processing import adjust_tree_logits
 from ..logprobs import step_rows, token_logprobs
-from ..models.base import CausalLM, KVCache, NonFiniteLogits
+from ..cost_model import CostModel
+from ..errors import NonFiniteLogits
+from ..models.base import CausalLM, KVCache
 from ..policies.draft_length import DraftLengthPolicy, PolicyName
 from ..sampling import check_logits, sample, target_probs
 from ..tree import DraftTree
@@ -68,6 +70,7 @@ class Engine:
         num_draft_tokens: int = 8,
         policy: PolicyName = "fixed",
         prefix_cache: PrefixCache | None = None,
+        cost: CostModel | None = None,
     ):
         DraftLengthPolicy(num_draft_tokens, policy)  # validate now, not at first request
         self.target, self.drafter = target, drafter
@@ -75,8 +78,9 @@ class Engine:
         self.prefix_cache = prefix_cache if prefix_cache_support(target) is None else None
         if self.prefix_cache is not None:
             self.prefix_cache.bind(target)
-        # the target's t(n) that sizes a constrained request's forced-token drafts (None: they fill the budget)
-        self.verify_cost = drafter.verify_cost
+        # the target's cost model (registry.cost_model): sizes a constrained request's forced-token
+        # drafts (None: they fill the budget)
+        self.cost = cost
         self._ids = itertools.count()
         self._warned_drafter = False  # a drafter's non-finite logits are reported once (``_drafts``)
 
@@ -165,7 +169,7 @@ class Engine:
             draft_limit=draft_limit,
             prediction=prediction,
             grammar=None if constraint is None else constraint.matcher(),
-            jump_forward=None if constraint is None or self.verify_cost is None else JumpForward(self.verify_cost),
+            jump_forward=None if constraint is None or self.cost is None else JumpForward(self.cost.curve),
         )
 
     def _prefill(self, req: Request) -> None:
@@ -238,7 +242,9 @@ class Engine:
             tree = self.propose(req)
             t1 = time.perf_counter()
             logits, hidden = self.forward_tree(req, tree)
-            return self.complete_step(req, tree, logits, hidden, t0, t1)
+            result = self.complete_step(req, tree, logits, hidden)
+            req.stats.record_time(t1 - t0, time.perf_counter() - t0)
+            return result
 
     def complete_step(
         self,
@@ -246,8 +252,6 @@ class Engine:
         tree: DraftTree,
         logits: torch.Tensor,  # [N, V] target logits at the tree's nodes
         hidden: torch.Tensor | None,  # [N, H] or None
-        t0: float,  # perf_counter() when the step started
-        t1: float,  # perf_counter() when drafting ended
     ) -> StepResult:
         """Verify, roll the cache back to root + accepted path, observe, commit. Expects
         the tree's K/V to have just been appended to ``req.cache`` (by ``forward_tree`` or
@@ -269,8 +273,6 @@ class Engine:
         if req.hidden_rows is not None:  # the root's and the accepted nodes' features, now in the cache
             req.hidden_rows.append(hidden[[0, *acc.path]])
         committed = self._commit(req, new, logprobs)
-        req.stats.draft_s += t1 - t0
-        req.stats.decode_s += time.perf_counter() - t0
         return StepResult(committed, tree.num_drafted, len(acc.path), req.finished,
                           None if logprobs is None else req.logprobs[len(req.logprobs) - len(committed):])
 
@@ -362,10 +364,12 @@ class Engine:
         new = new[:cut]
         req.tokens.extend(new)
         if req.grammar is not None:
-            if not req.grammar.advance(new):
-                raise RuntimeError(f"request {req.request_id} committed a token its grammar forbids")
-            if reason is None and req.grammar.stopped:  # the grammar is complete: EOS is all that may follow
+            if not req.grammar.advance(new):  # masked logits only pick allowed tokens: the engine's limits
+                reason = "grammar"  # stopped it there (a step past llguidance's bounds); the answer ends
+            elif reason is None and req.grammar.stopped:  # the grammar is complete: EOS is all that may follow
                 reason = "eos"
+            if reason == "eos" and not req.grammar.accepting:  # EOS where the grammar's mask failed: cut short
+                reason = "grammar"
         if logprobs is not None:
             req.logprobs.extend(logprobs[:cut])
         req.stats.new_tokens += len(new)

@@ -39,7 +39,7 @@ class Request:
     # cache when the drafter reads features (None: not kept)
     hidden_rows: list[torch.Tensor] | None = None
     grammar: Matcher | None = None  # the constraint's state over the committed tokens (params.constraint)
-    jump_forward: JumpForward | None = None  # sizes its forced-token drafts by the cost curve (Engine.verify_cost)
+    jump_forward: JumpForward | None = None  # sizes its forced-token drafts by the cost curve (Engine.cost)
     verify_generator: torch.Generator = field(init=False)
     draft_generator: torch.Generator = field(init=False)
 

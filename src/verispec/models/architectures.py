@@ -47,6 +47,12 @@ class Architecture:
     swa_pattern: int = 0
     local_rope_base: float | None = None  # RoPE base of sliding layers (gemma3: llama.cpp's rope_freq_base_train_swa)
     default_rope_base: float = 10000.0  # when the file gives no rope.freq_base
+    # its transformers config switches the window on with use_sliding_window (qwen2), so the
+    # switch is written: off, or on when the file gives a window
+    window_switch: bool = False
+    # its transformers config names the attention scale (query_pre_attn_scalar, gemma3): head_dim,
+    # or dim / heads for a 62-layer model (the 27B; llama.cpp's f_attention_scale)
+    attention_scalar: bool = False
     # <arch>.* keys read beyond the common ones (COMMON_KEYS); any other <arch>.* key is refused
     keys: frozenset[str] = frozenset()
 
@@ -63,11 +69,12 @@ LINEAR_ROPE = frozenset({"rope.scaling.factor"})  # with rope.scaling.type = lin
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     # Llama 2/3.x, SmolLM, Mistral (a llama file with a sliding window: Mistral 7B v0.1)
     Architecture("llama", "llama", "LlamaForCausalLM", rope="interleaved", rope_freqs=True, keys=SLIDING | LINEAR_ROPE),
-    Architecture("qwen2", "qwen2", "Qwen2ForCausalLM", rope="neox", qkv_bias=True, default_rope_base=1e6),
+    Architecture("qwen2", "qwen2", "Qwen2ForCausalLM", rope="neox", qkv_bias=True, default_rope_base=1e6,
+                 window_switch=True),
     Architecture("qwen3", "qwen3", "Qwen3ForCausalLM", rope="neox", qk_norm=True, default_rope_base=1e6),
     Architecture("gemma3", "gemma3_text", "Gemma3ForCausalLM", rope="neox", qk_norm=True, post_norms=True,
                  activation="gelu_tanh", embed_scale=True, swa_pattern=6, local_rope_base=10000.0,
-                 default_rope_base=1e6, keys=SLIDING | LINEAR_ROPE | {"final_logit_softcapping"}),
+                 default_rope_base=1e6, attention_scalar=True, keys=SLIDING | LINEAR_ROPE | {"final_logit_softcapping"}),
     # original_context_length only matters with LongRoPE's rope_factors_long/short tensors, which are refused
     Architecture("phi3", "phi3", "Phi3ForCausalLM", rope="neox", fused_qkv=True, fused_gate_up=True,
                  keys=SLIDING | {"rope.scaling.original_context_length"}),

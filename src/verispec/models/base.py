@@ -20,24 +20,15 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from ..errors import ModelError as ModelError  # defined in verispec.errors; importable from here too
+from ..errors import NonFiniteLogits as NonFiniteLogits
 from .formats import WeightFormat, formats_label
-
-
-class ModelError(ValueError):
-    """A model could not be found or loaded; the message names what was expected."""
 
 
 def one_line(err: BaseException) -> str:
     """First line of an exception's text, for ModelError messages that stay one line."""
     text = str(err).strip().splitlines()
     return text[0] if text else type(err).__name__
-
-
-class NonFiniteLogits(ModelError):
-    """A model computed NaN or +inf logits, or a row of logits with no finite value, where a
-    token is chosen: its weights or metadata are corrupt (a Q4_K block with NaN scales, a NaN
-    norm weight). Raised instead of sampling from it (a traceback) or taking its argmax (token 0
-    forever). The server answers it with a 500: the model, not the request, is at fault."""
 
 
 @dataclass(frozen=True)

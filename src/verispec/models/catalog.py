@@ -8,7 +8,10 @@ exist). Nothing here touches the file system or imports a model package.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from .load import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -122,3 +125,12 @@ CATALOG: dict[str, CatalogEntry] = {
         chat=False,
     ),
 }
+
+
+def catalog_draft(target: "LoadedModel") -> str | None:
+    """The catalog draft model ``auto`` runs for ``target`` (installed, on the compiled runtime), or None."""
+    from .resolve import is_installed
+
+    entry = CATALOG.get(target.name)
+    ok = entry and entry.draft and target.backend_kind == "cpu" and is_installed(entry.draft)
+    return entry.draft if ok else None

@@ -61,20 +61,19 @@ def cache_entry_name(source: ModelSource) -> str:
     for path in (source.path, source.tokenizer_path):
         if path is None:
             continue
+        if source.kind == "gguf" and path == source.path:  # read from the map the one parse made
+            info = source.gguf
+            data_start = min((t.offset for t in info.tensors.values()), default=0)
+            head = info.data[:max(_HASH_PREFIX_BYTES, data_start)] + info.data[max(0, info.size - _HASH_PREFIX_BYTES):]
+            digest.update(f"|{path.name}:{info.size}:0:".encode() + head)  # content, not mtime
+            continue
         try:
             stat = path.stat()
             with path.open("rb") as f:
-                if source.kind == "gguf" and path == source.path:
-                    tensors = source.gguf.tensors.values()
-                    head = f.read(max(_HASH_PREFIX_BYTES, min((t.offset for t in tensors), default=0)))
-                    f.seek(max(0, stat.st_size - _HASH_PREFIX_BYTES))
-                    head += f.read()
-                    stamp = 0  # content, not mtime
-                else:
-                    head, stamp = f.read(_HASH_PREFIX_BYTES), stat.st_mtime_ns
+                head = f.read(_HASH_PREFIX_BYTES)
         except OSError as err:
             raise ModelError(f"cannot read {path} ({one_line(err)}): expected an existing model file") from None
-        digest.update(f"|{path.name}:{stat.st_size}:{stamp}:".encode() + head)
+        digest.update(f"|{path.name}:{stat.st_size}:{stat.st_mtime_ns}:".encode() + head)
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", source.path.stem)
     return f"{stem}-{source.kind}-{digest.hexdigest()[:16]}"
 

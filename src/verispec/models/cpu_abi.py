@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from verispec.models.llama import LlamaArgs
 
 PANEL_ROWS = 16  # rows per weight panel (csrc/vs.h: PANEL)
-ABI_VERSION = 5  # csrc/vs.h: ABI_VERSION
+ABI_VERSION = 6  # csrc/vs.h: ABI_VERSION
 ERR_LEN = 512  # bytes of the buffer a C call writes its error message into
 
 
@@ -145,12 +145,12 @@ def _check_abi(lib: ctypes.CDLL, origin: str) -> None:
     lib.vs_formats(buf, len(buf))
     FORMATS.clear()
     for item in buf.value.decode().split(","):  # the C table's border: ggml type ids -> WeightFormat
-        name, gtype, block, nbytes = item.split(":")
+        name, gtype, block, nbytes, quantizes = item.split(":")
         fmt = WeightFormat.from_ggml_type(int(gtype))
         if fmt is None or fmt != name:
             raise OSError(f"the compiled runtime {origin} has format {name} (ggml type {gtype}), which this verispec "
                           "does not name: rebuild it with `pip install -e .`")
-        FORMATS[fmt] = RuntimeFormat(fmt, int(block), int(nbytes))
+        FORMATS[fmt] = RuntimeFormat(fmt, int(block), int(nbytes), quantizes == "1")
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,7 @@ class RuntimeFormat:
     fmt: WeightFormat
     block: int  # weights per block
     block_bytes: int
+    quantizes: bool = False  # its table row has a quantize_row: a re-quantization target (vs_requantize)
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block * self.block_bytes

@@ -12,7 +12,6 @@ fp32 values or GGUF blocks) that ``CpuLlama`` hands to the runtime, which repack
 from __future__ import annotations
 
 import ctypes
-import mmap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -203,8 +202,6 @@ class _MappedGGUF:
 
     def __init__(self, info: GGUFInfo, requant: WeightFormat | None, permute: bool):
         self.info, self.requant, self.permute = info, requant, permute
-        with info.path.open("rb") as f:
-            self.buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
     def tensor(self, name: str) -> GGUFTensor:
         t = self.info.tensors.get(name)
@@ -220,7 +217,7 @@ class _MappedGGUF:
             raise ModelError(f"{self.info.path}: tensor {name} is {t.type_name}; the compiled runtime reads "
                              f"{', '.join(f.label for f in FORMATS)} (try --backend native, which dequantizes)")
         cols, rows = t.shape
-        data = np.frombuffer(self.buf, dtype=np.uint8, count=t.nbytes, offset=t.offset).reshape(rows, fmt.row_bytes(cols))
+        data = self.info.view(t.offset, t.nbytes).reshape(rows, fmt.row_bytes(cols))
         return RawMatrix(fmt.fmt, data.view(np.float32) if fmt.fmt == WeightFormat.F32 else data, rows, cols)
 
     def linear(self, name: str, heads: int | None = None, rows: torch.Tensor | None = None) -> Linear:
@@ -246,15 +243,14 @@ class _MappedGGUF:
 
     def _release(self, start: int, nbytes: int) -> Callable[[], None]:
         """Drop the pages of bytes ``start .. start + nbytes`` (once the runtime has repacked them)."""
-        lo = start // mmap.PAGESIZE * mmap.PAGESIZE
-        return lambda: self.buf.madvise(mmap.MADV_DONTNEED, lo, start + nbytes - lo)
+        return lambda: self.info.release(start, nbytes)
 
     def vector(self, name: str, heads: int | None = None) -> torch.Tensor:
         """An F32 vector (a norm, a bias), copied; a Q/K bias of ``heads`` heads permuted."""
         t = self.tensor(name)
         if t.format != WeightFormat.F32:
             raise ModelError(f"{self.info.path}: tensor {name} is {t.type_name}: expected F32")
-        v = torch.from_numpy(np.frombuffer(self.buf, dtype=np.float32, count=t.nbytes // 4, offset=t.offset).copy())
+        v = torch.from_numpy(self.info.view(t.offset, t.nbytes).view(np.float32).copy())
         return rope_interleaved_to_half(v[:, None], heads)[:, 0] if heads is not None and self.permute else v
 
 

@@ -60,8 +60,9 @@ def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
     """An HF-style config dict (``LlamaConfig`` / ``Qwen2Config`` fields) from llama.cpp's
     ``<arch>.*`` metadata; ``eos_token_id`` lists every end-of-generation token when
     ``eos_ids`` is given (else the GGUF's EOS). Every size is a positive integer, the head
-    counts agree with each other and the hidden size, the norm epsilon and RoPE base are finite
-    and positive, and (with the tensor table) every weight has the shape they imply: a file
+    counts agree with each other and the hidden size, the real-number values (norm epsilon,
+    RoPE base and factor, logit softcap) are finite and in their plausible ranges
+    (``PLAUSIBLE``), and (with the tensor table) every weight has the shape they imply: a file
     that disagrees is one ModelError here, before any weight is read or any runtime sees it."""
     decl = architecture(check_architecture(info), info.path)
     arch = decl.name
@@ -92,8 +93,12 @@ def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
         value = given(name, default)
         with np.errstate(over="ignore"):  # beyond float32's range: inf, refused below
             f32 = _f32(value) if type(value) in (int, float) and key(name) not in info.array_keys else math.nan
+        low, high = PLAUSIBLE[name]
         if not (math.isfinite(f32) and f32 > 0):
-            raise invalid(f"{name} = {shown(value)}: expected a finite positive number")
+            raise invalid(f"{name} = {shown(value)}: expected a finite positive number from {low:g} to {high:g}")
+        if not low <= f32 <= high:
+            raise invalid(f"{name} = {shown(value)}: expected a finite positive number from {low:g} to {high:g} "
+                          "(a value outside that range makes no working model)")
         return f32
 
     hidden, heads = size("embedding_length"), size("attention.head_count")
@@ -143,7 +148,7 @@ def gguf_hf_config(info: GGUFInfo, eos_ids: list[int] | None = None) -> dict:
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
         "torch_dtype": "float32",
     }
-    if arch == "qwen2":
+    if decl.window_switch:
         cfg["use_sliding_window"] = False
     cfg |= _variant_config(info, decl, cfg, size, positive)
     if info.tensors:
@@ -164,13 +169,13 @@ def _variant_config(info: GGUFInfo, decl: Architecture, cfg: dict, size: Callabl
         out["sliding_window"] = window
         out["layer_types"] = ["sliding_attention" if s else "full_attention"
                               for s in sliding_layers(decl, cfg["num_hidden_layers"], window)]
-        if decl.name == "qwen2":
+        if decl.window_switch:
             out["use_sliding_window"] = True
     if info.meta.get(key("rope.scaling.type")) == "linear":
         out["rope_scaling"] = {"rope_type": "linear", "factor": positive("rope.scaling.factor")}
     if decl.local_rope_base is not None:
         out["rope_local_base_freq"] = decl.local_rope_base
-    if decl.name == "gemma3":  # llama.cpp's f_attention_scale: 1/sqrt(head_dim), the 27B (62 layers) 1/sqrt(dim/heads)
+    if decl.attention_scalar:  # llama.cpp's f_attention_scale: 1/sqrt(head_dim), the 27B (62 layers) 1/sqrt(dim/heads)
         big = cfg["num_hidden_layers"] == 62
         out["query_pre_attn_scalar"] = cfg["hidden_size"] // cfg["num_attention_heads"] if big else cfg["head_dim"]
     if key("final_logit_softcapping") in info.meta:
@@ -189,15 +194,22 @@ def _rope_freq_factors(info: GGUFInfo, decl: Architecture, head_dim: int) -> lis
     if t.format != WeightFormat.F32 or t.shape != (head_dim // 2,):
         raise ModelError(f"{info.path}: tensor rope_freqs.weight is {t.type_name} {list(t.shape)}: expected F32 "
                          f"[{head_dim // 2}] (head_dim / 2)")
-    with info.path.open("rb") as f:
-        f.seek(t.offset)
-        factors = np.frombuffer(f.read(t.nbytes), dtype=np.float32)
+    factors = info.view(t.offset, t.nbytes).view(np.float32)
     if len(factors) != head_dim // 2 or not (np.isfinite(factors).all() and (factors > 0).all()):
         raise ModelError(f"{info.path}: tensor rope_freqs.weight: expected {head_dim // 2} finite positive factors")
     return [float(x) for x in factors]
 
 
 _MAX_SIZE = 1 << 24  # the largest count or length a config may give (layers, heads, vocabulary, context)
+# <arch>.<key> real-number metadata -> the plausible range of its value: released models sit well inside
+# (epsilon 1e-6 to 1e-5, RoPE base 1e4 to 1e7, linear RoPE factors 2 to 32, Gemma's final softcap 30); out
+# of range, the model computes nothing useful (a softcap of 1e-45 makes every logit equal: token 0 forever)
+PLAUSIBLE: dict[str, tuple[float, float]] = {
+    "attention.layer_norm_rms_epsilon": (1e-12, 0.1),
+    "rope.freq_base": (100.0, 1e10),
+    "rope.scaling.factor": (1 / 64, 1024.0),
+    "final_logit_softcapping": (1.0, 1e4),
+}
 
 
 # llama.cpp's names of a llama / qwen2 layer's tensors (``blk.{i}.<name>.weight``, Qwen2's Q/K/V

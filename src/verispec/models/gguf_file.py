@@ -1,5 +1,9 @@
 """A GGUF file read directly, once: header, key/value metadata and tensor table (``GGUFInfo``).
 
+The file is opened once per load: ``read_gguf`` maps it read-only and the map stays with the
+``GGUFInfo`` (``data``); every later read (an array, token texts, tensors, the cache key) is a
+view of that one map, never another open.
+
 Nothing here interprets the model (``gguf_config.py`` turns the metadata into a checked config),
 converts weights or builds a tokenizer (``gguf_tokenizer.py``). ``read_gguf`` parses the header,
 the metadata (large arrays only when asked for; each array's offset is recorded, so ``with_arrays``
@@ -69,16 +73,35 @@ class GGUFInfo:
     tokenizer_key: str = ""  # sha256 of the tokenizer.* key/value bytes (+ the builder version)
     array_keys: frozenset[str] = frozenset()  # keys holding arrays (an undecoded one reads as its length)
     array_offsets: dict[str, int] = field(default_factory=dict, repr=False)  # key -> byte offset of its array
+    data: mmap.mmap | None = field(default=None, repr=False, compare=False)  # the file, mapped read-only once
+
+    def view(self, offset: int, nbytes: int) -> np.ndarray:
+        """``nbytes`` bytes of the file at ``offset`` as a read-only uint8 array over the map."""
+        return np.frombuffer(self.data, dtype=np.uint8, count=nbytes, offset=offset)
+
+    def release(self, offset: int, nbytes: int) -> None:
+        """Drop the map's resident pages of a range already read (repacked or dequantized): the
+        file stays mapped, its pages are read again from disk if touched."""
+        lo = offset // mmap.PAGESIZE * mmap.PAGESIZE
+        if self.data is not None and nbytes > 0:
+            self.data.madvise(mmap.MADV_DONTNEED, lo, offset + nbytes - lo)
 
 
 def read_gguf(path: Path, arrays: frozenset[str] = frozenset(), tensors: bool = True) -> GGUFInfo:
     """Metadata (arrays named in ``arrays`` decoded, others given as their length) and, with
     ``tensors``, the tensor table with each tensor's data range checked against the file size."""
     path = Path(path)
-    with _mapped(path) as (buf, size):
-        if size < 24:
-            raise ModelError(f"{path} is {size} bytes, too short for a GGUF header: expected {EXPECTED}")
-        return _parse(path, buf, size, arrays, tensors)
+    with _reading(path):
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 24:
+                raise ModelError(f"{path} is {size} bytes, too short for a GGUF header: expected {EXPECTED}")
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            return _parse(path, buf, size, arrays, tensors)
+        except BaseException:
+            buf.close()
+            raise
 
 
 def with_arrays(info: GGUFInfo, keys: frozenset[str]) -> GGUFInfo:
@@ -88,23 +111,17 @@ def with_arrays(info: GGUFInfo, keys: frozenset[str]) -> GGUFInfo:
     if not wanted:
         return info
     meta = dict(info.meta)
-    with _mapped(info.path) as (buf, _):
+    with _reading(info.path):
         for key in sorted(wanted):
-            meta[key], _ = _value(buf, info.array_offsets[key], _ARRAY, decode=True)
+            meta[key], _ = _value(info.data, info.array_offsets[key], _ARRAY, decode=True)
     return replace(info, meta=meta)
 
 
 @contextmanager
-def _mapped(path: Path) -> Iterator[tuple[mmap.mmap, int]]:
-    """(the file memory-mapped read-only, its size); any failure to read or decode it is one ModelError."""
+def _reading(path: Path) -> Iterator[None]:
+    """Any failure to read or decode the file at ``path`` is one ModelError."""
     try:
-        with path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                yield b"", 0
-                return
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                yield buf, size
+        yield
     except ModelError:
         raise
     except OSError as err:
@@ -163,7 +180,7 @@ def _parse(path: Path, buf: mmap.mmap, size: int, arrays: frozenset[str], want_t
                 raise ModelError(f"{path} is truncated: tensor {name} ends at byte {end:,} but the file has "
                                  f"{size:,} bytes (expected the complete file; download or reinstall it again)")
             tensors[name] = GGUFTensor(name, shape, type_id, data_start + rel, nbytes)
-    return GGUFInfo(path, size, meta, tensors, tok_hash.hexdigest(), frozenset(array_offsets), array_offsets)
+    return GGUFInfo(path, size, meta, tensors, tok_hash.hexdigest(), frozenset(array_offsets), array_offsets, buf)
 
 
 def _tensor_nbytes(path: Path, name: str, shape: tuple[int, ...], type_id: int) -> int:
@@ -236,7 +253,8 @@ def token_texts(info: GGUFInfo, wanted: set[int]) -> dict[int, str]:
         if "tokenizer.ggml.tokens" in info.meta:
             raise not_strings
         return {}
-    with _mapped(info.path) as (buf, _):
+    with _reading(info.path):
+        buf = info.data
         item_type, count = struct.unpack_from("<IQ", buf, offset)
         if item_type != _STRING:
             raise not_strings

@@ -14,6 +14,7 @@ import re
 import numpy as np
 import torch
 
+from verispec.models.architectures import ARCHITECTURES
 from verispec.models.base import ModelError, one_line
 from verispec.models.gguf_config import GLOBAL_TENSORS, LAYER_TENSORS
 from verispec.models.gguf_file import GGUFInfo
@@ -39,22 +40,25 @@ def gguf_tensor(info: GGUFInfo, name: str) -> torch.Tensor:
     qtype = GGMLQuantizationType(t.type_id)
     block, type_size = GGML_QUANT_SIZES[qtype]
     rows = int(np.prod(t.shape[1:], dtype=np.int64)) if len(t.shape) > 1 else 1
-    raw = np.memmap(info.path, dtype=np.uint8, mode="r", offset=t.offset, shape=(rows, t.shape[0] // block * type_size))
+    nbytes = rows * (t.shape[0] // block * type_size)
+    raw = info.view(t.offset, nbytes).reshape(rows, -1)
     try:
         array = dequantize(raw, qtype)
     except NotImplementedError as err:
         raise ModelError(f"{info.path}: tensor {name} is {qtype.name} ({one_line(err)}): expected a type the "
                          "gguf package dequantizes") from None
     w = torch.from_numpy(np.array(array, dtype=np.float32, copy=True).reshape(rows, t.shape[0]))
+    del raw, array
+    info.release(t.offset, nbytes)
     return w if len(t.shape) > 1 else w.reshape(-1)
 
 
 def gguf_state_dict(info: GGUFInfo, cfg: dict, num_layers: int | None = None) -> dict[str, torch.Tensor]:
     """Every tensor (of the first ``num_layers`` layers) dequantized to float32 under its HF name.
 
-    llama-architecture files store Q/K rows for interleaved RoPE, so they are permuted back to
-    HF's rotate_half order; qwen2 files (NEOX RoPE in llama.cpp) keep HF's order already."""
-    permute = cfg["model_type"] == "llama"
+    Files whose architecture stores Q/K rows for interleaved RoPE (``Architecture.rope``: llama)
+    are permuted back to HF's rotate_half order; NEOX ones (qwen2) keep HF's order already."""
+    permute = ARCHITECTURES[cfg["gguf_architecture"]].rope == "interleaved"
     n_layers = num_layers or cfg["num_hidden_layers"]
     state = {}
     for name in info.tensors:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from .resolve import ModelSource, resolve_model
 from .runtime_choice import BACKENDS, RuntimeChoice, checkpoint_format, choose_runtime, parse_quant
 from .tokenizer import hf_dir_tokenizer, load_tokenizer
 
+if TYPE_CHECKING:
+    from .discovery import FoundDraft
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 Prompt = str | list[dict[str, str]]
 
@@ -40,6 +43,7 @@ class LoadedModel:
     source: ModelSource  # what was loaded: an HF dir, a GGUF file, a llama2.c checkpoint
     has_chat_template: bool
     choice: RuntimeChoice  # the runtime and weight format it runs with
+    found_draft: FoundDraft | None = None  # a draft model found on the machine (``--draft-search``: models/discovery.py)
 
     @property
     def backend_kind(self) -> str:
@@ -331,6 +335,7 @@ def _load_gguf_draft(target: LoadedModel, spec: str, vocab: int | None,
                      requant: WeightFormat | None, shape: DraftShape | None = None) -> CausalLM:
     """A GGUF draft on the compiled runtime with an FR-Spec head and/or requantized (load_draft_model)."""
     from ..weights import frequent_tokens
+    from .gguf_vocab import vocab_key_of
 
     source = resolve_model(spec)
     tokenizer = load_tokenizer(source)
@@ -338,7 +343,7 @@ def _load_gguf_draft(target: LoadedModel, spec: str, vocab: int | None,
     if source.kind != "gguf" or target.backend_kind != "cpu":
         raise ValueError("vocab=N, quant=q4_0, skip= and window= need a GGUF draft on the compiled runtime "
                          "(backend cpu); use vocab=full quant=file")
-    rows = None if vocab is None else frequent_tokens(source.name, vocab, sorted(tokenizer.added_tokens_decoder))
+    rows = None if vocab is None else frequent_tokens(source.name, vocab, sorted(tokenizer.added_tokens_decoder), vocab_key_of)
     tags = ([] if rows is None else [f"vocab {len(rows)}"]) + ([] if requant is None else [requant])
     if shape is not None and shape.skip:
         tags.append(f"skip {','.join(map(str, shape.skip))}")

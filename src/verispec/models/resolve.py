@@ -3,7 +3,7 @@ large is read and nothing converted.
 
 A catalog entry names a file inside an installed pip package, package data, or a file split into
 pip parts (assembled once: ``package_parts.py``); a path is a Hugging Face directory, a ``.gguf``
-file or a llama2.c ``.bin`` checkpoint. A GGUF's header is parsed here, once (``gguf_file.read_gguf``),
+file (or any file with GGUF's magic, such as an Ollama blob) or a llama2.c ``.bin`` checkpoint. A GGUF's header is parsed here, once (``gguf_file.read_gguf``),
 and checked and read into an HF-style config once (``gguf_config.open_gguf``); both travel with the
 source (``ModelSource.gguf``, ``ModelSource.config``) to everything that reads the file after: the
 runtime choice, the tokenizer, the weights, the cache entry's name.
@@ -23,6 +23,7 @@ from verispec.models.base import ModelError
 from verispec.models.catalog import CATALOG, CatalogEntry, PackageFile, PackageParts
 from verispec.models.gguf_config import OPEN_ARRAYS, open_gguf
 from verispec.models.gguf_file import GGUFInfo, read_gguf
+from verispec.models.gguf_vocab import is_gguf
 from verispec.models.llama2c import find_llama2c_tokenizer, read_llama2c_header, read_llama2c_vocab
 from verispec.models.model_cache import default_cache_dir
 from verispec.models.package_parts import assemble_package_parts, is_verified
@@ -75,7 +76,7 @@ def resolve_model(name_or_path: str, *, tokenizer_path: str | Path | None = None
         )
     if path.is_dir():
         return _resolve_hf_dir(name_or_path, path)
-    if path.suffix == ".gguf":
+    if path.suffix == ".gguf" or (path.suffix != ".bin" and is_gguf(path)):  # an Ollama blob has no suffix
         info, config = _open_model_gguf(path)
         return ModelSource(name_or_path, "gguf", path, chat="tokenizer.chat_template" in info.meta, gguf=info,
                            config=config)

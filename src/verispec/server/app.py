@@ -48,7 +48,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .endpoints import Chat, Completions
 from .guard import RequestGuard, header_timeout_protocol
 from .handler import handle_request
-from .schemas import ApiError, ChatCompletionRequest, CompletionRequest, error_body
+from .responses import add_response_routes
+from .schemas import ApiError, ChatCompletionRequest, CompletionRequest, FieldError, error_body
 from .state import ServerConfig, ServerState, build_state
 from .tokens import add_token_routes
 from .worker import EngineWorker
@@ -110,6 +111,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await handle_request(Chat(state, body), request)
 
+    add_response_routes(app, state)  # POST /v1/responses, GET and DELETE /v1/responses/{id}
     return app
 
 
@@ -131,7 +133,14 @@ def _install_error_handlers(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return JSONResponse(error_body(f"malformed JSON: {first.get('msg')}", param=None, code="invalid_json"), 400)
         param = ".".join(loc) or None
-        msg = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        msg = str(first.get("msg"))
+        error = (first.get("ctx") or {}).get("error")
+        if isinstance(error, FieldError):  # a model validator's: the field it names, its own message
+            param, msg = error.param, str(error)
+        elif isinstance(error, ValueError):  # a validator's ValueError: its message, not pydantic's "Value error, "
+            msg = str(error)
+        if param and not msg.startswith(param):
+            msg = f"{param}: {msg}"
         return JSONResponse(error_body(msg, param=param, code="invalid_value"), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)

@@ -23,12 +23,14 @@ from ..chat import ChatTooLong, RenderedChat, render_chat, tokenize_chat
 from ..chat_template import TemplateError
 from ..constraints import Constraint
 from ..fim import fim_prompt
+from . import compat_fields
 from .generation import FINISH
 from .openai_logprobs import TextOffsets, chat_logprobs, completion_logprobs, join_logprobs, prompt_logprobs
 from .schemas import ApiError, ChatCompletionRequest, CompletionRequest
 from .state import ServerState
-from .structured import (ConstraintRequest, compile_request, forced_tools, parse_tool_calls,
-                         response_format_request, tool_call_request)
+from .structured import ConstraintRequest, compile_request, response_format_request
+from .tool_calls import ArgumentsDelta, CallStart, TextEvent, ToolCallStream, ToolFormat, detect_format, parse_tool_calls
+from .tool_grammar import forced_tools, tool_grammar
 from .validation import check_chat_size, check_prompt_sizes, context_overflow, fim_suffix, max_new_tokens
 from .worker import Event
 
@@ -72,15 +74,16 @@ class Endpoint(ABC):
     async def prompts(self) -> list[list[int]]:
         """The prompts' token ids (built off the event loop)."""
 
-    async def prediction(self) -> tuple[int, ...]:
-        """The request's prediction (Predicted Outputs) as token ids, () without one (on the tokenizer thread)."""
+    async def prediction(self) -> tuple[int, ...] | None:
+        """The request's prediction (Predicted Outputs) as token ids, None without one (on the tokenizer thread)."""
         if self.body.prediction is None:
-            return ()
+            return None
         return await off_loop(self.state, encode_prediction_text, self.state, self.body.prediction.text())
 
     def constraint_request(self) -> ConstraintRequest | None:
-        """What the output must follow (``response_format``), None for free text."""
-        return response_format_request(self.body.response_format)
+        """What the output must follow (``response_format``, or another server's field:
+        ``compat_fields``), None for free text."""
+        return compat_fields.constraint_request(self.body, response_format_request)
 
     async def constraint(self) -> Constraint | None:
         """The request's constraint compiled for the model (on the tokenizer thread)."""
@@ -254,7 +257,8 @@ class Chat(Endpoint):
     def __init__(self, state: ServerState, body: ChatCompletionRequest):
         super().__init__(state, body)
         self.messages = body.chat_messages()
-        self.held: dict[int, list[str]] = {}  # per streamed choice: text held back until its tool calls parse
+        self.tool_format: ToolFormat | None = None  # the template's tool-call family (set by check_size)
+        self.parsers: dict[int, ToolCallStream] = {}  # per streamed choice: its text parsed into tool calls
 
     @property
     def samples(self) -> int:
@@ -273,6 +277,11 @@ class Chat(Endpoint):
             raise ApiError(400, f"n = {self.body.n} samples in one request; this server queues at most "
                            f"{self.state.worker.max_queue}", "n", "too_many_prompts")
         check_chat_size(self.state, self.messages)
+        if self.body.uses_tools and self.state.chat_template is not None:
+            self.tool_format = detect_format(self.state.chat_template.source)
+            if self.tool_format is None:
+                raise ApiError(400, f"model {self.state.model.name}'s chat template defines no tool-call format; "
+                               'send tools with tool_choice "none" or none at all', "tools")
 
     async def prompts(self) -> list[list[int]]:
         loop = asyncio.get_running_loop()
@@ -290,32 +299,63 @@ class Chat(Endpoint):
                 for k in range(total)]
 
     def constraint_request(self) -> ConstraintRequest | None:
-        """A required or named tool call constrains the answer to calls; else ``response_format``."""
-        tools = forced_tools(self.body)
-        if tools:
-            return tool_call_request(tools, self.body.parallel_tool_calls, self.tokenizer)
-        return super().constraint_request()
+        """With tools, the tool grammar (``tool_grammar``): a required or named call, or (auto) text
+        or calls, an answer without calls following ``response_format``; else ``response_format``."""
+        fmt = self.tool_format
+        if not self.body.uses_tools or fmt is None:
+            return super().constraint_request()
+        forced = forced_tools(self.body)
+        if forced is not None:
+            compat_fields.refuse_beside(self.body, "tool_choice")
+        answer = compat_fields.constraint_request(self.body, response_format_request)  # llama.cpp's, vLLM's too
+        schema = None if answer is None else True if answer.kind == "json_object" else answer.spec
+        if answer is not None and answer.kind not in ("json_object", "json_schema"):
+            raise ApiError(400, f"a constraint of type {answer.kind} ({answer.param}) cannot be combined with tools; "
+                           "use a JSON schema or json_object", answer.param)
+        grammar = tool_grammar(fmt, forced or self.body.tools or [], forced is not None,
+                               self.body.parallel_tool_calls, self.tokenizer, schema)
+        return ConstraintRequest("grammar", grammar, True, "tools")
+
+    def _names(self) -> set[str]:
+        return {t.function.name for t in self.body.tools or ()}
 
     def stream_choice(self, index: int, ev: Event) -> dict[str, Any] | None:
-        if self.body.uses_tools:  # the text is held until the answer ends, then sent as content and calls
-            self.held.setdefault(index, []).append(ev.text)
-            if not ev.finished:
-                return None
-            content, calls = parse_tool_calls("".join(self.held.pop(index)))
-            delta: dict[str, Any] = {"content": content} if content else {}
-            if calls:
-                delta["tool_calls"] = [{"index": i} | call for i, call in enumerate(calls)]
-            return {"index": index, "delta": delta, "logprobs": None,
-                    "finish_reason": _tool_finish(FINISH.get(ev.finished or ""), calls)}
-        return {"index": index, "delta": {"content": ev.text} if ev.text else {},
-                "logprobs": chat_logprobs(self.tokenizer, ev.logprobs or []) if self.shows_logprobs else None,
-                "finish_reason": FINISH.get(ev.finished or "")}
+        finish = FINISH.get(ev.finished or "")
+        logprobs = chat_logprobs(self.tokenizer, ev.logprobs or []) if self.shows_logprobs else None
+        if self.tool_format is None:
+            return {"index": index, "delta": {"content": ev.text} if ev.text else {}, "logprobs": logprobs,
+                    "finish_reason": finish}
+        parser = self.parsers.setdefault(index, ToolCallStream(self.tool_format, self._names()))
+        events = parser.feed(ev.text)
+        if ev.finished:
+            events += parser.finish(cut=finish == "length")
+        delta: dict[str, Any] = {}
+        text = "".join(e.text for e in events if isinstance(e, TextEvent))
+        if text:
+            delta["content"] = text
+        calls: dict[int, dict[str, Any]] = {}  # one entry per call in this delta (OpenAI's shape)
+        for e in events:
+            if isinstance(e, CallStart):
+                calls[e.index] = {"index": e.index, "id": e.id, "type": "function",
+                                  "function": {"name": e.name, "arguments": ""}}
+            elif isinstance(e, ArgumentsDelta):
+                entry = calls.setdefault(e.index, {"index": e.index, "function": {"arguments": ""}})
+                entry["function"]["arguments"] += e.text
+        if calls:
+            delta["tool_calls"] = list(calls.values())
+        if not delta and not ev.finished and logprobs is None:
+            return None
+        if ev.finished:
+            finish = _tool_finish(finish, parser.calls())
+            self.parsers.pop(index, None)
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
     def choice(self, index: int, prompt: int, out: dict[str, Any]) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": out["text"]}
         finish = out["finish_reason"]
-        if self.body.uses_tools:
-            message["content"], calls = parse_tool_calls(out["text"])
+        if self.tool_format is not None:
+            message["content"], calls = parse_tool_calls(out["text"], self.tool_format, self._names(),
+                                                         cut=finish == "length")
             if calls:
                 message["tool_calls"] = calls
             finish = _tool_finish(finish, calls)

@@ -1,13 +1,14 @@
 """The jobs of one HTTP request and their events, on the event loop: ``Generation`` submits a
 request's jobs (one per prompt and sample) to the engine thread and receives their events;
 ``collect`` waits for a whole answer (stopping the jobs when the client disconnects),
-``stream_events`` turns the events into SSE chunks as they come. Both endpoints use them
+``stream_chunks`` turns the events into chunks as they come (``stream_events``: as SSE). Both endpoints use them
 (``handler.py``); what a choice looks like is the endpoint's (``endpoints.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -24,14 +25,15 @@ from .worker import Event, Job, QueueFull, ShuttingDown
 KEEPALIVE_S = 1.0  # a stream silent this long gets an SSE comment line (clients skip comments)
 
 # the engine's finish reasons -> OpenAI's finish_reason
-FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "grammar": "length",
+          "cancelled": "stop"}
 
 
 class Generation:
     """The jobs of one HTTP request and the event queue they report to (on the event loop)."""
 
     def __init__(self, state: ServerState, base_id: str, prompts: list[list[int]], params: SamplingParams,
-                 drafter: str, n: int = 1, draft_limit: int | None = None, prediction: tuple[int, ...] = (),
+                 drafter: str, n: int = 1, draft_limit: int | None = None, prediction: tuple[int, ...] | None = None,
                  prompt_logprobs: int | None = None, score_only: bool = False):
         """``n`` samples per prompt: choice ``i * n + j`` is sample j of prompt i, seeded
         ``sample_seed(seed, j)`` = ``seed + j`` wrapping past 2^63 - 1 to 0 (as vLLM seeds n > 1
@@ -167,19 +169,20 @@ def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-async def stream_events(gen: Generation, chunk: Callable[[int, Event], dict | None], include_usage: bool,
-                        usage_chunk: Callable[[dict], dict], first: tuple[dict, ...] = ()) -> AsyncIterator[str]:
-    """SSE stream of a generation; a client disconnect (the task is cancelled) cancels the jobs.
-    After ``KEEPALIVE_S`` without an event (queued, a long prefill, another request's prefill
-    stalling the batch) a comment line says the request is alive: ``: queued or prefilling, 3 s``
-    before the first token, ``: keep-alive`` after; SSE clients skip comments, and proxies with
-    idle timeouts keep the connection."""
+async def stream_chunks(gen: Generation, chunk: Callable[[int, Event], dict | None], include_usage: bool,
+                        usage_chunk: Callable[[dict], dict], first: tuple[dict, ...] = ()) -> AsyncIterator[dict | str]:
+    """The chunks of a generation as they come (an error event ends it with an error body); a
+    client disconnect (the consumer closes it) cancels the jobs. After ``KEEPALIVE_S`` without an
+    event (queued, a long prefill, another request's prefill stalling the batch) an SSE comment
+    line (a str) says the request is alive: ``: queued or prefilling, 3 s`` before the first
+    token, ``: keep-alive`` after; SSE clients skip comments, and proxies with idle timeouts keep
+    the connection."""
     completion_tokens = 0
     by_choice: dict[int, dict[str, Any]] = {}
     started, t0 = False, time.monotonic()
     try:
         for c in first:
-            yield sse(c)
+            yield c
         while gen.open:
             try:
                 index, ev = await asyncio.wait_for(gen.next(), KEEPALIVE_S)
@@ -189,18 +192,33 @@ async def stream_events(gen: Generation, chunk: Callable[[int, Event], dict | No
             started = True
             if ev.error:
                 gen.cancel()
-                yield sse(error_body(ev.error, "server_error" if ev.status >= 500 else "invalid_request_error"))
+                yield error_body(ev.error, "server_error" if ev.status >= 500 else "invalid_request_error")
                 break
             completion_tokens += len(ev.token_ids)
             if ev.stats:
                 by_choice[index] = ev.stats
             c = chunk(index, ev)
             if c is not None:
-                yield sse(c)
+                yield c
         else:
             if include_usage:
                 stats = [by_choice[i] for i in sorted(by_choice)]
-                yield sse(usage_chunk(usage(gen.prompts, completion_tokens, stats)) | {"verispec": merge_stats(stats)})
-        yield "data: [DONE]\n\n"
+                yield usage_chunk(usage(gen.prompts, completion_tokens, stats)) | {"verispec": merge_stats(stats)}
     finally:
         gen.cancel()
+
+
+async def sse_events(chunks: AsyncIterator[dict | str]) -> AsyncIterator[str]:
+    """``chunks`` as SSE ``data:`` lines (comment lines as they are), then ``[DONE]``; closing it
+    closes ``chunks``."""
+    async with contextlib.aclosing(chunks):
+        async for c in chunks:
+            yield c if isinstance(c, str) else sse(c)
+    yield "data: [DONE]\n\n"
+
+
+def stream_events(gen: Generation, chunk: Callable[[int, Event], dict | None], include_usage: bool,
+                  usage_chunk: Callable[[dict], dict], first: tuple[dict, ...] = ()) -> AsyncIterator[str]:
+    """SSE stream of a generation (``stream_chunks`` serialized); a client disconnect (the task is
+    cancelled) cancels the jobs."""
+    return sse_events(stream_chunks(gen, chunk, include_usage, usage_chunk, first))

@@ -12,98 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import secrets
-from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .config import DEFAULT_MAX_BODY_BYTES as DEFAULT_MAX_BODY_BYTES  # defined there
+from .config import Cors as Cors  # defined there
+from .config import Limits as Limits
+from .config import parse_list_option as parse_list_option
 from .schemas import error_body
 
 OPEN_PATHS = ("/health", "/metrics")  # with an API key, every other path (/v1/*, /docs, /openapi.json) needs it
-DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024  # 2 MiB: about 500K tokens of text, far above any context here
-
-
-@dataclass(frozen=True)
-class Limits:
-    """``max_body_bytes``: the largest request body (413 above it). ``header_timeout_s``:
-    seconds a connection may take to send its request headers. ``body_timeout_s``: seconds
-    the whole body may take after the headers (408 after). ``api_key`` (printable ASCII): when
-    set, every path but /health and /metrics (so /v1/*, /docs, /openapi.json) needs
-    ``Authorization: Bearer <api_key>`` (401 otherwise)."""
-
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    api_key: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_body_bytes < 1:
-            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
-        if not (self.header_timeout_s > 0 and self.body_timeout_s > 0):
-            raise ValueError("header and body timeouts must be > 0 seconds")
-        if self.api_key is not None and not self.api_key.strip():
-            raise ValueError("the API key must not be empty")
-        if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()):
-            # HTTP headers carry bytes; clients encode a non-ASCII key as UTF-8 or latin-1 at will
-            raise ValueError("the API key must be printable ASCII (clients encode other characters differently)")
-
-
-_ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/\s?#]+$")  # scheme://host[:port], as browsers send Origin
-
-
-@dataclass(frozen=True)
-class Cors:
-    """Cross-origin access (CORS) for browser clients. ``allowed_origins``: origins
-    (``scheme://host[:port]``, no path) whose pages may call the server and read its answers, or
-    ``"*"`` for any; empty (the default) adds no CORS headers, so a page on another origin cannot
-    read answers (nor send the JSON requests, whose preflight fails). With ``"*"`` any web page the
-    user opens could use a server on their machine (its compute, and with tools its answers), which
-    a default must not allow; an API key does not help there, as a page can ask for it. Methods
-    and headers default to any (``*``: the preflight's requested headers are echoed, so
-    ``Authorization`` passes); credentials (cookies) are never allowed: the key is a header."""
-
-    allowed_origins: tuple[str, ...] = ()
-    allowed_methods: tuple[str, ...] = ("*",)
-    allowed_headers: tuple[str, ...] = ("*",)
-
-    def __post_init__(self) -> None:
-        for origin in self.allowed_origins:
-            if origin != "*" and not _ORIGIN.match(origin):
-                hint = " (drop the trailing '/')" if origin.endswith("/") else ""
-                raise ValueError(f"--allowed-origins: {origin!r} is not an origin like http://localhost:3000 "
-                                 f"or '*'{hint}")
-        for name, values in (("methods", self.allowed_methods), ("headers", self.allowed_headers)):
-            bad = [v for v in values if not v or not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", v)]
-            if bad:
-                raise ValueError(f"--allowed-{name}: {bad[0]!r} is not an HTTP token")
-
-    def middleware_options(self) -> dict[str, Any] | None:
-        """``CORSMiddleware``'s options, None when no origin is allowed (no middleware)."""
-        if not self.allowed_origins:
-            return None
-        return {"allow_origins": list(self.allowed_origins), "allow_methods": list(self.allowed_methods),
-                "allow_headers": list(self.allowed_headers), "allow_credentials": False,
-                "expose_headers": ["Retry-After"], "max_age": 600}
-
-
-def parse_list_option(values: list[str]) -> tuple[str, ...]:
-    """A repeatable list flag: ``--x a --x b``, ``--x a,b`` or vLLM's JSON ``--x '["a", "b"]'``."""
-    out: list[str] = []
-    for value in values:
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                items = json.loads(text)
-            except ValueError:
-                raise ValueError(f"{value!r} is not a JSON list of strings") from None
-            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-                raise ValueError(f"{value!r} is not a JSON list of strings")
-            out += [i.strip() for i in items]
-        else:
-            out += [part.strip() for part in text.split(",") if part.strip()]
-    return tuple(out)
 
 
 def is_preflight(scope: dict) -> bool:

@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from .endpoints import Endpoint
-from .generation import Generation, best_choices, collect, merge_stats, stream_events, usage
+from .generation import Generation, best_choices, collect, merge_stats, sse_events, stream_chunks, usage
 from .validation import check_common, sampling_params
 from .worker import Event
 
@@ -24,6 +24,14 @@ from .worker import Event
 async def handle_request(endpoint: Endpoint, request: Request) -> dict[str, Any] | StreamingResponse:
     """Serve one request to ``endpoint``: a whole answer (JSON), or SSE chunks when ``stream``;
     ``n`` choices per prompt."""
+    out = await run_request(endpoint, request)
+    return out if isinstance(out, dict) else sse_response(sse_events(out))
+
+
+async def run_request(endpoint: Endpoint, request: Request) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
+    """The answer to one request as a dict, or when ``stream`` its chunks as they come (an
+    engine failure ends them with an error body): what ``handle_request`` sends, before JSON;
+    the Responses API (``responses.py``) translates a chat's."""
     state, body = endpoint.state, endpoint.body
     drafter, draft_limit = check_common(state, body)
     endpoint.check_size()
@@ -51,8 +59,7 @@ async def handle_request(endpoint: Endpoint, request: Request) -> dict[str, Any]
             return head | {"choices": [choice]} | ({"verispec": ev.stats} if ev.stats else {})
 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(stream_events(gen, chunk, include_usage, lambda u: head | {"choices": [], "usage": u},
-                                          first))
+        return stream_chunks(gen, chunk, include_usage, lambda u: head | {"choices": [], "usage": u}, first)
     outs, stats = await collect(gen, request)
     choices = []
     for index, (prompt, out) in enumerate(best_choices(outs, endpoint.samples, body.n)):

@@ -43,6 +43,7 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
+from . import ray_reaper
 from .app import create_app
 from .guard import Cors, Limits, RequestGuard
 from .ray_network import (check_reachable, is_loopback, loopback_ray, no_usage_stats, replica_grpc_on_loopback,
@@ -446,6 +447,7 @@ def serve_ray(config: RayConfig, host: str = "127.0.0.1", port: int = 8000,
     except Exception as e:  # noqa: BLE001 - Ray's errors are many and long: one line
         raise ValueError(f"cannot {'join the Ray cluster at ' + address if address else 'start Ray'}: "
                          f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
+    reaper = None if address else ray_reaper.start()  # no Ray process of ours outlives this one
     try:
         if address:
             warn_if_exposed(host, address)
@@ -463,6 +465,7 @@ def serve_ray(config: RayConfig, host: str = "127.0.0.1", port: int = 8000,
             serve.shutdown()
     finally:
         ray.shutdown()
+        ray_reaper.stop(reaper)
 
 
 def _wait_for_signal() -> None:

@@ -42,7 +42,8 @@ def routing_text(path: str, body: bytes) -> str:
 
     ``routing_text("/v1/completions", b'{"prompt": "Hi"}') == "Hi"``; token-id prompts become
     ``"1,2,3,"`` (a prefix of ids stays a prefix of text); a chat's messages become
-    ``"user\\x1fHi\\x1e..."`` (role, unit separator, content, record separator). Malformed
+    ``"user\\x1fHi\\x1e..."`` (role, unit separator, content, record separator), and so does a
+    Responses request's input (``_responses_text``). Malformed
     bodies give "": the replica answers them with its own 400.
     """
     try:
@@ -51,6 +52,8 @@ def routing_text(path: str, body: bytes) -> str:
         return ""
     if not isinstance(req, dict):
         return ""
+    if path.endswith("/responses"):
+        return _responses_text(req)
     if path.endswith("/chat/completions"):
         messages = req.get("messages")
         if not isinstance(messages, list):
@@ -65,6 +68,31 @@ def routing_text(path: str, body: bytes) -> str:
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return "".join(f"{t}," for t in prompt)
     return ""
+
+
+def _responses_text(req: dict[str, Any]) -> str:
+    """A Responses request's routing text, in the chat's form: its instructions (a system
+    message), then its input's messages and tool outputs, so a conversation sent again with its
+    next turn (as the OpenAI Agents SDK does) extends its earlier text; a request chained by
+    ``previous_response_id`` is placed by its new input alone.
+
+    >>> _responses_text({"instructions": "Be brief.", "input": "Hi"})
+    'system\\x1fBe brief.\\x1euser\\x1fHi\\x1e'
+    """
+    items = req.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        return ""
+    instructions = req.get("instructions")
+    out = [f"system\x1f{instructions}\x1e"] if isinstance(instructions, str) and instructions else []
+    for item in items:
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "message":
+            out.append(f"{item.get('role', '')}\x1f{_content(item.get('content'))}\x1e")
+        elif kind == "function_call_output":
+            out.append(f"tool\x1f{_content(item.get('output'))}\x1e")
+    return "".join(out)
 
 
 def _content(content: Any) -> str:

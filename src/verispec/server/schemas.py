@@ -64,7 +64,30 @@ class Prediction(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-class _Sampling(BaseModel):
+class FieldError(ValueError):
+    """A field's error found by a model validator (which pydantic locates at the model): its
+    ``param``, the dotted path of the field, is named in the 400 (``app.py``)."""
+
+    def __init__(self, param: str | None, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+class UnicodeBody(BaseModel):
+    """A request body whose strings must be valid Unicode: a lone UTF-16 surrogate anywhere is a
+    400 naming the field (``FieldError``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = lone_surrogate(data)
+        if where is not None:
+            raise FieldError(where or None,
+                             f"{where or 'the body'} is not valid Unicode (a lone UTF-16 surrogate such as \\ud800)")
+        return data
+
+
+class _Sampling(UnicodeBody):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model_config = ConfigDict(extra="ignore")
@@ -94,14 +117,19 @@ class _Sampling(BaseModel):
     return_token_ids: StrictBool = False
     prediction: Prediction | None = None  # OpenAI's Predicted Outputs (chat; completions: an extension)
     response_format: dict[str, Any] | None = None  # structured outputs (structured.py; completions: an extension)
+    # other servers' constraint fields (llama.cpp, vLLM, TGI, SGLang): mapped or refused by compat_fields.py
+    grammar: Any = None
+    json_schema: Any = None
+    guided_json: Any = None
+    guided_choice: Any = None
+    guided_regex: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    regex: Any = None
+    ebnf: Any = None
+    guided_whitespace_pattern: Any = None
+    structural_tag: Any = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_unicode(cls, data: Any) -> Any:
-        where = lone_surrogate(data)
-        if where is not None:
-            raise ValueError(f"{where or 'the body'} is not valid Unicode (a lone UTF-16 surrogate such as \\ud800)")
-        return data
 
     @field_validator("top_k", mode="before")
     @classmethod
@@ -118,6 +146,8 @@ class _Sampling(BaseModel):
         checks = [
             ("stop", any(not s for s in self.stop_strings()), "stop strings must be non-empty"),
             ("stop", len(self.stop_strings()) > 4, "at most 4 stop strings"),
+            ("stream_options", self.stream_options is not None and not self.stream,
+             "stream_options is only allowed when stream is true"),
         ]
         return next(((p, m) for p, bad, m in checks if bad), None)
 
@@ -178,8 +208,15 @@ class ToolCall(BaseModel):
 class Function(BaseModel):
     name: StrictStr = Field(pattern=FUNCTION_NAME)
     description: StrictStr | None = None
-    parameters: dict[str, Any] | None = None  # a JSON schema
+    parameters: dict[str, Any] | None = None  # a JSON schema of an object (OpenAI's rule: arguments are an object)
     strict: StrictBool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type", "object") != "object":
+            raise ValueError("a function's parameters must be a JSON schema of an object: {\"type\": \"object\", ...}")
+        return v
 
 
 class Tool(BaseModel):

@@ -10,6 +10,7 @@ Ray Serve replica (``ray_serve.py``) both serve a ``ServerState``.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -18,57 +19,16 @@ from dataclasses import dataclass, field, replace
 
 from ..api import LoadedModel, load_model
 from ..chat import max_text_chars, template_of
-from ..chat_template import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, ChatTemplate, RenderBounds, RenderWorker
+from ..chat_template import ChatTemplate, RenderWorker
 from ..drafters.base import Drafter
 from ..drafters.prediction import PredictionDrafter
 from ..engine import Engine
 from ..engine.batch import BatchEngine, SpecSchedule
-from ..engine.prefix_cache import DEFAULT_MAX_MB as DEFAULT_PREFIX_CACHE_MB
 from ..engine.prefix_cache import PrefixCache
-from ..models.catalog import DEFAULT_MODEL
-from ..registry import best_method, make_drafter
-from .guard import Cors, Limits
+from ..registry import best_method, built_cost, make_drafter
+from .config import ServerConfig as ServerConfig  # defined there; importable from here too
 from .metrics import ServerMetrics
 from .worker import EngineWorker
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Everything ``verispec serve`` can set. ``drafters``: the drafter names requests may
-    pick (the first is the default); ``drafter_options`` apply to the default drafter."""
-
-    model: str = DEFAULT_MODEL
-    backend: str = "auto"
-    dtype: str = "float32"
-    quant: str = "auto"
-    drafters: tuple[str, ...] = ("auto", "none")
-    drafter_options: tuple[tuple[str, str], ...] = ()
-    num_draft_tokens: int = 4
-    policy: str = "fixed"
-    max_batch: int = 16
-    max_queue: int = 64
-    max_model_len: int = 2048  # 0: what fits (fits_context)
-    default_max_tokens: int = 256
-    spec_schedule: str = "goodput"
-    fixed_cost_rows: float = SpecSchedule.fixed_cost_rows  # a forward's fixed cost in token rows (derived there)
-    token_budget: int = 32
-    disable_spec_at: int = 0
-    served_model_name: str | None = None
-    prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB  # 0 = off (engine/prefix_cache.py)
-    chat_template_timeout_s: float = DEFAULT_TIMEOUT_S  # one chat's rendering through the template (400 after)
-    chat_template_memory_mb: int = DEFAULT_MEMORY_MB  # what that rendering may allocate (400 beyond)
-    limits: Limits = field(default_factory=Limits)
-    cors: Cors = field(default_factory=Cors)  # browser pages of other origins (guard.py; none by default)
-
-    def __post_init__(self) -> None:
-        if not self.drafters:
-            raise ValueError("serve needs at least one drafter")
-        if self.default_max_tokens < 1:
-            raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
-        self.template_bounds()  # checks them
-
-    def template_bounds(self) -> RenderBounds:
-        return RenderBounds(self.chat_template_timeout_s, self.chat_template_memory_mb)
 
 
 @dataclass
@@ -109,6 +69,11 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
     engine in every response's ``verispec`` statistics (a Ray Serve replica). Every engine's drafter
     is wrapped in a ``PredictionDrafter``: a request's prediction drafts first (Predicted Outputs)."""
     model = model or load_model(config.model, dtype=config.dtype, backend=config.backend, quant=config.quant)
+    if config.draft_search is not None:  # --draft-search: a draft found on the machine, said in one line
+        from ..models.discovery import with_found_draft
+
+        model = with_found_draft(model, config.draft_search, lambda line: print(line, file=sys.stderr, flush=True),
+                                 batched=True)
     target = model.backend
     prefix = PrefixCache.from_mb(config.prefix_cache_mb)  # one for all drafters: they share the target
     engines: dict[str, Engine] = {}
@@ -117,11 +82,14 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
         opts = dict(config.drafter_options) if i == 0 else {}
         key = aliases.get(name, name)  # auto runs (and is reported) as the method it resolves to
         if key not in engines:
-            engines[key] = Engine(target, PredictionDrafter(make_drafter(name, model, opts, batched=True)),
-                                  config.num_draft_tokens, config.policy, prefix)
+            drafter = make_drafter(name, model, opts, batched=True)
+            cost = built_cost(model)  # the target's cost model, if a drafter was sized by one
+            engines[key] = Engine(target, PredictionDrafter(drafter, cost, tokenizer=model.tokenizer),
+                                  config.num_draft_tokens, config.policy, prefix, cost)
     config = replace(config, drafters=tuple(dict.fromkeys(aliases.get(n, n) for n in config.drafters)))
     for name, drafter in (extra_drafters or {}).items():
-        engines[name] = Engine(target, PredictionDrafter(drafter), config.num_draft_tokens, config.policy, prefix)
+        engines[name] = Engine(target, PredictionDrafter(drafter, tokenizer=model.tokenizer), config.num_draft_tokens,
+                               config.policy, prefix)
     drafters = [e.drafter for e in engines.values()]
     max_len = (fits_context(target, config.max_batch, drafters) if config.max_model_len == 0
                else min(config.max_model_len, target.info.max_length))
@@ -136,9 +104,11 @@ def build_state(config: ServerConfig, model: LoadedModel | None = None,
     state = ServerState(config, model, worker, metrics, name, max_len, int(time.time()),
                         max_text_chars(model.tokenizer, max_len), pool, aliases)
     if model.has_chat_template:
+        render = RenderWorker()
         try:
-            state.chat_template = template_of(model.tokenizer, config.template_bounds(), RenderWorker())
+            state.chat_template = template_of(model.tokenizer, config.template_bounds(), render)
         except ValueError as e:  # TemplateError: a completion-only user of this model file is still served
+            render.stop()  # the process that found the error: reaped now, not left to the garbage collector
             state.chat_error = str(e)
             warnings.warn(f"{e}; /v1/chat/completions will answer 400, /v1/completions is served", stacklevel=2)
     return state

@@ -24,15 +24,14 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
-from ..paths import lone_surrogate
 from .endpoints import encode_completion_prompt, off_loop, render_chat_prompt, tokenize_chat_prompt
 from .openai_logprobs import token_bytes, token_text
-from .schemas import ApiError, ChatMessage
+from .schemas import ApiError, ChatMessage, UnicodeBody
 from .state import ServerState
 from .validation import check_chat_size, check_prompt_sizes
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(UnicodeBody):
     """A text (``prompt``, llama.cpp: ``content``) or a chat (``messages``), exactly one."""
 
     model_config = ConfigDict(extra="ignore")
@@ -46,14 +45,6 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: StrictBool = True
     return_token_strs: StrictBool = False
     with_pieces: StrictBool = False  # llama.cpp: tokens as {"id", "piece"}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_unicode(cls, data: Any) -> Any:
-        where = lone_surrogate(data)
-        if where is not None:
-            raise ValueError(f"{where or 'the body'} is not valid Unicode (a lone UTF-16 surrogate such as \\ud800)")
-        return data
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:

@@ -22,7 +22,7 @@ from typing import Any
 from ..detokenize import Detokenizer  # the one incremental detokenizer (stop strings, UTF-8 hold-back)
 from ..engine.batch import BatchEngine
 from ..engine.request import Request
-from ..models.base import NonFiniteLogits
+from ..errors import NonFiniteLogits
 from ..types import RequestStats, SamplingParams, TokenLogprob
 from .metrics import ServerMetrics
 
@@ -63,7 +63,7 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     draft_limit: int | None = None  # per-request draft budget cap (0 = no speculation)
     fork_of: str | None = None  # a job of the same prompt whose prefill this one may share (n > 1)
-    prediction: tuple[int, ...] = ()  # the predicted output's token ids (Predicted Outputs): drafts only
+    prediction: tuple[int, ...] | None = None  # the predicted output's token ids (Predicted Outputs): drafts only
     prompt_logprobs: int | None = None  # score the prompt, with this many alternatives per token (echo + logprobs)
     score_only: bool = False  # generate nothing: only the prompt's scores (max_tokens 0), finished "length"
 
@@ -187,7 +187,8 @@ class EngineWorker:
             if job.score_only:
                 return self._scored(job, scored)
             req = self.engine.add_request(job.request_id, job.prompt_ids, job.params, job.drafter,
-                                          draft_limit=job.draft_limit, fork_of=job.fork_of, prediction=job.prediction)
+                                          draft_limit=job.draft_limit, fork_of=job.fork_of,
+                                          prediction=job.prediction or ())
         except Exception as e:  # noqa: BLE001
             self._done_id(job.request_id)
             self.metrics.request_done("failed")
@@ -233,6 +234,8 @@ class EngineWorker:
              logprobs: list[TokenLogprob] | None = None, prompt_logprobs: list[TokenLogprob] | None = None) -> None:
         self._release(run)
         self._done_id(run.req.request_id)
+        if run.job.prediction is not None:  # OpenAI's counts whenever a prediction came, drafted from or not
+            run.req.stats.rejected_prediction_tokens = len(run.job.prediction)
         self.engine.engines[run.job.drafter].drafter.record_usage(run.req.request_id, run.req.stats)
         stats = self._stats(run)
         self.metrics.request_stats(run.req.stats, time.perf_counter() - run.job.submitted)
@@ -271,7 +274,10 @@ class EngineWorker:
             "queue_s": round(run.admitted - run.job.submitted, 4),
             "max_batch_size": run.max_batch_size,
             "drafter_memory_bytes": self.engine.engines[run.job.drafter].drafter.memory_bytes(),
-        } | ({"replica": self.replica} if self.replica is not None else {})
+        } | ({"replica": self.replica} if self.replica is not None else {}) | (
+            {"accepted_prediction_tokens": run.req.stats.accepted_prediction_tokens,
+             "rejected_prediction_tokens": run.req.stats.rejected_prediction_tokens}
+            if run.job.prediction is not None else {})
 
     def _send(self, job: Job, event: Event) -> None:
         try:

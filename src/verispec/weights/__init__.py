@@ -5,6 +5,7 @@ validation acceptance). Nothing here duplicates the target's embedding or LM hea
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -29,17 +30,38 @@ VOCAB_FREQ: dict[str, str] = {
 }
 
 
-def frequent_tokens(model: str, n: int, always: list[int]) -> torch.Tensor:
+# the same rankings by vocabulary (``models.gguf_vocab``'s ``vocab_key``: the tokens, merges and tokenizer model
+# byte for byte), for a GGUF named by path (a draft ``--draft-search`` found): Qwen2.5's vocabulary
+VOCAB_FREQ_BY_KEY: dict[str, str] = {
+    "1edd2ceb00b4a68f1321e0a7583baa5ebefa194259016676fac08ce433890f96": "vocab-freq-qwen2.5-coder.npy",
+}
+
+
+def vocab_ranking(model: str, vocab_key: Callable[[Path], str | None] | None = None) -> str | None:
+    """The ranking file of a catalog model, or of a GGUF file (by path) whose vocabulary has one
+    (``vocab_key``: reads a file's vocabulary key, ``models.gguf_vocab.vocab_key_of``); None else."""
+    if model in VOCAB_FREQ:
+        return VOCAB_FREQ[model]
+    path = Path(model)
+    if vocab_key is None or model in ("shipped", "self") or model.startswith("truncated:") or not path.is_file():
+        return None
+    key = vocab_key(path)
+    return None if key is None else VOCAB_FREQ_BY_KEY.get(key)
+
+
+def frequent_tokens(model: str, n: int, always: list[int],
+                    vocab_key: Callable[[Path], str | None] | None = None) -> torch.Tensor:
     """The ``n`` most frequent token ids of ``model``'s vocabulary plus ``always`` (its
     control tokens), sorted: the rows of an FR-Spec draft head (Zhao et al. 2025). ValueError
-    when no ranking is shipped for the model."""
+    when no ranking is shipped for the model (``vocab_ranking``)."""
     import numpy as np
     import torch
 
-    if model not in VOCAB_FREQ:
+    file = vocab_ranking(model, vocab_key)
+    if file is None:
         raise ValueError(f"no vocabulary ranking shipped for {model!r} (have: {', '.join(VOCAB_FREQ) or 'none'}); "
                          "use vocab=full")
-    ranked = np.load(ROOT / VOCAB_FREQ[model])
+    ranked = np.load(ROOT / file)
     if n < 1:
         raise ValueError(f"vocab must be >= 1 or 'full', got {n}")
     rows = np.union1d(ranked[:n], np.asarray(always, dtype=np.int64))

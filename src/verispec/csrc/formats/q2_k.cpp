@@ -200,6 +200,7 @@ VS_END_TARGET
 
 extern const Format format_q2_k = {"q2_k", 10, QK_K, q2_k::SRC, q2_k::PB, q2_k::repack_row, q2_k::dequant_row,
                                    {layout::matmul_ref<q2_k::Ref>, q2_k::avx2::matmul<q2_k::avx2::K>,
-                                    q2_k::avx512::matmul<q2_k::avx512::K>}};
+                                    q2_k::avx512::matmul<q2_k::avx512::K>},
+                                   quantize_row_q2_k};
 
 }  // namespace vs

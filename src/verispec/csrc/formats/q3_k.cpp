@@ -227,6 +227,7 @@ VS_END_TARGET
 
 extern const Format format_q3_k = {"q3_k", 11, QK_K, q3_k::SRC, q3_k::PB, q3_k::repack_row, q3_k::dequant_row,
                                    {layout::matmul_ref<q3_k::Ref>, q3_k::avx2::matmul<q3_k::avx2::K>,
-                                    q3_k::avx512::matmul<q3_k::avx512::K>}};
+                                    q3_k::avx512::matmul<q3_k::avx512::K>},
+                                   quantize_row_q3_k};
 
 }  // namespace vs

@@ -164,7 +164,8 @@ VS_END_TARGET
 }  // namespace q4
 
 extern const Format format_q4_0 = {"q4_0", 2, QK, 18, q4::PB, q4::repack_q4_0, q4::dequant_row,
-                                   {layout::matmul_ref<q4::Ref>, q4::avx2::matmul<q4::avx2::K>, q4::avx512::matmul<q4::avx512::K>}};
+                                   {layout::matmul_ref<q4::Ref>, q4::avx2::matmul<q4::avx2::K>, q4::avx512::matmul<q4::avx512::K>},
+                                   quantize_row_q4_0};
 extern const Format format_q4_1 = {"q4_1", 3, QK, 20, q4::PB, q4::repack_q4_1, q4::dequant_row,
                                    {layout::matmul_ref<q4::Ref>, q4::avx2::matmul<q4::avx2::K>, q4::avx512::matmul<q4::avx512::K>}};
 
