@@ -121,7 +121,7 @@ def test_every_isa_and_token_count_gives_the_scalar_bits(fmt: str) -> None:
 @pytest.mark.parametrize("fmt", ROWS)
 def test_a_long_product_in_token_chunks_gives_the_scalar_bits(fmt: str) -> None:
     """A prefill-sized product: 9216 columns make the drivers cut the 61 tokens into chunks of
-    24 (AVX-512) or 28 (AVX2) whose activations stay in L2 (layout.h chunk_tokens), the last one
+    16 (AVX-512) or 28 (AVX2) whose activations stay in L2 (layout.h chunk_tokens), the last one
     with a partial tile; every ISA still equals the scalar reference bitwise, token by token."""
     rows, cols, T = 40, 9216, 61
     data = blocks(fmt, rows, cols, seed=5)
