@@ -1,6 +1,7 @@
 """Matrix-product kernels of the compiled runtime, per weight format, ISA and token count:
 GMAC/s and effective weight bandwidth (GB/s) of one product of T tokens (best of --reps),
-weights repacked once. Prints a table; asserts nothing.
+weights repacked once (with --threads 1, timed by that thread's CPU time, which other processes on
+a shared machine do not stretch). Prints a table; asserts nothing.
 
     python scripts/bench_kernels.py --rows 8960 --cols 1536 --tokens 1,4,8,16 --threads 2
 

@@ -15,6 +15,15 @@ to llama.cpp's.
     python scripts/bench_native.py --model qwen2.5-coder-1.5b-instruct --configs cpu cpu-avx2 --context 2048 \
         --prefill-logits last      # a long prompt's prefill as the engine runs it
 
+``--prefill``: only the compiled runtime's prefill (last token's logits, as the engine runs it) at
+each ``--contexts`` length, as tok/s and as a fraction of the compute roofline: weight MACs at the
+int8 peak, attention's QK^T and AV MACs (fp32 in the runtime) at the fp32 FMA peak, the LM head
+for the last token only; give the peaks measured by scripts/peak_macs.cpp (``--peaks INT8 FP32``,
+GMAC/s on the threads used).
+
+    python scripts/bench_native.py --model qwen2.5-coder-1.5b-instruct --prefill --contexts 512 2048 4096 \
+        --peaks 465 116 --reps 3
+
 ``cpu`` runs the GGUF file's own Q4_1 blocks with the widest ISA the machine has;
 ``cpu-avx2`` forces the AVX2 kernels (what an AVX2-only CPU runs). ``--synthetic-1b``: a
 random-weight Llama of ~0.85B parameters (dim 2048, 16 layers, 32/8 heads, ffn 5632,
@@ -351,6 +360,50 @@ def render(results: list[Result], bandwidth: float, console: Console, title: str
     console.print(vs)
 
 
+def prefill_macs(a, n: int) -> tuple[float, float]:
+    """(weight, attention) MACs of an n-token prefill: every token through each layer's matrices,
+    the LM head for the last token, token i's QK^T and AV over its i + 1 keys in every query head."""
+    per_layer = a.dim * (a.n_heads + 2 * a.n_kv_heads) * a.head_dim + a.n_heads * a.head_dim * a.dim \
+        + 3 * a.dim * a.intermediate_size
+    keys = n * (n + 1) / 2
+    return n * a.n_layers * per_layer + a.vocab_size * a.dim, 2 * a.n_layers * a.n_heads * a.head_dim * keys
+
+
+def prefill_roofline(source, configs, contexts, peaks, reps: int, threads: int, console: Console) -> None:
+    """Prefill tok/s of the compiled runtime at each context, interleaved across ``configs``,
+    against the roofline of ``peaks`` (int8, fp32 GMAC/s). Also per CPU second: threads x tokens /
+    the process's CPU seconds, what the forward reaches while it has the cores (on a shared
+    machine, wall time also counts the time other processes had them)."""
+    ids = torch.randint(0, 49152, (1, max(contexts)), generator=torch.Generator().manual_seed(0))
+    models = {name: load_cpu(source, name, max(contexts) + 64, threads) for name in configs}
+    caches = {name: m.new_cache() for name, m in models.items()}
+    for name, m in models.items():  # warm-up (scratch pages, the pool's threads), not timed
+        m.forward(ids[:, :64], torch.arange(64)[None], caches[name], last_logits_only=True)
+    best: dict = {}
+    for rep in range(reps):
+        for n in contexts:
+            for name, m in models.items():
+                caches[name].truncate(0)
+                t, c = time.perf_counter(), time.process_time()
+                m.forward(ids[:, :n], torch.arange(n)[None], caches[name], last_logits_only=True)
+                wall, cpu = best.get((name, n), (1e9, 1e9))
+                best[name, n] = min(wall, time.perf_counter() - t), min(cpu, (time.process_time() - c) / threads)
+        console.print(f"rep {rep + 1}/{reps}, load {os.getloadavg()[0]:.2f}")
+    table = Table(title=f"prefill, {threads} threads, peaks int8 {peaks[0]:g} / fp32 {peaks[1]:g} GMAC/s")
+    for col in ("config", "context", "weight GMAC", "attention GMAC", "roofline tok/s", "tok/s", "fraction",
+                "tok/s per CPU s", "fraction"):
+        table.add_column(col, justify="left" if col == "config" else "right")
+    args = next(iter(models.values())).args
+    for n in contexts:
+        w, att = prefill_macs(args, n)
+        roof = n / (w / 1e9 / peaks[0] + att / 1e9 / peaks[1])
+        for name in models:
+            wall, cpu = best[name, n]
+            table.add_row(name, str(n), f"{w / 1e9:.0f}", f"{att / 1e9:.1f}", f"{roof:.0f}", f"{n / wall:.0f}",
+                          f"{n / wall / roof:.2f}", f"{n / cpu:.0f}", f"{n / cpu / roof:.2f}")
+    console.print(table)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -367,6 +420,10 @@ def main() -> None:
                     help="only the cost curve of a random ~0.85B Llama in Q4_1 on cpu and cpu-avx2")
     ap.add_argument("--ab", action="store_true", help="only the interleaved invariance on/off comparison")
     ap.add_argument("--markdown", action="store_true", help="also print the tables as markdown")
+    ap.add_argument("--prefill", action="store_true", help="only the cpu configs' prefill against the roofline")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 4096], help="prefill lengths (--prefill)")
+    ap.add_argument("--peaks", type=float, nargs=2, default=[465.0, 116.0], metavar=("INT8", "FP32"),
+                    help="peak GMAC/s of int8 vpdpbusd and fp32 FMA on the threads used (scripts/peak_macs.cpp)")
     args = ap.parse_args()
     ks = sorted(set(args.ks))
     if ks[0] != 1:
@@ -390,6 +447,10 @@ def main() -> None:
             print(markdown(results))
         return
     source = resolve_model(args.model)
+    if args.prefill:
+        configs = [c for c in args.configs if c.startswith("cpu")] or ["cpu"]
+        prefill_roofline(source, configs, sorted(args.contexts), args.peaks, args.reps, args.threads, console)
+        return
     path = converted_hf_dir(source)
     ids = torch.randint(0, 49152, (1, ctx + max(*ks, 16)), generator=torch.Generator().manual_seed(0))
     console.print(f"model dir {path}")

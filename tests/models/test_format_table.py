@@ -119,6 +119,20 @@ def test_every_isa_and_token_count_gives_the_scalar_bits(fmt: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", ROWS)
+def test_a_long_product_in_token_chunks_gives_the_scalar_bits(fmt: str) -> None:
+    """A prefill-sized product: 9216 columns make the drivers cut the 61 tokens into chunks of
+    16 (AVX-512) or 28 (AVX2) whose activations stay in L2 (layout.h chunk_tokens), the last one
+    with a partial tile; every ISA still equals the scalar reference bitwise, token by token."""
+    rows, cols, T = 40, 9216, 61
+    data = blocks(fmt, rows, cols, seed=5)
+    x = activations(T, cols, seed=6)
+    ref = run_matmul(fmt, data, rows, cols, x, "scalar")
+    for isa in ISAS:
+        got = run_matmul(fmt, data, rows, cols, x, isa)
+        assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), f"{isa} differs from scalar"
+
+
+@pytest.mark.parametrize("fmt", ROWS)
 def test_matmul_matches_the_dequantized_matrix(fmt: str) -> None:
     """|W x - runtime| <= sum_k |W_k| * (its activation block's max |x|) / 254 (int8 rounding of
     x: half a step of max/127; none for formats multiplied with fp32 activations) + 1e-5 relative

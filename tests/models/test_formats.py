@@ -118,3 +118,20 @@ def test_long_prompt_bitwise_against_one_at_a_time():
         if i % 997 == 0 or i == n - 1:
             assert torch.equal(step.hidden[0, 0], whole.hidden[0, i]), f"token {i}"
     assert torch.equal(step.logits[0, 0], whole.logits[0, -1])
+
+
+@pytest.mark.parametrize("mix", MIXES)
+def test_paired_prefill_attention_bitwise_against_one_at_a_time(mix):
+    """A prefill scores two tokens' keys at a time (attend_pair) where decoding scores one: a
+    203-token prompt (4 K tiles; an odd count, so the threads' runs of tasks end on unpaired
+    tokens) gives every token's hidden state bitwise as decoding it one token at a time, with
+    6 and 7 query heads per kv head, 1 and 2 threads."""
+    n = 203
+    ids = torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(7))
+    for threads in (1, 2):
+        model = mixed_model(mix, threads=threads)
+        whole = model.forward(ids, torch.arange(n)[None], model.new_cache(n + 8), want_hidden=True)
+        cache = model.new_cache(n + 8)
+        for i in range(n):
+            step = model.forward(ids[:, i:i + 1], torch.tensor([[i]]), cache, want_hidden=True)
+            assert torch.equal(step.hidden[0, 0], whole.hidden[0, i]), f"{threads} threads, token {i}"

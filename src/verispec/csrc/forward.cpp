@@ -118,16 +118,31 @@ static void attention(Model& m, const Batch& bt, const char* kc, const char* vc,
   int max_slot = 0;
   for (int t = 0; t < T; t++) max_slot = bt.slot[t] > max_slot ? bt.slot[t] : max_slot;
   const int stride = (max_slot / KV_TILE + 1) * KV_TILE;  // scores per head: whole tiles up to any token's slot
-  m.pool->parallel_for(T * KVH, [&](int i0, int i1) {
-    static thread_local std::vector<float> scores;  // [G, stride]: grown, never zeroed (every read score is written first)
-    static thread_local std::vector<int32_t> keys;  // a sliding window's slots (window_task)
-    if (scores.size() < (size_t)G * stride) scores.resize((size_t)G * stride);
-    for (int i = i0; i < i1; i++) {
-      const int g = i / T, t = i % T, sq = bt.seq[t];  // kv head outer: a sequence's tokens reuse its K/V in cache
-      const size_t base = kv_head_base(m, bt, bt.seq_row[sq], g);
-      AttnTask task{&qkv[(size_t)t * qkv_w + g * G * D], kc + base * esize, vc + base * esize, bt.seq_cached[sq],
+  // task i: kv head i / T, token i % T (kv head outer: a sequence's tokens reuse its K/V in cache)
+  auto task_of = [&](int i) {
+    const int g = i / T, t = i % T, sq = bt.seq[t];
+    const size_t base = kv_head_base(m, bt, bt.seq_row[sq], g);
+    return AttnTask{&qkv[(size_t)t * qkv_w + g * G * D], kc + base * esize, vc + base * esize, bt.seq_cached[sq],
                     bt.vis_off[t + 1] - bt.vis_off[t], bt.vis + bt.vis_off[t], &att.x[(size_t)t * H * D + g * G * D]};
-      if (window > 0 && task.n_cached + task.n_path > window) window_task(task, window, D, esize, keys);
+  };
+  // a sliding window cuts the task's keys (window_task), else they are its own
+  auto windowed = [&](const AttnTask& task) { return window > 0 && task.n_cached + task.n_path > window; };
+  m.pool->parallel_for(T * KVH, [&](int i0, int i1) {
+    static thread_local std::vector<float> scores;  // [2 G, stride]: grown, never zeroed (every read score is written first)
+    static thread_local std::vector<int32_t> keys;  // a sliding window's slots (window_task)
+    if (scores.size() < (size_t)2 * G * stride) scores.resize((size_t)2 * G * stride);
+    for (int i = i0; i < i1; i++) {
+      AttnTask task = task_of(i);
+      if (windowed(task)) {
+        window_task(task, window, D, esize, keys);
+      } else if (i + 1 < i1 && (i + 1) / T == i / T) {  // the next token of this kv head over the same K cache
+        const AttnTask next = task_of(i + 1);         // (a prefill's tokens): both share each K load
+        if (next.kt == task.kt && !windowed(next)) {
+          m.k->attend_pair(task, next, D, G, scale, scores.data(), stride, c.kv16 != 0);
+          i++;
+          continue;
+        }
+      }
       m.k->attend(task, D, G, scale, scores.data(), stride, c.kv16 != 0);
     }
   });

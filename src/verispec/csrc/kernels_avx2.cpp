@@ -172,10 +172,11 @@ static void weigh_values(const AttnTask& t, int D, int G, const float* sc, int s
   }
   return weigh_values_ref<KV>(t, D, G, sc, stride, sum);
 }
-VS_ATTEND(score_tiles, weigh_values)
+VS_SCORE_PAIR_BY_ONE(score_tiles)
+VS_ATTEND(score_tiles, weigh_values, score_pair_by_one)
 
 }  // namespace avx2
 
-const Kernels kernels_avx2 = {"avx2", ISA_AVX2, avx2::attend, avx2::silu_mul_lanes<avx2::F8>, avx2::quantize_row, avx2::rms_norm};
+const Kernels kernels_avx2 = {"avx2", ISA_AVX2, avx2::attend, avx2::attend_pair, avx2::silu_mul_lanes<avx2::F8>, avx2::quantize_row, avx2::rms_norm};
 
 }  // namespace vs

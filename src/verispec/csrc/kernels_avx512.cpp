@@ -73,8 +73,8 @@ static void quantize_row(const float* x, int cols, int8_t* q, float* d, float* s
 // row is four registers of 16 keys.
 static_assert(KV_TILE == 4 * 16, "score_tiles_g loads a K tile row as four 16-lane registers");
 template <int G, class KV>
-static void score_tiles_g(const AttnTask& t, int D, int tiles, float* sc, int stride) {
-  for (int tile = 0; tile < tiles; tile++) {
+static void score_tiles_g(const AttnTask& t, int D, int tile0, int tiles, float* sc, int stride) {
+  for (int tile = tile0; tile < tiles; tile++) {
     const KV* kt = (const KV*)t.kt + (size_t)tile * D * KV_TILE;
     __m512 acc[G][4];
     for (int h = 0; h < G; h++)
@@ -97,8 +97,8 @@ static void score_tiles_g(const AttnTask& t, int D, int tiles, float* sc, int st
 
 // The same for G > 4 heads, 32 keys per pass (G * 2 accumulators stay in registers).
 template <int G, class KV>
-static void score_tiles_wide_g(const AttnTask& t, int D, int tiles, float* sc, int stride) {
-  for (int tile = 0; tile < tiles; tile++) {
+static void score_tiles_wide_g(const AttnTask& t, int D, int tile0, int tiles, float* sc, int stride) {
+  for (int tile = tile0; tile < tiles; tile++) {
     const KV* kt = (const KV*)t.kt + (size_t)tile * D * KV_TILE;
     for (int part = 0; part < KV_TILE / 32; part++) {
       __m512 acc[G][2];
@@ -117,18 +117,71 @@ static void score_tiles_wide_g(const AttnTask& t, int D, int tiles, float* sc, i
   }
 }
 
+// Tiles [tile0, tiles) of one task's scores.
+template <class KV>
+static void score_tiles_range(const AttnTask& t, int D, int G, int tile0, int tiles, float* sc, int stride) {
+  switch (G) {
+    case 1: return score_tiles_g<1, KV>(t, D, tile0, tiles, sc, stride);
+    case 2: return score_tiles_g<2, KV>(t, D, tile0, tiles, sc, stride);
+    case 3: return score_tiles_g<3, KV>(t, D, tile0, tiles, sc, stride);
+    case 4: return score_tiles_g<4, KV>(t, D, tile0, tiles, sc, stride);
+    case 5: return score_tiles_wide_g<5, KV>(t, D, tile0, tiles, sc, stride);
+    case 6: return score_tiles_wide_g<6, KV>(t, D, tile0, tiles, sc, stride);  // Qwen2.5-1.5B: 12 heads over 2
+    case 7: return score_tiles_wide_g<7, KV>(t, D, tile0, tiles, sc, stride);  // Qwen2.5-0.5B: 14 heads over 2
+    case 8: return score_tiles_wide_g<8, KV>(t, D, tile0, tiles, sc, stride);
+    default: return score_tiles_ref<KV>(t, D, G, tiles, sc, stride);  // every key (the same bits again)
+  }
+}
+
 template <class KV>
 static void score_tiles(const AttnTask& t, int D, int G, int tiles, float* sc, int stride) {
+  score_tiles_range<KV>(t, D, G, 0, tiles, sc, stride);
+}
+
+// Two tasks' scores over the same K cache (attend_pair): the 2 G query heads of tokens a and b
+// share each K load, 32 keys a pass (2 G * 2 accumulators in registers), over the tiles both
+// need; the longer task's last tiles alone. Each lane is the same fmaf chain over d as above.
+template <int G, class KV>
+static void score_pair_g(const AttnTask& a, const AttnTask& b, int D, int ta, int tb, float* sa, float* sb, int stride) {
+  const int common = ta < tb ? ta : tb;
+  for (int tile = 0; tile < common; tile++) {
+    const KV* kt = (const KV*)a.kt + (size_t)tile * D * KV_TILE;
+    for (int part = 0; part < KV_TILE / 32; part++) {
+      __m512 acc[2 * G][2];
+      for (int h = 0; h < 2 * G; h++) acc[h][0] = acc[h][1] = _mm512_setzero_ps();
+      for (int d = 0; d < D; d++) {
+        const __m512 k0 = load16(kt + d * KV_TILE + 32 * part), k1 = load16(kt + d * KV_TILE + 32 * part + 16);
+        for (int h = 0; h < 2 * G; h++) {
+          const __m512 q = _mm512_set1_ps(h < G ? a.q[(size_t)h * D + d] : b.q[(size_t)(h - G) * D + d]);
+          acc[h][0] = _mm512_fmadd_ps(q, k0, acc[h][0]);
+          acc[h][1] = _mm512_fmadd_ps(q, k1, acc[h][1]);
+        }
+      }
+      for (int h = 0; h < 2 * G; h++) {
+        float* row = (h < G ? sa + (size_t)h * stride : sb + (size_t)(h - G) * stride) + tile * KV_TILE + 32 * part;
+        _mm512_storeu_ps(row, acc[h][0]);
+        _mm512_storeu_ps(row + 16, acc[h][1]);
+      }
+    }
+  }
+  if (ta > common) score_tiles_range<KV>(a, D, G, common, ta, sa, stride);
+  if (tb > common) score_tiles_range<KV>(b, D, G, common, tb, sb, stride);
+}
+
+template <class KV>
+static void score_pair(const AttnTask& a, const AttnTask& b, int D, int G, int ta, int tb, float* sa, float* sb,
+                       int stride) {
   switch (G) {
-    case 1: return score_tiles_g<1, KV>(t, D, tiles, sc, stride);
-    case 2: return score_tiles_g<2, KV>(t, D, tiles, sc, stride);
-    case 3: return score_tiles_g<3, KV>(t, D, tiles, sc, stride);
-    case 4: return score_tiles_g<4, KV>(t, D, tiles, sc, stride);
-    case 5: return score_tiles_wide_g<5, KV>(t, D, tiles, sc, stride);
-    case 6: return score_tiles_wide_g<6, KV>(t, D, tiles, sc, stride);  // Qwen2.5-1.5B: 12 heads over 2
-    case 7: return score_tiles_wide_g<7, KV>(t, D, tiles, sc, stride);  // Qwen2.5-0.5B: 14 heads over 2
-    case 8: return score_tiles_wide_g<8, KV>(t, D, tiles, sc, stride);
-    default: return score_tiles_ref<KV>(t, D, G, tiles, sc, stride);
+    case 1: return score_pair_g<1, KV>(a, b, D, ta, tb, sa, sb, stride);
+    case 2: return score_pair_g<2, KV>(a, b, D, ta, tb, sa, sb, stride);
+    case 3: return score_pair_g<3, KV>(a, b, D, ta, tb, sa, sb, stride);
+    case 4: return score_pair_g<4, KV>(a, b, D, ta, tb, sa, sb, stride);
+    case 5: return score_pair_g<5, KV>(a, b, D, ta, tb, sa, sb, stride);
+    case 6: return score_pair_g<6, KV>(a, b, D, ta, tb, sa, sb, stride);
+    case 7: return score_pair_g<7, KV>(a, b, D, ta, tb, sa, sb, stride);
+    default:  // 2 G * 2 accumulators would not fit the 32 registers
+      score_tiles<KV>(a, D, G, ta, sa, stride);
+      score_tiles<KV>(b, D, G, tb, sb, stride);
   }
 }
 
@@ -212,11 +265,11 @@ static void weigh_values(const AttnTask& t, int D, int G, const float* sc, int s
     }
   return weigh_values_ref<KV>(t, D, G, sc, stride, sum);
 }
-VS_ATTEND(score_tiles, weigh_values)
+VS_ATTEND(score_tiles, weigh_values, score_pair)
 
 }  // namespace avx512
 
-const Kernels kernels_avx512 = {"avx512", ISA_AVX512, avx512::attend, avx512::silu_mul_lanes<avx512::F16>, avx512::quantize_row,
+const Kernels kernels_avx512 = {"avx512", ISA_AVX512, avx512::attend, avx512::attend_pair, avx512::silu_mul_lanes<avx512::F16>, avx512::quantize_row,
                                 avx512::rms_norm};
 
 }  // namespace vs

@@ -9,10 +9,11 @@ namespace vs {
 namespace scalar {
 #include "kernels_generic.inc"
 static void exp_shifted(float* s, int n, float mx) { exp_shifted_ref(s, n, mx); }
-VS_ATTEND(score_tiles_ref, weigh_values_ref)
+VS_SCORE_PAIR_BY_ONE(score_tiles_ref)
+VS_ATTEND(score_tiles_ref, weigh_values_ref, score_pair_by_one)
 }  // namespace scalar
 
-const Kernels kernels_scalar = {"scalar", ISA_SCALAR, scalar::attend, scalar::silu_mul_ref, scalar::quantize_row_ref,
+const Kernels kernels_scalar = {"scalar", ISA_SCALAR, scalar::attend, scalar::attend_pair, scalar::silu_mul_ref, scalar::quantize_row_ref,
                                 scalar::rms_norm};
 
 }  // namespace vs

@@ -102,6 +102,10 @@ struct Kernels {
   // scratch: G * stride floats, stride >= KV_TILE * ceil((last path slot + 1) / KV_TILE);
   // kv16: the cache holds fp16 (IEEE half) values, else fp32
   void (*attend)(const AttnTask& task, int head_dim, int G, float scale, float* scratch, int stride, bool kv16);
+  // two tasks over the same K cache (AttnTask::kt), the same bits as attend on each;
+  // scratch: 2 G * stride floats (a's G rows, then b's)
+  void (*attend_pair)(const AttnTask& a, const AttnTask& b, int head_dim, int G, float scale, float* scratch, int stride,
+                      bool kv16);
   void (*silu_mul)(const float* g, const float* u, float* out, int n);  // out = silu(g) * u
   void (*quantize_row)(const float* x, int cols, int8_t* q, float* d, float* s, int32_t* qsum, int32_t* qsum16);
   void (*rms_norm)(const float* x, const float* w, int n, float eps, float* out);

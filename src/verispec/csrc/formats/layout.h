@@ -80,6 +80,18 @@ void matmul_ref(const Matrix& w, int p0, int p1, const QAct& a, int T, float* ou
   }
 }
 
+// Tokens per chunk of a long product (a prefill): the drivers run a chunk of tokens through all their
+// panels before the next chunk, so the chunk's int8 activations (tokens x cols bytes, at most
+// CHUNK_ACT_BYTES) stay in the core's L2 while the weight panels stream past; token-outer order
+// would read every token's activations once per 16-row panel from the last-level cache instead.
+// A multiple of `tile` tokens, so a chunk splits into the same tiles as before. Order of work only:
+// every output is the same sequence of operations.
+constexpr int CHUNK_ACT_BYTES = 256 * 1024;
+inline int chunk_tokens(int cols, int tile) {
+  const int n = CHUNK_ACT_BYTES / cols / tile * tile;
+  return n > tile ? n : tile;
+}
+
 // The int8 activations of token t, block b.
 inline const int8_t* act_q(const QAct& a, int t, int b) { return a.q + (size_t)t * a.cols + (size_t)b * QK; }
 // The activation rows of TT tokens from t0, found once per tile: a kernel's block loop then indexes

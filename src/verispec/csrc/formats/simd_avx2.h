@@ -180,10 +180,13 @@ static void matmul(const Matrix& w, int p0, int p1, const QAct& a, int T, float*
   // tokens per tile: K::both's register budget, else 4 (8 weight and 4 accumulator registers of 16)
   constexpr int N = BothTokens<K>::value >= 2 ? BothTokens<K>::value : 4;
   static_assert(N <= 4, "the remainder's cases below");
+  const int chunk = chunk_tokens(a.cols, N);  // tokens per chunk (layout.h): their activations stay in L2
+  for (int c0 = 0; c0 < T; c0 += chunk)
   for (int p = p0; p < p1; p++) {
-    int t = 0;
-    for (; t + N <= T; t += N) tile<K, N>(w, p, a, t, out, ldo);
-    switch (T - t) {
+    const int c1 = T - c0 < chunk ? T : c0 + chunk;
+    int t = c0;
+    for (; t + N <= c1; t += N) tile<K, N>(w, p, a, t, out, ldo);
+    switch (c1 - t) {
       case 3: tile<K, 3>(w, p, a, t, out, ldo); break;
       case 2: tile<K, 2>(w, p, a, t, out, ldo); break;
       case 1: tile<K, 1>(w, p, a, t, out, ldo); break;

@@ -108,10 +108,14 @@ static inline void tile(const Matrix& w, int p, const QAct& a, int t0, float* ou
 
 template <class K>
 static void matmul(const Matrix& w, int p0, int p1, const QAct& a, int T, float* out, int ldo) {
+  const int chunk = chunk_tokens(a.cols, 16);  // tokens per chunk (layout.h): their activations stay in L2
+  for (int c0 = 0; c0 < T; c0 += chunk)
   for (int p = p0; p < p1; p++) {
-    int t = 0;  // tiles of 8 tokens, then one tile of the rest: a verify of k + 1 <= 8 tokens unpacks once
-    for (; t + 8 <= T; t += 8) tile<K, 8>(w, p, a, t, out, ldo);
-    switch (T - t) {
+    const int c1 = T - c0 < chunk ? T : c0 + chunk;
+    int t = c0;  // tiles of 16 and 8 tokens, then one tile of the rest: a verify of k + 1 <= 8 tokens unpacks once
+    for (; t + 16 <= c1; t += 16) tile<K, 16>(w, p, a, t, out, ldo);
+    for (; t + 8 <= c1; t += 8) tile<K, 8>(w, p, a, t, out, ldo);
+    switch (c1 - t) {
       case 7: tile<K, 7>(w, p, a, t, out, ldo); break;
       case 6: tile<K, 6>(w, p, a, t, out, ldo); break;
       case 5: tile<K, 5>(w, p, a, t, out, ldo); break;
