@@ -17,6 +17,7 @@ from .drafters.eagle import EagleOptions
 from .drafters.hybrid import HybridOptions
 from .drafters.lookahead import LookaheadOptions
 from .drafters.medusa import MedusaOptions
+from .drafters.model_free import ModelFreeOptions
 from .drafters.options import AutoOptions, NoOptions, from_strings
 from .drafters.prompt_lookup import PromptLookupDrafter, PromptLookupOptions
 from .drafters.retrieval import RestOptions
@@ -260,13 +261,20 @@ def _suffix(target: "LoadedModel", o: SuffixOptions) -> Drafter:
 def _token_recycling(target: "LoadedModel", o: TokenRecyclingOptions) -> Drafter:
     from .drafters.token_recycling import TokenRecyclingDrafter
 
-    return TokenRecyclingDrafter(target.backend.info.vocab_size, k=o.k, max_depth=o.max_depth)
+    cost = cost_model(target).curve if o.budget == "measured" else None  # the target's t(n)
+    return TokenRecyclingDrafter(target.backend.info.vocab_size, k=o.k, max_depth=o.max_depth, cost=cost)
 
 
 def _lookahead(target: "LoadedModel", o: LookaheadOptions) -> Drafter:
     from .drafters.lookahead import LookaheadDrafter
 
     return LookaheadDrafter(window=o.window, ngram=o.ngram, guesses=o.guesses, max_keys=o.max_keys)
+
+
+def _model_free(target: "LoadedModel", o: ModelFreeOptions) -> Drafter:
+    from .drafters.model_free import model_free_drafter
+
+    return model_free_drafter(target.backend.info.vocab_size, cost_model(target).curve, o)
 
 
 def _rest(target: "LoadedModel", o: RestOptions) -> Drafter:
@@ -286,14 +294,18 @@ def best_method(target: "LoadedModel", batched: bool = False) -> tuple[str, dict
     in docs/benchmarks.md: a target with a catalog draft model on the compiled runtime gets the
     hybrid (suffix first, where the answer copies its context, the draft model where it does
     not); so does one with a draft found on the machine (``--draft-search``, ``target.found_draft``:
-    one of another vocabulary drafts through text, not in the batched server); any other target gets SuffixDecoding (the fastest measured on SmolLM2), or prompt
+    one of another vocabulary drafts through text, not in the batched server); any other target on the compiled
+    runtime gets ``model-free`` (drafters/model_free.py: SuffixDecoding on a context match, else Token Recycling,
+    sized by its cost curve), elsewhere SuffixDecoding (the fastest measured on SmolLM2), or prompt
     lookup in the batched server (``batched``: the server's measured best, docs/cpu.md)."""
     if catalog_draft(target):
         return "hybrid", {"learned": "draft", "min_match": AUTO_MIN_MATCH}
     found = getattr(target, "found_draft", None)  # --draft-search (models/discovery.py): a same-vocabulary draft first
     if found is not None and target.backend_kind == "cpu" and (found.same_vocab or not batched):
         return "hybrid", {"learned": "draft", "min_match": AUTO_MIN_MATCH, "learned_model": str(found.path)}
-    return ("prompt-lookup", {}) if batched else ("suffix", {})
+    if batched:
+        return "prompt-lookup", {}
+    return ("model-free", {}) if target.backend_kind == "cpu" else ("suffix", {})
 
 
 def describe_method(name: str, target: "LoadedModel") -> str:
@@ -313,6 +325,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, type]] = {  # name -> (factory, its op
     "suffix": (_suffix, SuffixOptions),
     "token-recycling": (_token_recycling, TokenRecyclingOptions),
     "lookahead": (_lookahead, LookaheadOptions),
+    "model-free": (_model_free, ModelFreeOptions),
     "rest": (_rest, RestOptions),
     "medusa": (_medusa, MedusaOptions),
     "hybrid": (_hybrid, HybridOptions),

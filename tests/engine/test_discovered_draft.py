@@ -89,7 +89,7 @@ def test_an_ollama_blob_is_loaded_as_found_and_keeps_the_law(stores):
 def test_nothing_found_leaves_auto_as_it_was(stores, tmp_path, stories_native, monkeypatch):
     said = []
     lm = with_found_draft(stores["cpu"], [Location(tmp_path)], said.append)
-    assert lm.found_draft is None and best_method(lm) == ("suffix", {}) and "auto runs without one" in said[0]
+    assert lm.found_draft is None and best_method(lm) == ("model-free", {}) and "auto runs without one" in said[0]
     assert with_found_draft(stories_native, [Location(tmp_path)], said.append) is stories_native
     assert said[-1].startswith("draft search: not searched, stories260k is not a GGUF file")
     native = load_model(str(stores["target"]), backend="native")

@@ -113,4 +113,4 @@ class NoOptions:
 
 @dataclass(frozen=True)
 class AutoOptions:
-    """the best lossless method measured for the target (the default): with a catalog draft model (Qwen2.5-Coder 1.5B: the 0.5B) the hybrid of suffix and the draft, else suffix (serve: prompt lookup); options go to that method."""
+    """the best lossless method measured for the target (the default): with a catalog draft model (Qwen2.5-Coder 1.5B: the 0.5B) the hybrid of suffix and the draft, else on the compiled runtime model-free (suffix, else Token Recycling), elsewhere suffix (serve: prompt lookup); options go to that method."""

@@ -1,0 +1,44 @@
+"""Speculation for a target with no draft model (issue 47): SuffixDecoding where the answer
+copies its context, Token Recycling where it does not, both sized by the target's cost curve.
+
+The composition is a ``HybridDrafter`` (drafters/hybrid.py) with SuffixDecoding (Oliaro et al.
+2024) as its retrieval drafter and Token Recycling (Luo et al. 2024, "Turning Trash into
+Treasure") as its learned one, sizing itself (``learned_sizing="self"``): per step the suffix
+draft proposes when its match is at least ``min_match`` tokens long and some size of it beats
+plain decoding on the cost curve; otherwise Token Recycling drafts the prefix of its best-first
+tree template whose expected accepted tokens per unit of t(n) are best, or nothing (a plain step)
+where no size pays. Both draft for microseconds, so the only cost is the target's t(n).
+Lossless as each part is: every tree is a sub-drafter's point-mass tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .hybrid import HybridDrafter
+from .options import option
+from .suffix_tree import SuffixDecodingDrafter
+from .token_recycling import TokenRecyclingDrafter
+
+AUTO_MIN_MATCH = 6  # as auto's draft-model hybrid: a suffix draft after a 6-token context match
+
+
+@dataclass(frozen=True)
+class ModelFreeOptions:
+    """for a target without a draft model: SuffixDecoding on a context match, else Token Recycling; sized by the target's cost curve."""
+
+    min_match: int = option(AUTO_MIN_MATCH, "suffix drafts only after a context match this long")
+    min_score: float = option(1.0, "suffix drafts worth fewer expected tokens are no candidate")
+    k: int = option(8, "Token Recycling: successors kept per token")
+    max_depth: int = option(8, "Token Recycling: deepest level of its tree")
+
+    def __post_init__(self) -> None:
+        if self.min_match < 0 or self.min_score < 0 or self.k < 1 or self.max_depth < 1:
+            raise ValueError("model-free needs min_match >= 0, min_score >= 0, k >= 1, max_depth >= 1")
+
+
+def model_free_drafter(vocab_size: int, cost: dict[int, float], o: ModelFreeOptions) -> HybridDrafter:
+    """The composition for a target of ``vocab_size`` tokens and measured t(n) ``cost``."""
+    recycling = TokenRecyclingDrafter(vocab_size, k=o.k, max_depth=o.max_depth, cost=cost)
+    return HybridDrafter(SuffixDecodingDrafter(min_score=0.0), recycling, mode="fallback", min_score=o.min_score,
+                         cost=cost, min_match=o.min_match, learned_sizing="self")

@@ -1,0 +1,73 @@
+"""``auto`` for a target without a draft model on the compiled runtime: ``model-free``
+(drafters/model_free.py: SuffixDecoding on a context match, else Token Recycling sized by the
+target's cost curve). Greedy output equals plain decoding's on SmolLM2 with 1 and 2 runtime
+threads, for the composition and for cost-sized Token Recycling alone, across requests (the
+matrix and the tracked acceptance are kept); the statistics name what auto ran."""
+
+from __future__ import annotations
+
+import pytest
+
+from verispec.api import SpecDecoder, load_model
+from verispec.drafters.hybrid import HybridDrafter
+from verispec.drafters.model_free import ModelFreeOptions, model_free_drafter
+from verispec.drafters.token_recycling import TokenRecyclingDrafter
+from verispec.registry import best_method, describe_method, make_drafter
+from verispec.types import SamplingParams
+
+PROMPTS = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):",
+           "Tell me a short story about a robot who learns to paint."]
+PARAMS = SamplingParams(max_new_tokens=40, ignore_eos=True)
+CHEAP = {1: 1.02, 2: 1.04, 4: 1.1, 8: 1.3, 16: 1.9}  # drafts trees every step
+STEEP = {1: 1.3, 2: 1.4, 4: 1.9, 8: 2.6, 16: 4.1}  # the 1.5B's measured shape: small trees or none
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    lm = load_model("smollm2-135m-instruct")
+    assert lm.backend_kind == "cpu"
+    yield lm
+    lm.backend.set_threads(1)
+
+
+@pytest.fixture(scope="module")
+def plain(smollm2):
+    return [SpecDecoder(smollm2, "none").generate(p, PARAMS, chat=False).token_ids for p in PROMPTS]
+
+
+def drafters(vocab: int):
+    return {"model-free-cheap": model_free_drafter(vocab, CHEAP, ModelFreeOptions(min_match=3)),
+            "model-free-steep": model_free_drafter(vocab, STEEP, ModelFreeOptions()),
+            "recycling-cheap": TokenRecyclingDrafter(vocab, cost=CHEAP),
+            "recycling-steep": TokenRecyclingDrafter(vocab, cost=STEEP)}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name", ["model-free-cheap", "model-free-steep", "recycling-cheap", "recycling-steep"])
+def test_greedy_equals_plain_on_the_compiled_runtime(smollm2, plain, threads, name):
+    smollm2.backend.set_threads(threads)
+    drafter = drafters(smollm2.backend.info.vocab_size)[name]
+    dec = SpecDecoder(smollm2, drafter, num_draft_tokens=16)
+    accepted = 0
+    for _ in range(2):  # the second round drafts from what the first taught
+        for prompt, want in zip(PROMPTS, plain):
+            out = dec.generate(prompt, PARAMS, chat=False)
+            assert out.token_ids == want
+            accepted += out.stats.accepted
+    if name.endswith("cheap"):
+        assert accepted > 0
+
+
+def test_auto_without_a_draft_on_the_compiled_runtime_is_model_free(smollm2, plain):
+    assert best_method(smollm2) == ("model-free", {})
+    assert best_method(smollm2, batched=True) == ("prompt-lookup", {})
+    assert describe_method("auto", smollm2) == "auto: model-free"
+    drafter = make_drafter("auto", smollm2, {"min_match": "4"})
+    assert isinstance(drafter, HybridDrafter) and isinstance(drafter.learned, TokenRecyclingDrafter)
+    assert drafter.min_match == 4 and drafter.learned.cost is not None  # sized by the target's measured t(n)
+    dec = SpecDecoder(smollm2, drafter, num_draft_tokens=16)
+    for prompt, want in zip(PROMPTS, plain):
+        assert dec.generate(prompt, PARAMS, chat=False).token_ids == want
+    assert sum(drafter.steps.values()) > 0  # who drafted each step is counted (the statistics name it)
+    with pytest.raises(ValueError, match="has no option"):
+        make_drafter("auto", smollm2, {"window": 3})
