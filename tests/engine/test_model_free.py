@@ -71,3 +71,27 @@ def test_auto_without_a_draft_on_the_compiled_runtime_is_model_free(smollm2, pla
     assert sum(drafter.steps.values()) > 0  # who drafted each step is counted (the statistics name it)
     with pytest.raises(ValueError, match="has no option"):
         make_drafter("auto", smollm2, {"window": 3})
+
+
+def test_generate_and_bench_name_what_auto_ran(tmp_path):
+    """``verispec generate --json`` names the method auto resolved to and who drafted its steps;
+    ``verispec bench`` says it in a notice."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from verispec.bench.command import BenchOptions, build_runners
+    from verispec.bench.methods import parse_method, with_baseline
+    from verispec.cli import app
+    from verispec.registry import DRAFTERS
+
+    r = CliRunner().invoke(app, ["generate", "--model", "smollm2-135m-instruct", "-n", "24", "--json",
+                                 "def f(x):\n    return x\n\ndef g(x):\n    return x\n\ndef h(x):"])
+    assert r.exit_code == 0, r.output
+    stats = json.loads(r.stdout)["stats"]
+    assert stats["drafter"] == "auto: model-free" and sum(stats["drafted_by"].values()) == stats["steps"]
+    lm = load_model("stories260k")
+    opts = BenchOptions(None, ("qa",), 1, (), "stories260k", "auto", "float32", 0.0, 1.0, 0, 0, 8, 4, "fixed",
+                        1, 0, 1, False, None, 1e-3, tmp_path, False, False)
+    _, notices = build_runners(with_baseline([parse_method("auto", DRAFTERS)]), lm, opts)
+    assert notices == ["method auto: auto: suffix"]  # stories260k runs natively: suffix

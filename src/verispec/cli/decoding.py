@@ -115,6 +115,8 @@ def generate(
     ids = [t for c in chunks for t in c.token_ids]
     stats = chunks[-1].stats.as_dict() | {"peak_rss_mb": round(peak_rss_mb(), 1)}
     stats["drafter"] = describe_method(drafter, lm)
+    if getattr(dec.drafter, "steps", None):  # a hybrid (auto): verified steps by who drafted them
+        stats["drafted_by"] = dict(dec.drafter.steps)
     stats["drafter_memory_bytes"] = dec.drafter.memory_bytes()
     stats["backend"] = lm.backend.description
     stats["threads"] = n_threads
