@@ -127,7 +127,7 @@ class Spy:
 
 
 @pytest.mark.parametrize("name,min_branching", [("token-recycling", 200), ("token-recycling-costed", 100),
-                                                ("lookahead-small", 20)])
+                                                ("model-free", 50), ("lookahead-small", 20)])
 def test_sampling_distribution_matches_target(toy_target, name, min_branching):
     """Token 2 is committed by the first speculative step, verified against a tree of
     point-mass candidates (several siblings per node); given token 1 its law must be
