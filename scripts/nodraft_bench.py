@@ -21,7 +21,7 @@ from pathlib import Path
 SHARED = Path("/work/shared/data")
 TUNE_CODE = ("textwrap.dedent", "shlex.quote", "json.encoder.py_encode_basestring", "fnmatch.translate",
              "string.capwords", "base64.b64encode")
-HELDOUT_CODE = ("heapq.nsmallest", "bisect.insort_right", "colorsys.rgb_to_hsv", "calendar.isleap",
+HELDOUT_CODE = ("heapq.nsmallest", "statistics.median", "colorsys.rgb_to_hsv", "calendar.isleap",
                 "difflib.get_close_matches", "html.escape")
 
 

@@ -7,13 +7,16 @@ Treasure") as its learned one, sizing itself (``learned_sizing="self"``): per st
 draft proposes when its match is at least ``min_match`` tokens long and some size of it beats
 plain decoding on the cost curve; otherwise Token Recycling drafts the prefix of its best-first
 tree template whose expected accepted tokens per unit of t(n) are best, or nothing (a plain step)
-where no size pays. Both draft for microseconds, so the only cost is the target's t(n).
+where no size pays (``choose="rate"``: the hybrid compares the suffix draft's rate with Token
+Recycling's tracked one, a chain model of its trees, and gives Token Recycling that size as its
+budget). Both draft for microseconds, so the only cost is the target's t(n).
 Lossless as each part is: every tree is a sub-drafter's point-mass tree.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from .hybrid import HybridDrafter
 from .options import option
@@ -31,6 +34,8 @@ class ModelFreeOptions:
     min_score: float = option(1.0, "suffix drafts worth fewer expected tokens are no candidate")
     k: int = option(8, "Token Recycling: successors kept per token")
     max_depth: int = option(8, "Token Recycling: deepest level of its tree")
+    choose: Literal["suffix-first", "rate"] = option(
+        "suffix-first", "suffix-first: suffix whenever its draft pays; rate: the higher tracked rate of the two")
 
     def __post_init__(self) -> None:
         if self.min_match < 0 or self.min_score < 0 or self.k < 1 or self.max_depth < 1:
@@ -41,4 +46,5 @@ def model_free_drafter(vocab_size: int, cost: dict[int, float], o: ModelFreeOpti
     """The composition for a target of ``vocab_size`` tokens and measured t(n) ``cost``."""
     recycling = TokenRecyclingDrafter(vocab_size, k=o.k, max_depth=o.max_depth, cost=cost)
     return HybridDrafter(SuffixDecodingDrafter(min_score=0.0), recycling, mode="fallback", min_score=o.min_score,
-                         cost=cost, min_match=o.min_match, learned_sizing="self")
+                         cost=cost, min_match=o.min_match,
+                         learned_sizing="self" if o.choose == "suffix-first" else "hybrid")
