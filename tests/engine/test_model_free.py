@@ -90,6 +90,14 @@ def test_generate_and_bench_name_what_auto_ran(tmp_path):
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout)["stats"]
     assert stats["drafter"] == "auto: model-free" and sum(stats["drafted_by"].values()) == stats["steps"]
+    from rich.console import Console
+
+    from verispec.cli.decoding import stats_table
+
+    console = Console(record=True, width=200)
+    console.print(stats_table(stats))
+    text = console.export_text()
+    assert "auto: model-free" in text and "drafted_by" in text
     lm = load_model("stories260k")
     opts = BenchOptions(None, ("qa",), 1, (), "stories260k", "auto", "float32", 0.0, 1.0, 0, 0, 8, 4, "fixed",
                         1, 0, 1, False, None, 1e-3, tmp_path, False, False)
