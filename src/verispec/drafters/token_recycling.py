@@ -11,11 +11,18 @@ The matrix is shared by all requests and persists across them (the paper's "hot 
 it changes only in ``observe``. Memory: exactly ``V * k * 4`` bytes (49152 x 8 -> 1.5 MiB).
 
 Template: the paper uses a fixed 80-node tree. Here the template is the best n-node tree
-(n = the step budget) for a per-rank acceptance profile ``rank_probs`` (the chance that
-the rank-r successor is the target's choice, assumed independent of depth): nodes are
-added in decreasing path probability, the greedy construction that is optimal for
-monotone path weights (Sequoia, Chen et al. 2024). Parents precede children and siblings
-come in rank order, so every prefix of the template is itself a valid tree.
+for a per-rank acceptance profile (the chance that the rank-r successor is the target's
+choice; ``rank_probs`` for every depth, or one row per depth): nodes are added in decreasing
+path probability, the greedy construction that is optimal for monotone path weights
+(Sequoia, Chen et al. 2024). Parents precede children and siblings come in rank order, so
+every prefix of the template is itself a valid tree.
+
+Size (``cost``, the target's t(n) from ``cost_curve``; Sequoia's hardware-aware rule per
+step): the profile is the acceptance of its own verified trees per depth and rank
+(``policies.draft_budget.RankAcceptance``, ``rank_probs`` its prior), kept across requests
+as the matrix is; a step drafts the template prefix (its unknown rows dropped) with the best
+``(E(n) + 1) / t(n)``, nothing where plain decoding is best. Without ``cost``: the static
+``rank_probs`` template at the whole budget (the paper's setting).
 """
 
 from __future__ import annotations
