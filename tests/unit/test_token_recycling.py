@@ -146,3 +146,10 @@ def test_the_acceptance_of_its_own_trees_reshapes_them_and_outlives_the_request(
     d.reset()
     assert d.acceptance.prob(1, 0) == 0.5 and d.propose(DraftContext("r2", [1, 2], 6, SamplingParams(),
                                                                       make_generator(0, 1))).num_drafted == 0
+
+
+def test_a_cost_curve_that_dips_is_not_taken_for_a_bargain():
+    # timed under load: t(8) below t(4); read as it is, 5 nodes would cost 1.45 steps and win
+    d = _taught({1: 1.2, 2: 1.3, 4: 1.6, 8: 1.0, 16: 5.0})
+    assert d.cost == {1: 1.2, 2: 1.3, 4: 1.6, 8: 1.6, 16: 5.0}
+    assert d.propose(ctx_of([1, 2])).tokens == (2, 5, 8)  # 1.75 / t(2) beats 2.15 / t(5) = 2.15 / 1.6

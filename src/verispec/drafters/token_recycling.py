@@ -33,7 +33,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from ..policies.draft_budget import RankAcceptance, best_size
+from ..policies.draft_budget import RankAcceptance, best_size, monotone
 from ..tree import DraftTree
 from .base import DeclaresFeatures, DraftContext, Observation, RequestTable
 from .options import option
@@ -162,7 +162,8 @@ class TokenRecyclingDrafter(DeclaresFeatures):
             raise ValueError("token recycling needs vocab_size >= 1, 1 <= k <= vocab_size, max_depth >= 1")
         if len(rank_probs) < k or any(not 0 < p <= 1 for p in rank_probs):
             raise ValueError(f"rank_probs needs k={k} values in (0, 1]")
-        self.k, self.max_depth, self.cost = k, max_depth, cost
+        self.k, self.max_depth = k, max_depth
+        self.cost = None if cost is None else monotone(cost)  # a dip timed under load is no bargain
         self.rank_probs = tuple(rank_probs[:k])
         self._adjacency = torch.full((vocab_size, k), -1, dtype=torch.int32)  # [V, k]
         self._templates: dict[int, tuple[tuple[int, int], ...]] = {}

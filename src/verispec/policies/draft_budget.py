@@ -41,6 +41,21 @@ def interpolate(curve: dict[int, float], n: int, at_zero: float = 1.0) -> float:
     return round(lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0]), 12)
 
 
+def monotone(curve: dict[int, float]) -> dict[int, float]:
+    """A cost curve made non-decreasing in n (each t(n) raised to the largest t at a smaller size):
+    a curve timed on a busy machine can dip (t(12) below t(8)), and a dip would make a larger draft
+    look cheaper than a smaller one.
+
+    >>> monotone({1: 1.3, 8: 2.5, 12: 2.0, 16: 4.0})
+    {1: 1.3, 8: 2.5, 12: 2.5, 16: 4.0}
+    """
+    out, top = {}, 0.0
+    for n in sorted(curve):
+        top = max(top, curve[n])
+        out[n] = top
+    return out
+
+
 def best_size(values: Sequence[float], cost: dict[int, float],
               draft_cost: dict[int, float] | None = None) -> tuple[int, float]:
     """The size n in 0..len(values) with the highest rate ``(E(n) + 1) / (t(n) + c(n))``,
