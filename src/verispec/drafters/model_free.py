@@ -4,8 +4,8 @@ copies its context, Token Recycling where it does not, both sized by the target'
 The composition is a ``HybridDrafter`` (drafters/hybrid.py) with SuffixDecoding (Oliaro et al.
 2024) as its retrieval drafter and Token Recycling (Luo et al. 2024, "Turning Trash into
 Treasure") as its learned one, sizing itself (``learned_sizing="self"``): per step the suffix
-draft proposes when its match is at least ``min_match`` tokens long and some size of it beats
-plain decoding on the cost curve; otherwise Token Recycling drafts the prefix of its best-first
+draft proposes when its match is at least ``min_match`` tokens long (0 by default) and some size
+of it beats plain decoding on the cost curve (its scores calibrated by what its drafts yielded); otherwise Token Recycling drafts the prefix of its best-first
 tree template whose expected accepted tokens per unit of t(n) are best, or nothing (a plain step)
 where no size pays (``choose="rate"``: the hybrid compares the suffix draft's rate with Token
 Recycling's tracked one, a chain model of its trees, and gives Token Recycling that size as its
@@ -23,14 +23,16 @@ from .options import option
 from .suffix_tree import SuffixDecodingDrafter
 from .token_recycling import TokenRecyclingDrafter
 
-AUTO_MIN_MATCH = 6  # as auto's draft-model hybrid: a suffix draft after a 6-token context match
+# no context-match gate: Token Recycling is a weak alternative (its top-1 successor is right 0.35-0.45 of the
+# time), so a suffix draft that pays by its calibrated score is taken (tuning runs: docs/benchmarks.md)
+MIN_MATCH = 0
 
 
 @dataclass(frozen=True)
 class ModelFreeOptions:
     """for a target without a draft model: SuffixDecoding on a context match, else Token Recycling; sized by the target's cost curve."""
 
-    min_match: int = option(AUTO_MIN_MATCH, "suffix drafts only after a context match this long")
+    min_match: int = option(MIN_MATCH, "suffix drafts only after a context match this long")
     min_score: float = option(1.0, "suffix drafts worth fewer expected tokens are no candidate")
     k: int = option(8, "Token Recycling: successors kept per token")
     max_depth: int = option(8, "Token Recycling: deepest level of its tree")
