@@ -17,6 +17,7 @@ from .drafters.eagle import EagleOptions
 from .drafters.hybrid import HybridOptions
 from .drafters.lookahead import LookaheadOptions
 from .drafters.medusa import MedusaOptions
+from .drafters.model_free import ModelFreeOptions
 from .drafters.options import AutoOptions, NoOptions, from_strings
 from .drafters.prompt_lookup import PromptLookupDrafter, PromptLookupOptions
 from .drafters.retrieval import RestOptions
@@ -270,13 +271,20 @@ def _suffix(target: "LoadedModel", o: SuffixOptions) -> Drafter:
 def _token_recycling(target: "LoadedModel", o: TokenRecyclingOptions) -> Drafter:
     from .drafters.token_recycling import TokenRecyclingDrafter
 
-    return TokenRecyclingDrafter(target.backend.info.vocab_size, k=o.k, max_depth=o.max_depth)
+    cost = cost_model(target).curve if o.budget == "measured" else None  # the target's t(n)
+    return TokenRecyclingDrafter(target.backend.info.vocab_size, k=o.k, max_depth=o.max_depth, cost=cost)
 
 
 def _lookahead(target: "LoadedModel", o: LookaheadOptions) -> Drafter:
     from .drafters.lookahead import LookaheadDrafter
 
     return LookaheadDrafter(window=o.window, ngram=o.ngram, guesses=o.guesses, max_keys=o.max_keys)
+
+
+def _model_free(target: "LoadedModel", o: ModelFreeOptions) -> Drafter:
+    from .drafters.model_free import model_free_drafter
+
+    return model_free_drafter(target.backend.info.vocab_size, cost_model(target).curve, o)
 
 
 def _rest(target: "LoadedModel", o: RestOptions) -> Drafter:
@@ -296,8 +304,11 @@ def best_method(target: "LoadedModel", batched: bool = False) -> tuple[str, dict
     in docs/benchmarks.md: a target with a catalog draft model on the compiled runtime gets the
     hybrid (suffix first, where the answer copies its context, the draft model where it does
     not); so does one with a draft found on the machine (``--draft-search``, ``target.found_draft``:
-    one of another vocabulary drafts through text, not in the batched server); any other target gets SuffixDecoding (the fastest measured on SmolLM2), or prompt
-    lookup in the batched server (``batched``: the server's measured best, docs/cpu.md)."""
+    one of another vocabulary drafts through text, not in the batched server); any other target gets
+    SuffixDecoding, or prompt lookup in the batched server (``batched``: the server's measured best,
+    docs/cpu.md). ``model-free`` (suffix, else cost-sized Token Recycling) is not the default: on the bare
+    1.5B and Gemma-3-270M its tokens per step equalled suffix's and its time did not beat it
+    (docs/benchmarks.md, "Targets without a draft model")."""
     if catalog_draft(target):
         return "hybrid", {"learned": "draft", "min_match": AUTO_MIN_MATCH}
     found = getattr(target, "found_draft", None)  # --draft-search (models/discovery.py): a same-vocabulary draft first
@@ -323,6 +334,7 @@ DRAFTERS: dict[str, tuple[DrafterFactory, type]] = {  # name -> (factory, its op
     "suffix": (_suffix, SuffixOptions),
     "token-recycling": (_token_recycling, TokenRecyclingOptions),
     "lookahead": (_lookahead, LookaheadOptions),
+    "model-free": (_model_free, ModelFreeOptions),
     "rest": (_rest, RestOptions),
     "medusa": (_medusa, MedusaOptions),
     "hybrid": (_hybrid, HybridOptions),

@@ -14,6 +14,7 @@ from scipy.stats import chisquare
 from helpers import run
 from verispec.drafters.base import DraftContext, NoDrafter, Observation
 from verispec.drafters.lookahead import LookaheadDrafter
+from verispec.drafters.model_free import ModelFreeOptions, model_free_drafter
 from verispec.drafters.prompt_lookup import PromptLookupDrafter
 from verispec.drafters.retrieval import RetrievalDrafter, build_datastore
 from verispec.drafters.suffix_tree import SuffixDecodingDrafter
@@ -33,6 +34,9 @@ def make(name: str, vocab: int, corpus: list[list[int]]):
         "suffix": (SuffixDecodingDrafter(), 8),
         "suffix-wide": (SuffixDecodingDrafter(max_spec_factor=4.0, min_token_prob=0.0), 16),
         "token-recycling": (TokenRecyclingDrafter(vocab), 16),
+        # sized by a cost curve: cheap enough that it drafts (and reshapes) trees, steep enough that it sometimes stops
+        "token-recycling-costed": (TokenRecyclingDrafter(vocab, cost=CHEAP_CURVE), 16),
+        "model-free": (model_free_drafter(vocab, CHEAP_CURVE, ModelFreeOptions(min_match=2)), 16),
         "lookahead": (LookaheadDrafter(), 30),
         "lookahead-small": (LookaheadDrafter(window=3, ngram=3, guesses=2), 6),
         "rest": (RetrievalDrafter(build_datastore(corpus, depth=16)), 10),
@@ -40,12 +44,13 @@ def make(name: str, vocab: int, corpus: list[list[int]]):
     }[name]
 
 
-NAMES = ["suffix", "suffix-wide", "token-recycling", "lookahead", "lookahead-small", "rest", "pld-tree"]
+CHEAP_CURVE = {1: 1.02, 2: 1.04, 4: 1.1, 8: 1.3, 16: 1.9}
+NAMES = ["suffix", "suffix-wide", "token-recycling", "token-recycling-costed", "model-free", "lookahead", "lookahead-small", "rest", "pld-tree"]
 
 
 def rounds(name: str) -> int:
     """Drafters that learn across requests (global trie, matrix) get a second round."""
-    return 2 if name in ("suffix", "suffix-wide", "token-recycling") else 1
+    return 2 if name in ("suffix", "suffix-wide", "token-recycling", "token-recycling-costed", "model-free") else 1
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +126,8 @@ class Spy:
         return getattr(self.inner, attr)
 
 
-@pytest.mark.parametrize("name,min_branching", [("token-recycling", 200), ("lookahead-small", 20)])
+@pytest.mark.parametrize("name,min_branching", [("token-recycling", 200), ("token-recycling-costed", 100),
+                                                ("model-free", 50), ("lookahead-small", 20)])
 def test_sampling_distribution_matches_target(toy_target, name, min_branching):
     """Token 2 is committed by the first speculative step, verified against a tree of
     point-mass candidates (several siblings per node); given token 1 its law must be
@@ -153,7 +159,7 @@ def test_sampling_distribution_matches_target(toy_target, name, min_branching):
 
 
 # ---- lifecycle ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["suffix", "token-recycling", "lookahead", "rest"])
+@pytest.mark.parametrize("name", ["suffix", "token-recycling", "token-recycling-costed", "lookahead", "rest"])
 def test_lifecycle_errors(name):
     drafter, _ = make(name, 32, [[1, 2, 3, 4]])
     ctx = DraftContext("ghost-7", [1, 2, 3], 4, SamplingParams(), make_generator(0, 1))

@@ -198,7 +198,7 @@ def build_runners(specs, lm, o: BenchOptions) -> tuple[list, list[str]]:
     """One runner per method spec (baseline first); peers that cannot run are skipped
     with a notice. Every method takes the option ``k`` (its own draft budget, default
     ``-k``). Returns (runners, notices)."""
-    from ..registry import built_cost, make_drafter
+    from ..registry import ALIASES, built_cost, describe_method, make_drafter
     from .runners import EngineRunner
 
     shared, runners = _Shared(), []
@@ -213,6 +213,8 @@ def build_runners(specs, lm, o: BenchOptions) -> tuple[list, list[str]]:
             if predicts not in ("yes", "ids", "prompt", "no"):
                 raise BenchError(f"method {spec.label}: prediction must be yes, ids, prompt or no")
             drafter = make_drafter(spec.name, lm, opts)
+            if ALIASES.get(spec.name, spec.name) == "auto":  # the statistics name what auto ran
+                shared.notices.append(f"method {spec.label}: {describe_method(spec.name, lm)}")
             # ids: token-id places only (no edit alignment); prompt: none sent, the prompt's code block aligned
             tokenizer = lm.tokenizer if predicts in ("yes", "prompt") else None
             runners.append(EngineRunner(spec.label, lm.backend, drafter, k, o.policy, mb, predicts in ("yes", "ids"),

@@ -23,6 +23,9 @@ def peak_rss_mb() -> float:
 
 def stats_table(stats: dict) -> Table:
     table = Table(title="speculation statistics", show_header=False)
+    table.add_row("drafter", escape(str(stats.get("drafter"))))  # what auto ran
+    if stats.get("drafted_by"):
+        table.add_row("drafted_by", escape(" ".join(f"{k} {v}" for k, v in stats["drafted_by"].items())))
     for key in ("new_tokens", "cached_tokens", "target_forwards", "steps", "drafted", "accepted", "tau", "alpha",
                 "tokens_per_second", "prefill_s", "decode_s", "peak_rss_mb", "backend", "threads", "bit_exact",
                 "bit_exact_reason", "prefix_cache"):
@@ -115,6 +118,8 @@ def generate(
     ids = [t for c in chunks for t in c.token_ids]
     stats = chunks[-1].stats.as_dict() | {"peak_rss_mb": round(peak_rss_mb(), 1)}
     stats["drafter"] = describe_method(drafter, lm)
+    if dec.drafter.drafted_by():  # a hybrid (auto): verified steps by who drafted them
+        stats["drafted_by"] = dec.drafter.drafted_by()
     stats["drafter_memory_bytes"] = dec.drafter.memory_bytes()
     stats["backend"] = lm.backend.description
     stats["threads"] = n_threads

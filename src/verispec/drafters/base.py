@@ -150,6 +150,11 @@ class Drafter(Protocol):
         where it runs): a measured cost curve of it is cached under this."""
         ...
 
+    def drafted_by(self) -> dict[str, int]:
+        """Verified steps by who drafted them, for a drafter that chooses among others (the
+        hybrid: the statistics name them); empty for one that drafts alone."""
+        ...
+
 
 class DeclaresFeatures:
     """Base of the drafters: the ``Drafter`` declarations most of them make, reading no
@@ -170,6 +175,9 @@ class DeclaresFeatures:
 
     def cost_signature(self) -> str:
         return type(self).__name__
+
+    def drafted_by(self) -> dict[str, int]:
+        return {}  # drafts alone
 
     def propose_batch(self, ctxs: Sequence[DraftContext]) -> list[DraftTree]:
         return [self.propose(c) for c in ctxs]  # type: ignore[attr-defined]
@@ -196,6 +204,9 @@ class WrappingDrafter(DeclaresFeatures):
 
     def cost_signature(self) -> str:
         return self.inner.cost_signature()
+
+    def drafted_by(self) -> dict[str, int]:
+        return self.inner.drafted_by()
 
 
 @runtime_checkable

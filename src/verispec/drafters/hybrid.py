@@ -262,6 +262,9 @@ class HybridDrafter(DeclaresFeatures):
         for counts in (self.steps, self.drafted, self.accepted):
             counts.clear()
 
+    def drafted_by(self) -> dict[str, int]:
+        return dict(self.steps)
+
     def memory_bytes(self) -> int:
         return sum(sub.memory_bytes() for sub in self._subs)
 

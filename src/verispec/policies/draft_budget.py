@@ -41,6 +41,21 @@ def interpolate(curve: dict[int, float], n: int, at_zero: float = 1.0) -> float:
     return round(lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0]), 12)
 
 
+def monotone(curve: dict[int, float]) -> dict[int, float]:
+    """A cost curve made non-decreasing in n (each t(n) raised to the largest t at a smaller size):
+    a curve timed on a busy machine can dip (t(12) below t(8)), and a dip would make a larger draft
+    look cheaper than a smaller one.
+
+    >>> monotone({1: 1.3, 8: 2.5, 12: 2.0, 16: 4.0})
+    {1: 1.3, 8: 2.5, 12: 2.5, 16: 4.0}
+    """
+    out, top = {}, 0.0
+    for n in sorted(curve):
+        top = max(top, curve[n])
+        out[n] = top
+    return out
+
+
 def best_size(values: Sequence[float], cost: dict[int, float],
               draft_cost: dict[int, float] | None = None) -> tuple[int, float]:
     """The size n in 0..len(values) with the highest rate ``(E(n) + 1) / (t(n) + c(n))``,
@@ -107,3 +122,51 @@ class DepthAcceptance:
     def reset(self) -> None:
         self._accepted = [0] * (self.max_depth + 1)
         self._trials = [0] * (self.max_depth + 1)
+
+
+class RankAcceptance:
+    """Per-(depth, rank) acceptance of a tree drafter whose nodes are ranked children (Token
+    Recycling: the rank-r successor in a matrix row), with a Beta prior per rank.
+
+    ``prob(d, r)`` estimates P(the rank-r child of a depth-(d - 1) node is the accepted one |
+    that node was accepted and the child was drafted): accepted / reached counts plus
+    ``prior`` pseudo-trials at ``prior_probs[r]``. Depths past ``depths`` share the last
+    bucket. A node's path value is the product of ``prob`` along its path (Sequoia's
+    positional acceptance with the siblings' exclusion folded in: the children of a node are
+    accepted exclusively, so their probabilities sum to at most 1).
+
+    >>> a = RankAcceptance((0.5, 0.2), depths=2, prior=2.0)
+    >>> a.update([(1, 0, True), (1, 1, False), (2, 0, False)])  # depth 1: rank 0 accepted; its rank-0 child not
+    >>> round(a.prob(1, 0), 3), round(a.prob(1, 1), 3), round(a.prob(2, 0), 3)
+    (0.667, 0.133, 0.333)
+    """
+
+    def __init__(self, prior_probs: Sequence[float], depths: int = 4, prior: float = 4.0):
+        if not prior_probs or depths < 1 or prior <= 0 or any(not 0.0 < p <= 1.0 for p in prior_probs):
+            raise ValueError("need prior_probs in (0, 1], depths >= 1 and prior > 0")
+        self.prior_probs, self.depths, self.prior = tuple(prior_probs), depths, prior
+        self._reached = [[0] * len(self.prior_probs) for _ in range(depths)]
+        self._accepted = [[0] * len(self.prior_probs) for _ in range(depths)]
+
+    def _bucket(self, depth: int) -> int:
+        return min(max(depth, 1), self.depths) - 1
+
+    def update(self, reached: Sequence[tuple[int, int, bool]]) -> None:
+        """One verified tree: ``(depth, rank, accepted)`` of every drafted node whose parent
+        was accepted (or is the root): the nodes the target's choice was checked against."""
+        for d, r, ok in reached:
+            if r < len(self.prior_probs):
+                b = self._bucket(d)
+                self._reached[b][r] += 1
+                self._accepted[b][r] += bool(ok)
+
+    def prob(self, depth: int, rank: int) -> float:
+        b = self._bucket(depth)
+        return (self._accepted[b][rank] + self.prior * self.prior_probs[rank]) / (self._reached[b][rank] + self.prior)
+
+    def profile(self) -> tuple[tuple[float, ...], ...]:
+        """One row of rank probabilities per depth bucket (``tree_template``'s per-depth input)."""
+        return tuple(tuple(self.prob(d, r) for r in range(len(self.prior_probs))) for d in range(1, self.depths + 1))
+
+    def reset(self) -> None:
+        self.__init__(self.prior_probs, self.depths, self.prior)
