@@ -1,5 +1,6 @@
-"""Rebuild ``src/verispec/bench/data/refactor_moves.jsonl`` (``verispec bench --data``) from the Python
-standard library's source, so anyone can check where every item came from (issue 46, section 4).
+"""Rebuild the refactoring workloads (``verispec bench --data``) from real code: ``refactor_moves.jsonl`` from the
+Python standard library, ``refactor_heldout.jsonl`` from other projects' git clones (``--git``), so anyone can
+check where every item came from (issue 46).
 
 Code that moves out of a class: each item is a real method of a real stdlib class, and the edit asked
 is to make it a top-level function of the same name whose first parameter, the instance, is named
