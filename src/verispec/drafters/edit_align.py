@@ -21,16 +21,20 @@ or renames (``self`` -> ``obj``); text aligned line by line does not:
   output is seen not to make (an aligned line keeps the identifier) as often as it is seen made is
   forgotten (a docstring that keeps "self" does not undo the parameter's rename). Otherwise the line
   was inserted, and the place stays;
-* the indentation delta is learned from each aligned line (output indentation minus source
-  indentation; not from a continuation line inside an open bracket, aligned to the bracket) and
-  applied to every following source line (a constant re-indentation);
+* the indentation delta is learned from each aligned statement line (output indentation minus source
+  indentation) and applied to every following source line (a constant re-indentation); a line inside
+  open brackets or inside a triple-quoted string (a docstring) adds its kind's offset, learned from the
+  last line of that kind aligned (an answer may dedent the code and keep a docstring's or a bracket's
+  columns);
 * the draft continues the line being written: the next source line, transformed, where it starts
   with what is written of the line; else the source line whose transformed content starts with the
   line's content (re-anchoring: a moved or deleted stretch; the indentation it is written at gives the
   delta; ``REANCHOR`` characters of content, ``SHORT_LINE`` after an inserted line: a novel line's
   ``if`` proves nothing, and the drafter wrapped drafts it better); else the next line (or one starting alike) whose start the line writes with identifiers
   replaced one for one (``if obj`` + ``.x`` for ``if self.x``: a rename read before the line is
-  complete, applied to the rest of the draft); else the longest end of the line (``MIN_INLINE`` characters or more) found in a source line
+  complete, applied to the rest of the draft); where only indentation is written, wider than the next
+  line's, that line one space further in (byte-level BPE and SentencePiece leave a run of spaces' last
+  space to the word after it; the lines after it shift alike); else the longest end of the line (``MIN_INLINE`` characters or more) found in a source line
   near the place (an edit inside the line). Then the following source lines, transformed, up to
   ``max_chars``.
 
