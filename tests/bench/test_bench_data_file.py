@@ -87,3 +87,38 @@ def test_the_refactoring_workload_ships_and_rebuilds():
     assert snake_case("TextWrapper") == "text_wrapper" and snake_case("HTTPCookie") == "http_cookie"
     if rows[0]["source"]["version"] == platform.python_version():  # the stdlib it was built from
         assert build_rows() == rows
+
+
+def test_the_held_out_refactorings_ship_with_their_provenance_and_the_script_reads_a_clone(tmp_path):
+    """refactor_heldout.jsonl: methods of requests and httpx, each naming repository, commit and path;
+    ``build_git_rows`` reads a clone at a commit, the first qualifying method of each file."""
+    import re
+    import subprocess
+
+    rows = [json.loads(line) for line in workload_path("refactor_heldout").read_text().splitlines()]
+    assert len(rows) >= 10 and {r["source"]["repository"] for r in rows} == {
+        "https://github.com/psf/requests", "https://github.com/encode/httpx"}
+    for r in rows:
+        assert re.fullmatch(r"[0-9a-f]{40}", r["source"]["commit"]) and r["source"]["path"].endswith(".py")
+        assert r["prediction"].startswith("    def ") and r["prediction"] in r["turns"][0]
+    assert len(load_data_file(workload_path("refactor_heldout"))) == len(rows)
+
+    body = "".join(f"        self.x{i} = self.y + {i}\n" for i in range(12))
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text(f"class Point:\n    def move(self, d):\n{body}")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_mod.py").write_text(f"class T:\n    def move(self, d):\n{body}")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "m"], check=True)
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from build_refactor_workload import build_git_rows
+    finally:
+        sys.path.pop(0)
+    (row,) = build_git_rows(tmp_path, "https://example.org/pt", "MIT")  # tests/ skipped
+    commit = subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    assert row["source"] == {"repository": "https://example.org/pt", "license": "MIT", "commit": commit,
+                             "path": "pkg/mod.py", "function": "Point.move"}
+    assert "named `point` instead of `self`" in row["turns"][0] and row["prediction"].startswith("    def move(self")

@@ -37,6 +37,9 @@ def edited(text: str, word: str) -> dict[str, str]:
         "indented": "\n".join("    " + line if line else line for line in lines),  # the answer dedents
         "renamed": text.replace(word, word + "_old"),  # the answer renames word_old -> word
         "indented+renamed": "\n".join("    " + line.replace(word, "obj") if line else line for line in lines),
+        # the answer indents further than the prediction (drafted at the indentation written), odd widths included
+        "dedented": "\n".join(line[4:] if line.startswith("    ") else line[1:] for line in lines),
+        "docstring": '    """Doc.\n\n            kept.\n    """\n' + text,  # a docstring's own offset, then the answer
         "inserted": "\n".join(lines[:2] + ["    x = compute(1, 2)", "    log(x)"] + lines[2:]),
         "deleted": "\n".join(lines[:1] + lines[3:]),
         "moved": "\n".join(lines[half:] + lines[:half]),

@@ -5,7 +5,7 @@ moved lines, and an edit inside a line; before anything is aligned, a prose prea
 
 from __future__ import annotations
 
-from verispec.drafters.edit_align import EditAligner, continued_lines
+from verispec.drafters.edit_align import BLOCK, CONTINUED, IN_STRING, EditAligner, line_kinds
 
 METHOD = '''    def _split(self, text):
         """Split the text into chunks."""
@@ -124,9 +124,11 @@ def test_nothing_is_drafted_before_the_source_shows_up():
     assert aligner.draft("Here is the function:\n\n```python\nde", 100).startswith("f _split(self, text):")
 
 
-def test_continuation_lines_are_marked():
-    assert continued_lines(["x = f(a,", "      b)", 'y = "("', "z = [1,  # (", "  2]", "w"]) == [
-        False, True, False, False, True, False]
+def test_continuation_and_docstring_lines_are_marked():
+    assert line_kinds(["x = f(a,", "      b)", 'y = "("', "z = [1,  # (", "  2]", "w"]) == [
+        BLOCK, CONTINUED, BLOCK, BLOCK, CONTINUED, BLOCK]
+    lines = ['    """Doc (', "    more ' text", '    """', "    f('''x''', [", "      y])", "s = '''a", "(b", "'''"]
+    assert line_kinds(lines) == [BLOCK, IN_STRING, IN_STRING, BLOCK, CONTINUED, BLOCK, IN_STRING, IN_STRING]
 
 
 def test_hostile_text_is_bounded():
@@ -163,3 +165,37 @@ def test_long_lines_and_many_renames_stay_cheap():
     for at in range(0, len(answer), 9):
         aligner.draft(answer[:at], 128)
     assert time.process_time() - start < 20  # about 1 s on one loaded core; quadratic work would take minutes
+
+
+TIMED = '''    def print_exc(self, file=None):
+        """Print a traceback.
+
+            t.print_exc()
+
+        The optional file argument.
+        """
+        if self.src is not None:
+            cache[name] = (len(self.src),
+                           None,
+                           name)
+        traceback.print_exc(file=file)
+'''
+
+
+def test_docstring_and_continuation_lines_keep_their_own_indentation():
+    """The answer dedents the code by 4 but keeps the docstring's and a bracket's columns: each kind's
+    offset is learned from its last line written and applies to the next ones of its kind."""
+    aligner = EditAligner(TIMED)
+    written = 'def print_exc(obj, file=None):\n    """Print a traceback.\n\n            t.print_exc()\n'
+    assert aligner.draft(written, 200).startswith('\n        The optional file argument.\n        """\n    if obj.src')
+    written += '\n        The optional file argument.\n        """\n    if obj.src is not None:\n'
+    written += "        cache[name] = (len(obj.src),\n                           None,\n"
+    assert aligner.draft(written, 200) == "                           name)\n    traceback.print_exc(file=file)\n"
+
+
+def test_a_line_written_further_in_is_drafted_at_that_indentation():
+    """Indentation wider than the next line's (a token of spaces; tokenizers leave its last space to
+    the word after it): that line is drafted one space further in, and so are the lines after it."""
+    aligner = EditAligner("if x:\n    a = 1\n    b = 2\nc = 3\n")
+    assert aligner.draft("if x:\n       ", 100) == " a = 1\n        b = 2\n    c = 3\n"  # the whole block
+    assert aligner.draft("if x:\n", 100) == "    a = 1\n    b = 2\nc = 3\n"  # not further in: as before

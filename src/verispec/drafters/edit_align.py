@@ -21,16 +21,20 @@ or renames (``self`` -> ``obj``); text aligned line by line does not:
   output is seen not to make (an aligned line keeps the identifier) as often as it is seen made is
   forgotten (a docstring that keeps "self" does not undo the parameter's rename). Otherwise the line
   was inserted, and the place stays;
-* the indentation delta is learned from each aligned line (output indentation minus source
-  indentation; not from a continuation line inside an open bracket, aligned to the bracket) and
-  applied to every following source line (a constant re-indentation);
+* the indentation delta is learned from each aligned statement line (output indentation minus source
+  indentation) and applied to every following source line (a constant re-indentation); a line inside
+  open brackets or inside a triple-quoted string (a docstring) adds its kind's offset, learned from the
+  last line of that kind aligned (an answer may dedent the code and keep a docstring's or a bracket's
+  columns);
 * the draft continues the line being written: the next source line, transformed, where it starts
   with what is written of the line; else the source line whose transformed content starts with the
   line's content (re-anchoring: a moved or deleted stretch; the indentation it is written at gives the
   delta; ``REANCHOR`` characters of content, ``SHORT_LINE`` after an inserted line: a novel line's
   ``if`` proves nothing, and the drafter wrapped drafts it better); else the next line (or one starting alike) whose start the line writes with identifiers
   replaced one for one (``if obj`` + ``.x`` for ``if self.x``: a rename read before the line is
-  complete, applied to the rest of the draft); else the longest end of the line (``MIN_INLINE`` characters or more) found in a source line
+  complete, applied to the rest of the draft); where only indentation is written, wider than the next
+  line's, that line one space further in (byte-level BPE and SentencePiece leave a run of spaces' last
+  space to the word after it; the lines after it shift alike); else the longest end of the line (``MIN_INLINE`` characters or more) found in a source line
   near the place (an edit inside the line). Then the following source lines, transformed, up to
   ``max_chars``.
 
@@ -57,7 +61,6 @@ from difflib import SequenceMatcher
 
 PIECE = re.compile(r"[A-Za-z_][A-Za-z_0-9]*|\d+|\s+|.")  # what lines are compared in
 IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
-STRING_OR_COMMENT = re.compile(r"'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\"|#.*")
 OPENS = {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}
 FUZZY_RATIO = 0.6  # a line this similar (difflib's ratio over pieces) to a next source line is that line, edited
 FUZZY_REACH = 3  # source lines after the place a line is compared with, piece by piece
@@ -77,13 +80,33 @@ def indent_of(line: str) -> int:
     return len(line) - len(line.lstrip(" \t"))
 
 
-def continued_lines(lines: list[str]) -> list[bool]:
-    """Per line: does it start inside an open bracket of the lines before (a continuation line)?
-    Brackets are counted outside one-line string literals and comments (roughly, for any language)."""
-    out, depth = [], 0
+BLOCK, CONTINUED, IN_STRING = 0, 1, 2  # a line starts a statement, inside open brackets, inside a triple-quoted string
+SCAN = re.compile(r"\"\"\"|'''|'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\"|#.*|[()\[\]{}]")
+
+
+def line_kinds(lines: list[str]) -> list[int]:
+    """Per line: does it start a statement (``BLOCK``), inside an open bracket of the lines before
+    (``CONTINUED``) or inside a triple-quoted string (``IN_STRING``: a docstring's inner lines)?
+    Brackets are counted outside string literals and comments (roughly, for any language)."""
+    out, depth, quote = [], 0, None
     for line in lines:
-        out.append(depth > 0)
-        depth = max(0, depth + sum(OPENS.get(c, 0) for c in STRING_OR_COMMENT.sub("", line)))
+        out.append(IN_STRING if quote else CONTINUED if depth > 0 else BLOCK)
+        at = 0
+        while at < len(line):
+            if quote:  # inside a triple-quoted string: to its end
+                end = line.find(quote, at)
+                if end < 0:
+                    break
+                quote, at = None, end + 3
+                continue
+            m = SCAN.search(line, at)
+            if m is None:
+                break
+            piece, at = m.group(), m.end()
+            if piece in ('"""', "'''"):
+                quote = piece
+            elif piece in OPENS:
+                depth = max(0, depth + OPENS[piece])
     return out
 
 
@@ -108,8 +131,11 @@ class EditAligner:
             self._raw.setdefault(c, []).append(j)
             if c:
                 self._first.setdefault(PIECE.match(c).group(), []).append(j)
-        self.continued = continued_lines(self.lines)
-        self.delta = 0  # output indentation minus source indentation, from the last aligned line
+        self.kinds = line_kinds(self.lines)
+        self.delta = 0  # output indentation minus source indentation, from the last aligned statement line
+        # a continuation line's or a docstring line's indentation minus what the delta gives it, from the last of
+        # its kind aligned (an answer may keep a docstring's or a bracket's columns while it dedents the code)
+        self.offsets = {CONTINUED: 0, IN_STRING: 0}
         self.renames: dict[str, str] = {}  # source identifier -> the output's
         self._evidence: dict[str, int] = {}  # a rename's lines seen making it, less those seen not making it
         self._renamed: dict[str, list[int]] | None = None  # renamed content -> lines (None: not built yet)
@@ -154,20 +180,29 @@ class EditAligner:
         self._dirty.clear()
         return self._renamed
 
-    def line(self, j: int, delta: int | None = None, extra: dict[str, str] | None = None) -> str:
-        """Source line ``j`` as the edit writes it: re-indented by the delta, renamed."""
+    def line(self, j: int, delta: int | None = None, extra: dict[str, str] | None = None,
+             offsets: dict[int, int] | None = None) -> str:
+        """Source line ``j`` as the edit writes it: re-indented by the delta (and its kind's offset:
+        ``offsets`` before the learned ones), renamed."""
         src = self.lines[j]
         body = src.lstrip(" \t")
         if not body:
             return ""
-        width = max(0, indent_of(src) + (self.delta if delta is None else delta))
+        kind = self.kinds[j]
+        offset = offsets[kind] if offsets and kind in offsets else self.offsets.get(kind, 0)
+        width = max(0, indent_of(src) + (self.delta if delta is None else delta) + offset)
         return ("\t" if src.startswith("\t") else " ") * width + self.rename(body, extra)
 
-    def _following(self, j: int, max_chars: int, delta: int | None = None, extra: dict[str, str] | None = None) -> str:
+    def _delta_at(self, j: int, width: int) -> int:
+        """The delta that writes source line ``j`` at indentation ``width`` (its kind's offset kept)."""
+        return width - indent_of(self.lines[j]) - self.offsets.get(self.kinds[j], 0)
+
+    def _following(self, j: int, max_chars: int, delta: int | None = None, extra: dict[str, str] | None = None,
+                   offsets: dict[int, int] | None = None) -> str:
         """Source lines ``j``.. transformed, each after a newline, to about ``max_chars``."""
         out, size = [], 0
         while j < len(self.lines) and size < max_chars:
-            text = self.line(j, delta, extra)
+            text = self.line(j, delta, extra, offsets)
             out.append("\n" + text)
             size += len(text) + 1
             j += 1
@@ -191,8 +226,11 @@ class EditAligner:
 
     def _learn(self, j: int, written: str) -> None:
         self.pointer, self.aligned = j, self.aligned + 1
-        if not self.continued[j]:  # a continuation line's indentation follows a bracket, not the block
-            self.delta = indent_of(written) - indent_of(self.lines[j])
+        shift = indent_of(written) - indent_of(self.lines[j])
+        if self.kinds[j] == BLOCK:
+            self.delta = shift
+        else:  # a continuation or docstring line: its own offset from the block's delta
+            self.offsets[self.kinds[j]] = shift - self.delta
 
     def _learn_renames(self, j: int, content: str) -> bool:
         """Align ``content`` with source line ``j`` piece by piece: mostly equal -> learn its
@@ -288,18 +326,34 @@ class EditAligner:
             line = self.line(j)
             if line.startswith(partial) and (line or j + 1 < len(self.lines)):
                 return line[len(partial):] + self._following(j + 1, max_chars)
+        if partial and not body and self.in_step and " " * len(partial) == partial:
+            # indentation wider than the next line's: that line, one space further (byte-level BPE and
+            # SentencePiece leave a run's last space to the word after it: "   " + " return")
+            for j in expected:
+                if self.content[j] and len(partial) >= indent_of(self.line(j)):
+                    return self._at_width(j, len(partial) + 1, max_chars, len(partial))
         # re-anchor on the line's content, at the indentation it is written at: the answer's first line on
         # MIN_START characters, a line after an aligned one on REANCHOR, after an inserted one on SHORT_LINE
         if len(body) >= (MIN_START if self.aligned == 0 else REANCHOR if self.in_step else SHORT_LINE):
             j = self._starting_with(body)
             if j is not None:
-                delta = indent_of(partial) - indent_of(self.lines[j])
+                delta = self._delta_at(j, indent_of(partial))
                 return self.line(j, delta)[len(partial):] + self._following(j + 1, max_chars, delta)
             for j in expected + self._same_start(body, expected):  # renamed: the next line, or one starting alike
                 renamed = self._renamed_prefix(j, partial, max_chars)
                 if renamed is not None:
                     return renamed
         return self._inline(partial, max_chars)
+
+    def _at_width(self, j: int, width: int, max_chars: int, written: int) -> str:
+        """Source line ``j`` at indentation ``width`` after ``written`` characters of it, then the following lines:
+        a statement line shifts the delta, a continuation or docstring line only its kind's offset."""
+        kind = self.kinds[j]
+        if kind == BLOCK:
+            delta, offsets = self._delta_at(j, width), None
+        else:
+            delta, offsets = None, {kind: width - indent_of(self.lines[j]) - self.delta}
+        return self.line(j, delta, offsets=offsets)[written:] + self._following(j + 1, max_chars, delta, offsets=offsets)
 
     def _renamed_prefix(self, j: int, partial: str, max_chars: int) -> str | None:
         """The continuation of source line ``j`` where ``partial`` writes its start with identifiers
@@ -318,7 +372,7 @@ class EditAligner:
         last = extra.get(a[len(b) - 1], a[len(b) - 1])
         if not extra or not last.startswith(b[-1]):
             return None
-        delta = indent_of(partial) - indent_of(self.lines[j])
+        delta = self._delta_at(j, indent_of(partial))
         rest = [last[len(b[-1]):]] + [extra.get(x, x) if _is_name(x) else x for x in a[len(b):]]
         return "".join(rest) + self._following(j + 1, max_chars, delta, extra)
 
@@ -343,6 +397,6 @@ class EditAligner:
         if best is None:
             return None
         n, j = best  # the line is source line j as written: its indentation gives the delta
-        delta = indent_of(partial) - indent_of(self.lines[j])
+        delta = self._delta_at(j, indent_of(partial))
         line = self.line(j, delta)
         return line[line.find(partial[-n:]) + n:] + self._following(j + 1, max_chars, delta)
