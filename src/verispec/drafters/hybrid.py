@@ -42,7 +42,10 @@ Predictions"): the median length of the last ANSWERS_KEPT answers, less what thi
 predicts the tokens to come; the start is bought at once where they would save more than it
 costs (or no answer has finished yet), else rented until the forgone savings reach twice its
 cost (1 / PREDICTION_TRUST). A request that carries a prediction (Predicted Outputs) rents the
-start plainly. The measurements behind ``min_match``, the rent rules and their defaults:
+start plainly. Under every rule a start or catch-up that the answer's remaining room
+(``max_new_tokens`` less what it has) could not pay back at the tracked rate is never bought: an
+agent turn's first start feeds the draft model 2-3k tokens of history for an answer of at most a
+few hundred. The measurements behind ``min_match``, the rent rules and their defaults:
 docs/benchmarks.md, "How auto chooses".
 
 The hybrid declares the learned drafter's ``features`` as its own, so the engine hands its
@@ -423,11 +426,14 @@ class HybridDrafter(DeclaresFeatures):
         saving = max(0.0, 1.0 - 1.0 / rate)
         state.rent += saving
         cost = pending * catch_up
+        room = ctx.params.max_new_tokens - state.answer_length  # the most tokens this answer can still have
+        if room * saving < cost:  # not even the longest answer left could pay it back at this rate: never bought
+            return False
         if not state.learned_started and self.rent_start == "predicted" and not ctx.prediction \
                 and (self._answers or ctx.grammar is None):  # a Predicted Outputs request rents it plainly
             if not self._answers:  # nothing predicts this answer: started at once, as without the rule
                 return True
-            left = median(self._answers) - state.answer_length  # the answer's tokens still to come, predicted
+            left = min(room, median(self._answers) - state.answer_length)  # its tokens still to come, predicted
             if left * saving >= cost:  # predicted to pay: bought at once
                 return True
             cost /= PREDICTION_TRUST  # predicted not to: bought only once the forgone savings are twice its cost
