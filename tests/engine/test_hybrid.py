@@ -384,15 +384,16 @@ def test_a_catch_up_never_blocks_a_learned_drafter_that_must_be_asked():
     """Where the learned drafter's tracked rate promises no saving (its prior on a curve this steep) no rent
     accrues, so the rent rule would defer its catch-up for ever, and with it the proposals that are its only
     evidence: it is asked (here every step: without ``learned_cost`` it is always worth asking) whatever it
-    has to catch up."""
+    has to catch up, where the answer's room could pay that back with drafts accepted in full."""
     learned = _Asked()
     steep = {n: 1.0 + 0.6 * n for n in (1, 2, 4, 8)}  # pays if all is accepted, not at the prior 0.5
     h = HybridDrafter(PromptLookupDrafter(), learned, min_score=0.0, cost=steep, learned_sizing="self",
                       catch_up_cost=1.0)
     h.start("r", [1, 2])
     tokens = [1, 2, 3]
+    roomy = SamplingParams(max_new_tokens=10_000, ignore_eos=True)  # an answer with room to pay a catch-up back
     for step in range(5):
-        assert h.propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1))).num_drafted == 1
+        assert h.propose(DraftContext("r", tokens, 8, roomy, make_generator(0, 1))).num_drafted == 1
         tokens += list(range(10 + 50 * step, 60 + 50 * step))  # 50 tokens committed by someone else
     assert len(learned.asked) == 5
 

@@ -198,3 +198,20 @@ def test_a_catch_up_the_answer_left_cannot_pay_back_is_never_bought():
             h.propose(DraftContext("r", tokens + [300 + step], 8, params, make_generator(0, 1)))
             tokens.append(300 + step)
         assert (len(learned.asked) > 1) == asked
+
+
+def test_an_ask_for_evidence_whose_start_cannot_pay_is_not_made(toy_target):
+    """Where its tracked rate promises no saving the draft model is still asked for evidence (or a probe), paying
+    its catch-up as it is; its first start (81 tokens at 0.05 a token here) is not paid for evidence where even
+    drafts accepted in full (1.6 tokens a unit of time on this steep curve: 0.38 decode steps saved a token)
+    could not pay it back in the answer's room (8 tokens), and is with room for 60. Output equals plain."""
+    steep = {n: 1.0 + 0.6 * n for n in SIZES}  # full acceptance pays, the prior acceptance does not
+    prompt = [1] + [(7 * i) % 90 + 3 for i in range(80)]
+    for max_new_tokens, starts in ((8, False), (60, True)):
+        params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+        draft = DraftModelDrafter(toy_target)
+        h = HybridDrafter(SuffixDecodingDrafter(), draft, cost=steep, min_match=1000, learned_sizing="self",
+                          catch_up_cost=0.05, rent_start="predicted")
+        out, _ = run(toy_target, h, prompt, params, k=6)
+        assert out == run(toy_target, NoDrafter(), prompt, params)[0]
+        assert (draft.fed_tokens > 0) == starts
