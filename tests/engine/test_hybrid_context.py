@@ -25,6 +25,7 @@ SIZES = (1, 2, 4, 8, 16)
 FLAT = {n: 1.0 for n in SIZES}  # verifying is free
 DEAR = {n: 1.0 + 0.7 * n for n in SIZES}  # each verified token costs 0.7 of a decode step
 GREEDY = SamplingParams(max_new_tokens=8, ignore_eos=True)
+ROOMY = SamplingParams(max_new_tokens=10_000, ignore_eos=True)  # an answer with room to pay any catch-up back
 
 
 class _Asked(NoDrafter):
@@ -59,7 +60,7 @@ def hybrid(learned, costs: CostModel | None, catch_up: float = 0.0) -> HybridDra
 
 
 def ask(h: HybridDrafter, tokens: list[int]) -> DraftTree:
-    return h.propose(DraftContext("r", tokens, 8, GREEDY, make_generator(0, 1)))
+    return h.propose(DraftContext("r", tokens, 8, ROOMY, make_generator(0, 1)))
 
 
 @pytest.mark.parametrize("by_context", [True, False], ids=["by-context", "one-curve"])
@@ -159,3 +160,58 @@ def test_options_from_the_registry(stories_native, tmp_path, monkeypatch):
                         ({"learned_stop": "cost", "learned_cost_contexts": "256+512"}, "the least 128")):
         with pytest.raises(ValueError, match=match):
             make_drafter("hybrid", stories_native, {"learned": "draft", **opts})
+
+
+@pytest.mark.parametrize("rent_start", ["predicted", "always"])
+@pytest.mark.parametrize("max_new_tokens,starts", [(8, False), (40, True)], ids=["short-room", "room"])
+def test_a_start_the_answer_left_cannot_pay_back_is_never_bought(toy_target, rent_start, max_new_tokens, starts):
+    """The draft model's first start feeds it the prompt (81 tokens at 0.05 target decode steps each: 4.05); at its
+    prior rate on a flat curve a drafted step saves 0.32 decode steps, so an answer of at most 8 tokens can never pay
+    it back and it is not started under a rule that rents the start (before: ``"predicted"`` with no answer finished
+    started it at once); with room for 40 ``"predicted"`` starts it at once, ``"always"`` once the forgone savings
+    reach its cost. Output equals plain decoding either way."""
+    prompt = [1] + [(7 * i) % 90 + 3 for i in range(80)]
+    params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+    draft = DraftModelDrafter(toy_target)
+    h = HybridDrafter(SuffixDecodingDrafter(), draft, cost=FLAT, learned_cost={n: 0.1 * n for n in SIZES},
+                      min_match=1000, learned_sizing="self", catch_up_cost=0.05, rent_start=rent_start)
+    out, _ = run(toy_target, h, prompt, params, k=6)
+    assert out == run(toy_target, NoDrafter(), prompt, params)[0]
+    assert (draft.fed_tokens > 0) == (h.steps["learned"] > 0) == starts
+    if starts and rent_start == "predicted":
+        assert h.steps["none"] == 0  # bought at once
+
+
+def test_a_catch_up_the_answer_left_cannot_pay_back_is_never_bought():
+    """A started draft model 200 tokens behind (0.01 a token to catch up: 2 decode steps) is asked again once the
+    forgone savings reach that cost, but not in an answer with 5 tokens of room left (5 x 0.5 < 2.0 + the tokens
+    since): the catch-up could never pay."""
+    for room, asked in ((1000, True), (5, False)):
+        learned = _Asked()
+        h = HybridDrafter(PromptLookupDrafter(), learned, min_score=0.0, cost=FLAT, learned_sizing="self",
+                          catch_up_cost=0.01)
+        params = SamplingParams(max_new_tokens=202 + room, ignore_eos=True)
+        h.start("r", [1, 2])
+        assert h.propose(DraftContext("r", [1, 2, 3], 8, params, make_generator(0, 1))).num_drafted == 1
+        tokens = [1, 2, 3] + list(range(10, 210))  # committed since, drafted by someone else
+        for step in range(5):
+            h.propose(DraftContext("r", tokens + [300 + step], 8, params, make_generator(0, 1)))
+            tokens.append(300 + step)
+        assert (len(learned.asked) > 1) == asked
+
+
+def test_an_ask_for_evidence_whose_start_cannot_pay_is_not_made(toy_target):
+    """Where its tracked rate promises no saving the draft model is still asked for evidence (or a probe), paying
+    its catch-up as it is; its first start (81 tokens at 0.05 a token here) is not paid for evidence where even
+    drafts accepted in full (1.6 tokens a unit of time on this steep curve: 0.38 decode steps saved a token)
+    could not pay it back in the answer's room (8 tokens), and is with room for 60. Output equals plain."""
+    steep = {n: 1.0 + 0.6 * n for n in SIZES}  # full acceptance pays, the prior acceptance does not
+    prompt = [1] + [(7 * i) % 90 + 3 for i in range(80)]
+    for max_new_tokens, starts in ((8, False), (60, True)):
+        params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+        draft = DraftModelDrafter(toy_target)
+        h = HybridDrafter(SuffixDecodingDrafter(), draft, cost=steep, min_match=1000, learned_sizing="self",
+                          catch_up_cost=0.05, rent_start="predicted")
+        out, _ = run(toy_target, h, prompt, params, k=6)
+        assert out == run(toy_target, NoDrafter(), prompt, params)[0]
+        assert (draft.fed_tokens > 0) == starts

@@ -42,7 +42,11 @@ Predictions"): the median length of the last ANSWERS_KEPT answers, less what thi
 predicts the tokens to come; the start is bought at once where they would save more than it
 costs (or no answer has finished yet), else rented until the forgone savings reach twice its
 cost (1 / PREDICTION_TRUST). A request that carries a prediction (Predicted Outputs) rents the
-start plainly. The measurements behind ``min_match``, the rent rules and their defaults:
+start plainly. Under every rule a start or catch-up that the answer's remaining room
+(``max_new_tokens`` less what it has) could not pay back at the tracked rate is never bought, nor a
+probe or an ask for evidence whose catch-up it could not pay back even with drafts accepted in full:
+an agent turn's first start feeds the draft model 2-3k tokens of history for an answer of at most a
+few hundred. The measurements behind ``min_match``, the rent rules and their defaults:
 docs/benchmarks.md, "How auto chooses".
 
 The hybrid declares the learned drafter's ``features`` as its own, so the engine hands its
@@ -404,8 +408,11 @@ class HybridDrafter(DeclaresFeatures):
         # a catch-up is bought by the savings its tracked rate forgoes; a probe, or an ask for evidence, when that
         # rate says no saving (l_rate <= 1: no rent would ever accrue), is paid as it is, or it could never happen
         rented = state.learned_started or self.rent_start != "constrained" or ctx.grammar is not None
-        if budget and catch_up and rented and l_rate > 1.0 and not self._buys(state, ctx, l_rate, catch_up):
-            budget = 0
+        if budget and catch_up and rented:
+            if l_rate > 1.0 and not self._buys(state, ctx, l_rate, catch_up):
+                budget = 0
+            elif l_rate <= 1.0 and not self._could_pay(state, ctx, cost, learned_cost, catch_up):
+                budget = 0  # not even drafts accepted in full could pay this probe's catch-up back in this answer
         return _Plan(tree, r_n, fusing, budget)
 
     @staticmethod
@@ -416,21 +423,39 @@ class HybridDrafter(DeclaresFeatures):
         drafts are sized, or left to the draft model, by what they actually yield."""
         return min(1.0, (state.r_accepted + CALIBRATION_PRIOR) / (state.r_promised + CALIBRATION_PRIOR))
 
+    def _pending(self, state: _Proposal, ctx: DraftContext) -> int:
+        """Tokens the learned drafter would be fed before it drafts: those since it last drafted, or (not
+        started) its prompt past its prefix cache, with the prompt's last token."""
+        if not state.learned_started and isinstance(self.learned, CountsPrefill):
+            return self.learned.prefill_tokens(list(ctx.tokens[:-1])) + 1
+        return len(ctx.tokens) - 1 - state.learned_seen  # the root comes with the draft in any case
+
+    def _could_pay(self, state: _Proposal, ctx: DraftContext, cost: dict[int, float] | None,
+                   learned_cost: dict[int, float] | None, catch_up: float) -> bool:
+        """A probe or an ask for evidence (its tracked rate promises no saving): could its catch-up (a first
+        start: the prompt) be paid back in this answer's room even at the rate of drafts accepted in full?"""
+        if cost is None:
+            return True
+        best = best_size([1.0] * max(cost), cost, learned_cost)[1]
+        room = ctx.params.max_new_tokens - state.answer_length
+        return room * max(0.0, 1.0 - 1.0 / best) >= self._pending(state, ctx) * catch_up
+
     def _buys(self, state: _Proposal, ctx: DraftContext, rate: float, catch_up: float) -> bool:
         """Rent or buy (module docstring): is the learned drafter's catch-up (or its start) paid
         for this step? ``rate``: its best rate on the tracked acceptance (``_sizes``); ``catch_up``:
         a token fed to it, in target decode steps at this context (``_priced``)."""
-        pending = len(ctx.tokens) - 1 - state.learned_seen  # the root comes with the draft in any case
-        if not state.learned_started and isinstance(self.learned, CountsPrefill):  # + the prompt's last token
-            pending = self.learned.prefill_tokens(list(ctx.tokens[:-1])) + 1
+        pending = self._pending(state, ctx)
         saving = max(0.0, 1.0 - 1.0 / rate)
         state.rent += saving
         cost = pending * catch_up
+        room = ctx.params.max_new_tokens - state.answer_length  # the most tokens this answer can still have
+        if room * saving < cost:  # not even the longest answer left could pay it back at this rate: never bought
+            return False
         if not state.learned_started and self.rent_start == "predicted" and not ctx.prediction \
                 and (self._answers or ctx.grammar is None):  # a Predicted Outputs request rents it plainly
             if not self._answers:  # nothing predicts this answer: started at once, as without the rule
                 return True
-            left = median(self._answers) - state.answer_length  # the answer's tokens still to come, predicted
+            left = min(room, median(self._answers) - state.answer_length)  # its tokens still to come, predicted
             if left * saving >= cost:  # predicted to pay: bought at once
                 return True
             cost /= PREDICTION_TRUST  # predicted not to: bought only once the forgone savings are twice its cost
