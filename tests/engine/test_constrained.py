@@ -86,6 +86,7 @@ def test_outputs_valid_for_every_kind(stories):
         assert req.finished == "eos" and valid(text), (kind, text)
 
 
+@pytest.mark.extended  # statistics over many draws: run by .ci/run (make test-extended)
 def test_sampling_follows_the_constrained_law(stories):
     """The answer's law (a short choice, many tokens decided in speculative steps) with a draft
     that carries its own q (kept, rejected by the law), point-mass drafts (cut when forbidden) and

@@ -86,6 +86,7 @@ def test_the_text_path_with_the_targets_own_model_accepts_nearly_all(stories_nat
     assert stats.accepted >= 0.9 * stats.drafted
 
 
+@pytest.mark.extended  # statistics over many draws: run by .ci/run (make test-extended)
 def test_sampling_keeps_the_targets_law(stories_native):
     """Point-mass drafts (no q): accepted with p(x), else drawn from p without x; exact."""
     prompt = stories_native.tokenizer(TEXTS[0])["input_ids"]

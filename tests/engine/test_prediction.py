@@ -131,6 +131,7 @@ class FixedPrediction(PredictionDrafter):
         return super().propose_batch([dataclasses.replace(c, prediction=self.fixed) for c in ctxs])
 
 
+@pytest.mark.extended  # statistics over many draws: run by .ci/run (make test-extended)
 def test_sampling_law_with_a_prediction(target, prompt, plain):
     """T = 1: tokens 2-3 (committed by speculative steps from the prediction) follow the
     target's law, as with plain sampling (two-sample chi-square)."""

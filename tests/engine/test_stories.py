@@ -37,6 +37,7 @@ def test_greedy_equals_plain(stories, prompts, name, opts):
         assert stats.steps + 1 == stats.target_forwards
 
 
+@pytest.mark.extended  # statistics over many draws: run by .ci/run (make test-extended)
 def test_sampling_first_tokens_match_plain(stories, prompts):
     """Joint law of tokens 2-3 (committed by speculative steps) over many seeds: a draft
     model vs plain sampling, two-sample chi-square on the pooled histogram."""

@@ -27,6 +27,8 @@ from verispec.train.medusa import MedusaTrainOptions, train_medusa
 from verispec.tree import DraftTree
 from verispec.types import SamplingParams
 
+pytestmark = pytest.mark.extended  # a longer check: out of make test, run by .ci/run (make test-extended)
+
 PROMPTS = [[1, 400, 20, 35], [1, 67, 300], [1, 250, 251, 9, 77]]
 
 

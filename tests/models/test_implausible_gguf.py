@@ -17,6 +17,8 @@ from arch_fixtures import CASES, write_arch_gguf
 from verispec.models.base import ModelError
 from verispec.models.gguf_config import PLAUSIBLE, open_gguf
 
+pytestmark = pytest.mark.extended  # a longer check: out of make test, run by .ci/run (make test-extended)
+
 IMPLAUSIBLE = {  # key -> values outside its range (each finite and positive: they passed the old check)
     "final_logit_softcapping": [1e-45, 1e-6, 0.5, 1e5, 3e38],
     "attention.layer_norm_rms_epsilon": [1e-45, 1e-20, 0.5, 7.0, 1e30],

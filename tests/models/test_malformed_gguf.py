@@ -24,6 +24,8 @@ import pytest
 
 from gguf_fixtures import ARRAY, BOOL, FLOAT32, FLOAT64, INT32, STRING, UINT32, UINT64, patch, tiny_qwen2, write_gguf
 
+pytestmark = pytest.mark.extended  # a longer check: out of make test, run by .ci/run (make test-extended)
+
 HEADROOM = 3 << 30  # address space the driver may add to what it has after its imports
 TESTS = Path(__file__).resolve().parents[1]
 

@@ -9,6 +9,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.extended  # a longer check: out of make test, run by .ci/run (make test-extended)
 
 TESTS = Path(__file__).resolve().parents[1]
 # the runtime "not built": importlib's find_spec gives None for a module set to None in sys.modules

@@ -196,6 +196,7 @@ def test_same_text_as_transformers_qwen() -> None:
 # ----------------------------------------------------------------------------- the server
 
 
+@pytest.mark.extended  # waits out a 5 s render bound: run by .ci/run (make test-extended)
 def test_runaway_render_leaves_completions_and_shutdown_alone() -> None:
     """A chat whose render runs away (5 s bound) is in progress: /v1/completions still answer
     (before: they queued behind it on the one tokenizer thread forever), the chat gets a

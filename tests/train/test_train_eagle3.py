@@ -24,6 +24,8 @@ from verispec.train.eagle3 import Eagle3TrainOptions, train_eagle3, ttt_unroll
 from verispec.train.loop import TrainConfig
 from verispec.types import SamplingParams
 
+pytestmark = pytest.mark.extended  # a longer check: out of make test, run by .ci/run (make test-extended)
+
 CFG = CorpusConfig(batch=4, max_answer=16, max_user=8, shard_size=4, max_length=128)
 
 
