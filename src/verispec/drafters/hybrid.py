@@ -42,11 +42,11 @@ Predictions"): the median length of the last ANSWERS_KEPT answers, less what thi
 predicts the tokens to come; the start is bought at once where they would save more than it
 costs (or no answer has finished yet), else rented until the forgone savings reach twice its
 cost (1 / PREDICTION_TRUST). A request that carries a prediction (Predicted Outputs) rents the
-start plainly. Under every rule a start or catch-up that the answer's remaining room
-(``max_new_tokens`` less what it has) could not pay back at the tracked rate is never bought, nor a
-probe or an ask for evidence whose catch-up it could not pay back even with drafts accepted in full:
-an agent turn's first start feeds the draft model 2-3k tokens of history for an answer of at most a
-few hundred. The measurements behind ``min_match``, the rent rules and their defaults:
+start plainly. Under every rule a start, catch-up, probe or ask for evidence that the answer's
+remaining room (``max_new_tokens`` less what it has) could not pay back even with drafts accepted in
+full is never bought (the tracked rate only prices the rent: before any evidence its prior, 1.06 on
+the Qwen pair, would keep out starts that pay): an agent turn's first start feeds the draft model
+2-3k tokens of history for an answer of at most a few hundred. The measurements behind ``min_match``, the rent rules and their defaults:
 docs/benchmarks.md, "How auto chooses".
 
 The hybrid declares the learned drafter's ``features`` as its own, so the engine hands its
@@ -409,8 +409,9 @@ class HybridDrafter(DeclaresFeatures):
         # rate says no saving (l_rate <= 1: no rent would ever accrue), is paid as it is, or it could never happen
         rented = state.learned_started or self.rent_start != "constrained" or ctx.grammar is not None
         if budget and catch_up and rented:
-            if l_rate > 1.0 and not self._buys(state, ctx, l_rate, catch_up):
-                budget = 0
+            if l_rate > 1.0 and not (self._could_pay(state, ctx, cost, learned_cost, catch_up)
+                                     and self._buys(state, ctx, l_rate, catch_up)):
+                budget = 0  # never bought where even drafts accepted in full could not pay it back in this answer
             elif l_rate <= 1.0 and not self._could_pay(state, ctx, cost, learned_cost, catch_up):
                 budget = 0  # not even drafts accepted in full could pay this probe's catch-up back in this answer
         return _Plan(tree, r_n, fusing, budget)
@@ -449,8 +450,6 @@ class HybridDrafter(DeclaresFeatures):
         state.rent += saving
         cost = pending * catch_up
         room = ctx.params.max_new_tokens - state.answer_length  # the most tokens this answer can still have
-        if room * saving < cost:  # not even the longest answer left could pay it back at this rate: never bought
-            return False
         if not state.learned_started and self.rent_start == "predicted" and not ctx.prediction \
                 and (self._answers or ctx.grammar is None):  # a Predicted Outputs request rents it plainly
             if not self._answers:  # nothing predicts this answer: started at once, as without the rule
