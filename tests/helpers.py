@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import torch
 
-from verispec.drafters.base import DraftContext, StatelessDrafter
+from verispec.drafters.base import DraftContext, NoDrafter, StatelessDrafter
 from verispec.drafters.draft_model import DraftModelDrafter
 from verispec.drafters.eagle import Eagle3Head, EagleConfig, EagleDrafter, EagleHead, load_target_embedding
 from verispec.engine import Engine
@@ -183,3 +183,16 @@ def random_eagle_head(layers: tuple[int, ...], seed: int = 0, vocab: int = 96, d
             p.add_(torch.randn_like(p) * 0.2)
         head.draft_vocab.copy_(torch.randperm(vocab)[:draft_vocab].sort().values)
     return head.eval()
+
+
+class AskedDrafter(NoDrafter):
+    """A learned drafter (a hybrid's "draft") that drafts token 5 and records the context lengths it is asked for."""
+
+    name = "draft"
+
+    def __init__(self):
+        self.asked: list[int] = []
+
+    def propose_batch(self, ctxs):
+        self.asked += [len(c.tokens) for c in ctxs]
+        return [DraftTree.chain(c.tokens[-1], [5]) for c in ctxs]

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 import torch
 
-from helpers import TemperedSelfDraft, assert_target_law, run, stories_eagle3
+from helpers import AskedDrafter, TemperedSelfDraft, assert_target_law, run, stories_eagle3
 from verispec.drafters import hybrid as hybrid_module
 from verispec.drafters.base import DraftContext, NoDrafter, features_of
 from verispec.cost_model import CostModel
@@ -344,26 +344,13 @@ def test_self_sizing_learned_drafter_gets_the_full_budget(toy_target, plain):
     assert h.accepted["learned"] == h.drafted["learned"]
 
 
-class _Asked(NoDrafter):
-    """A learned drafter that drafts token 5 and records the contexts it is asked for."""
-
-    name = "draft"
-
-    def __init__(self):
-        self.asked: list[int] = []
-
-    def propose_batch(self, ctxs):
-        self.asked += [len(c.tokens) for c in ctxs]
-        return [DraftTree.chain(c.tokens[-1], [5]) for c in ctxs]
-
-
 @pytest.mark.parametrize("catch_up_cost,waits", [(0.0, 0), (0.01, 4), (1.0, None)])
 def test_a_long_catch_up_is_rented_before_it_is_bought(catch_up_cost, waits):
     """After 200 tokens the learned drafter has not seen, it is asked only once the plain steps
     since have forgone as much saving (0.5 a step at its prior rate on a flat curve) as feeding
     it those tokens costs: at once when catching up is free, after 4 steps at 0.01 a token,
     not within 20 steps at 1.0."""
-    learned = _Asked()
+    learned = AskedDrafter()
     h = HybridDrafter(PromptLookupDrafter(), learned, min_score=0.0, cost=FLAT, learned_sizing="self",
                       catch_up_cost=catch_up_cost)
     long = SamplingParams(max_new_tokens=1000, ignore_eos=True)  # room in the answer to pay any catch-up back
@@ -385,7 +372,7 @@ def test_a_catch_up_never_blocks_a_learned_drafter_that_must_be_asked():
     accrues, so the rent rule would defer its catch-up for ever, and with it the proposals that are its only
     evidence: it is asked (here every step: without ``learned_cost`` it is always worth asking) whatever it
     has to catch up, where the answer's room could pay that back with drafts accepted in full."""
-    learned = _Asked()
+    learned = AskedDrafter()
     steep = {n: 1.0 + 0.6 * n for n in (1, 2, 4, 8)}  # pays if all is accepted, not at the prior 0.5
     h = HybridDrafter(PromptLookupDrafter(), learned, min_score=0.0, cost=steep, learned_sizing="self",
                       catch_up_cost=1.0)

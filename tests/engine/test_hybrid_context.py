@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import run
+from helpers import AskedDrafter, run
 from verispec.cost_curve import ContextCostCurve
 from verispec.drafters.base import DraftContext, NoDrafter
 from verispec.cost_model import CostModel
@@ -26,19 +26,6 @@ FLAT = {n: 1.0 for n in SIZES}  # verifying is free
 DEAR = {n: 1.0 + 0.7 * n for n in SIZES}  # each verified token costs 0.7 of a decode step
 GREEDY = SamplingParams(max_new_tokens=8, ignore_eos=True)
 ROOMY = SamplingParams(max_new_tokens=10_000, ignore_eos=True)  # an answer with room to pay any catch-up back
-
-
-class _Asked(NoDrafter):
-    """A learned drafter that drafts token 5 and records the contexts it is asked for."""
-
-    name = "draft"
-
-    def __init__(self):
-        self.asked: list[int] = []
-
-    def propose_batch(self, ctxs):
-        self.asked += [len(c.tokens) for c in ctxs]
-        return [DraftTree.chain(c.tokens[-1], [5]) for c in ctxs]
 
 
 def priced(short: int, long: int, feed: tuple[float, float] | None = None) -> CostModel:
@@ -68,7 +55,7 @@ def test_the_draft_model_is_declined_where_its_priced_gain_is_negative(by_contex
     """At 2,100 tokens of history the curves timed there say no draft pays: the hybrid leaves the draft
     model out (the free drafter carries the step) and counts it; at 10 tokens it asks it. With one curve
     (timed at the probe context, the behaviour before) it is asked at every context."""
-    learned = _Asked()
+    learned = AskedDrafter()
     h = hybrid(learned, priced(128, 2048) if by_context else None)
     h.start("r", [1, 2])
     assert ask(h, list(range(10, 20))).num_drafted == 1 and learned.asked == [10]
@@ -83,14 +70,14 @@ def test_the_draft_model_is_declined_where_its_priced_gain_is_negative(by_contex
 def test_between_the_timed_contexts_the_gain_is_read_there():
     """At 600 tokens (between FLAT at 128 and DEAR at 2048: t(n) = 1 + 0.17n, 0.2 a draft step) a draft
     accepted in full still pays: asked; at 1,900 tokens (t(n) = 1 + 0.65n, 0.47 a step) none does: declined."""
-    learned = _Asked()
+    learned = AskedDrafter()
     h = hybrid(learned, priced(128, 2048))
     h.start("r", [1, 2])
     assert ask(h, list(range(10, 610))).num_drafted == 1
     assert ask(h, list(range(10, 1910))).num_drafted == 0 and learned.asked == [600]
 
 
-def _waits(h: HybridDrafter, learned: _Asked, context: int) -> int | None:
+def _waits(h: HybridDrafter, learned: AskedDrafter, context: int) -> int | None:
     """Start on a ``context``-token history (asked at once), commit 200 more tokens by other drafters,
     then count the plain steps before the learned drafter is asked again (None: not within 40)."""
     tokens = list(range(10, 10 + context))  # no repeats: prompt lookup finds nothing
@@ -109,10 +96,10 @@ def test_a_catch_up_is_priced_by_the_feed_at_its_context():
     """The same 200 tokens to catch up cost ~0.013 a token fed after a short prompt and 0.1 after 2,000
     tokens (the feed timed there): the rent rule buys the first after a few plain steps and not the
     second within 40; priced at the probe context alone (``catch_up_cost`` 0.01) both wait alike."""
-    short, long = (_waits(hybrid(learned := _Asked(), priced(128, 2048, (0.01, 0.1)), 0.01), learned, n)
+    short, long = (_waits(hybrid(learned := AskedDrafter(), priced(128, 2048, (0.01, 0.1)), 0.01), learned, n)
                    for n in (3, 2000))
     assert short is not None and short < 10 and long is None
-    fixed = [_waits(hybrid(learned := _Asked(), None, 0.01), learned, n) for n in (3, 2000)]
+    fixed = [_waits(hybrid(learned := AskedDrafter(), None, 0.01), learned, n) for n in (3, 2000)]
     assert fixed[0] == fixed[1] is not None
 
 
@@ -136,7 +123,7 @@ def test_greedy_equals_plain_with_the_draft_model_priced_by_context(toy_target, 
 
 def test_context_costs_need_a_self_sizing_draft_model():
     with pytest.raises(ValueError, match="context_costs"):
-        HybridDrafter(PromptLookupDrafter(), _Asked(), cost=FLAT, context_costs=priced(128, 2048))
+        HybridDrafter(PromptLookupDrafter(), AskedDrafter(), cost=FLAT, context_costs=priced(128, 2048))
 
 
 def test_options_from_the_registry(stories_native, tmp_path, monkeypatch):
@@ -189,7 +176,7 @@ def test_a_catch_up_the_answer_left_cannot_pay_back_is_never_bought():
     forgone savings reach that cost, but not in an answer with 5 tokens of room left (5 x 0.5 < 2.0 + the tokens
     since): the catch-up could never pay."""
     for room, asked in ((1000, True), (5, False)):
-        learned = _Asked()
+        learned = AskedDrafter()
         h = HybridDrafter(PromptLookupDrafter(), learned, min_score=0.0, cost=FLAT, learned_sizing="self",
                           catch_up_cost=0.01)
         params = SamplingParams(max_new_tokens=202 + room, ignore_eos=True)
